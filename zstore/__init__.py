@@ -1,0 +1,47 @@
+"""zstore: TorchRL's replay-buffer storage layer on chunked Zarr v3 arrays at any fsspec URL.
+
+>>> import torch, zstore
+>>> from tensordict import TensorDict
+>>> rb = zstore.LazyMemmapStorage(1000, scratch_dir="memory://zstore-doc")
+>>> rb.set(torch.arange(10), TensorDict(obs=torch.randn(10, 4), batch_size=[10]))
+>>> rb.get(torch.tensor([0, 9]))["obs"].shape
+torch.Size([2, 4])
+"""
+
+__version__ = "0.1.0"
+
+from .api import open
+from .cache import CacheStats, cache_tier
+from .codecs import CodecSpec
+from .errors import (
+    BackendNotInstalledError,
+    CorruptChunkError,
+    FormatVersionError,
+    InvalidKeyError,
+    MissingKeyError,
+    NotAZStoreError,
+    ReadOnlyError,
+    SchemaError,
+    StoreExistsError,
+    StoreNotFoundError,
+    ZStoreError,
+)
+from .storages import (
+    LazyMemmapStorage,
+    LazyStackStorage,
+    LazyTensorStorage,
+    ListStorage,
+    Storage,
+    TensorStorage,
+)
+from .store import StoreSpec
+from .writers import ImmutableDatasetWriter, RoundRobinWriter, TensorDictRoundRobinWriter, Writer
+
+__all__ = [
+    "open", "Storage", "ListStorage", "LazyStackStorage", "TensorStorage", "LazyTensorStorage",
+    "LazyMemmapStorage", "Writer", "RoundRobinWriter", "TensorDictRoundRobinWriter",
+    "ImmutableDatasetWriter", "StoreSpec", "CodecSpec", "CacheStats", "cache_tier",
+    "ZStoreError", "BackendNotInstalledError", "StoreNotFoundError", "NotAZStoreError",
+    "FormatVersionError", "ReadOnlyError", "SchemaError", "MissingKeyError", "InvalidKeyError",
+    "CorruptChunkError", "StoreExistsError",
+]

@@ -1,0 +1,41 @@
+"""Top-level entry points: :func:`open` a buffer from a URL."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from .cache import DEFAULT_CACHE_BYTES
+from .errors import NotAZStoreError
+from .group import open_group
+from .store import StoreSpec
+
+
+def open(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None, *,
+         mode: str = "r+", cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host",
+         device: Any = None):
+    """Reopen a buffer written by zstore, with its class, rows, length and cursor.
+
+    Args:
+        url: a local path or any fsspec URL.
+        storage_options: fsspec options (``endpoint_url``, ``key``, ``secret``, ``anon`` ...).
+        mode: ``"r+"`` to keep writing, ``"r"`` for read-only.
+        cache_bytes: byte budget of the hot-chunk cache.
+        cache: cache tier: ``"host"``, ``"pinned"`` or ``"cuda"``.
+        device: CUDA device for the ``"cuda"`` tier.
+
+    >>> rb = zstore.open("s3://bucket/rb", {"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
+    """
+    if mode not in ("r", "r+"):
+        raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
+    from .storages import PERSISTENT_CLASSES
+
+    spec = StoreSpec.parse(url, storage_options, read_only=mode == "r")
+    group, meta = open_group(spec)
+    try:
+        cls = PERSISTENT_CLASSES[meta.storage_class]
+    except KeyError:
+        raise NotAZStoreError(
+            f"{spec.redacted()} records storage class {meta.storage_class!r}, which this zstore "
+            f"cannot open (known: {sorted(PERSISTENT_CLASSES)})") from None
+    return cls._from_store(spec, group, meta, cache_bytes=cache_bytes, cache=cache, device=device)

@@ -1,0 +1,96 @@
+"""Codec presets and chunk sizing.
+
+A preset is chosen by name — ``None`` (raw bytes), ``"zstd"``, ``"lz4"``,
+``"blosc-zstd"`` — optionally with a level (``"zstd:3"``). Every preset is
+expressed as standard Zarr v3 codecs (``zstd``, ``blosc``), so any Zarr reader
+decodes the data. ``checksum=True`` adds the standard ``crc32c`` codec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
+
+_DEFAULT_LEVELS = {"zstd": 1, "lz4": 5, "blosc-zstd": 3}
+
+#: Target size of one chunk of the widest column (bytes).
+TARGET_CHUNK_BYTES = 1 << 20
+#: Target size of one shard object on object stores (bytes).
+TARGET_SHARD_BYTES = 32 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class CodecSpec:
+    """A named compression preset: ``CodecSpec.parse("zstd:3")``."""
+
+    name: str | None = None
+    level: int | None = None
+    checksum: bool = False
+
+    @classmethod
+    def parse(cls, value: "str | None | CodecSpec | dict[str, Any]",
+              checksum: bool = False) -> "CodecSpec":
+        """Accept a preset name (``"zstd"``, ``"zstd:5"``, ``None``), a spec, or its JSON."""
+        if isinstance(value, CodecSpec):
+            return value
+        if isinstance(value, dict):
+            return cls(value.get("name"), value.get("level"), bool(value.get("checksum", False)))
+        if value is None or value == "none":
+            return cls(None, None, checksum)
+        if not isinstance(value, str):
+            raise ValueError(f"codec must be a preset name or None, got {value!r}")
+        name, _, level = value.partition(":")
+        if name not in _DEFAULT_LEVELS:
+            raise ValueError(
+                f"unknown codec preset {value!r}; choose one of "
+                f"{[None, *sorted(_DEFAULT_LEVELS)]} (optionally with ':level')"
+            )
+        try:
+            lvl = int(level) if level else _DEFAULT_LEVELS[name]
+        except ValueError:
+            raise ValueError(f"codec level in {value!r} must be an integer") from None
+        return cls(name, lvl, checksum)
+
+    @property
+    def is_raw(self) -> bool:
+        """True when chunks are stored as plain little-endian bytes (mmap-able)."""
+        return self.name is None and not self.checksum
+
+    def compressors(self, itemsize: int) -> list:
+        """The Zarr v3 bytes-to-bytes codecs of this preset."""
+        out: list = []
+        if self.name == "zstd":
+            out.append(ZstdCodec(level=self.level))
+        elif self.name == "lz4":
+            out.append(BloscCodec(cname="lz4", clevel=self.level, shuffle="shuffle",
+                                  typesize=itemsize))
+        elif self.name == "blosc-zstd":
+            out.append(BloscCodec(cname="zstd", clevel=self.level, shuffle="shuffle",
+                                  typesize=itemsize))
+        if self.checksum:
+            out.append(Crc32cCodec())
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form recorded in the ``zstore`` block."""
+        return {"name": self.name, "level": self.level, "checksum": self.checksum}
+
+    def __str__(self) -> str:
+        text = "raw" if self.name is None else f"{self.name}:{self.level}"
+        return text + ("+crc32c" if self.checksum else "")
+
+
+def default_chunk_rows(row_bytes: int, rows: int, target: int = TARGET_CHUNK_BYTES) -> int:
+    """Rows per chunk so that the widest column's chunk is about ``target`` bytes."""
+    return max(1, min(rows, target // max(1, row_bytes)))
+
+
+def default_shard_rows(chunk_rows: int, row_bytes: int, rows: int,
+                       target: int = TARGET_SHARD_BYTES) -> int:
+    """Rows per shard: a whole number of chunks, about ``target`` bytes, at most ``rows``."""
+    per_chunk = max(1, chunk_rows * row_bytes)
+    n_chunks = max(1, target // per_chunk)
+    whole = -(-rows // chunk_rows)
+    return chunk_rows * max(1, min(n_chunks, whole))

@@ -1,0 +1,56 @@
+"""Exception types raised by zstore.
+
+Every error names what was wrong (a key, a shape, a URL, an index) and, where
+there is one, the fix. They subclass the builtin exception a TorchRL user would
+expect (``KeyError``, ``ValueError``, ``RuntimeError`` ...), so code written
+against TorchRL's storages keeps catching them.
+"""
+
+from __future__ import annotations
+
+
+class ZStoreError(Exception):
+    """Base class of every zstore-specific error."""
+
+
+class BackendNotInstalledError(ZStoreError, ImportError):
+    """The fsspec backend for a URL's protocol is not installed."""
+
+
+class StoreNotFoundError(ZStoreError, FileNotFoundError):
+    """The bucket, directory or path behind a URL does not exist."""
+
+
+class NotAZStoreError(ZStoreError, ValueError):
+    """The location holds no zstore buffer (no group, or no ``zstore`` block)."""
+
+
+class FormatVersionError(ZStoreError, ValueError):
+    """The store was written by a newer zstore format than this version reads."""
+
+
+class ReadOnlyError(ZStoreError, PermissionError):
+    """A write was attempted on a read-only store or dataset."""
+
+
+class SchemaError(ZStoreError, ValueError):
+    """Data does not match the buffer's schema (dtype or shape of a key)."""
+
+
+class MissingKeyError(ZStoreError, KeyError):
+    """Data carries a key the buffer does not have, or lacks one it has."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidKeyError(ZStoreError, ValueError):
+    """A key cannot be mapped to a Zarr path (empty, ``..``, ``/``, absolute)."""
+
+
+class CorruptChunkError(ZStoreError, IOError):
+    """A chunk could not be read or decoded; names the key and the chunk."""
+
+
+class StoreExistsError(ZStoreError, RuntimeError):
+    """A buffer already exists where a new one was to be created."""

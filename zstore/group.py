@@ -1,0 +1,124 @@
+"""Create, open and commit a buffer's Zarr group: the one place a commit happens.
+
+Commit order (DESIGN.md, "Commit protocol"): data chunks are stored first by
+the table; then :func:`commit` rewrites the group's ``zarr.json`` — one object —
+with the new ``zstore`` block (length, cursor, high-water mark). A reader trusts
+only that block.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.errors import GroupNotFoundError, NodeNotFoundError
+
+from .dtypes import storage_numpy_dtype, torch_dtype_name
+from .errors import NotAZStoreError, StoreNotFoundError
+from .layout import StoreMeta
+from .store import StoreSpec
+
+ZSTORE_ATTR = "zstore"
+TENSORDICT_ATTR = "__tensordict__"
+_INCOMPLETE_ATTR = "zstore_incomplete"
+
+
+def _tensordict_attrs(batch_size: list[int]) -> dict[str, Any]:
+    return {"batch_size": batch_size, "version": 1}
+
+
+def read_meta(group: zarr.Group, where: str) -> StoreMeta:
+    """The validated ``zstore`` block of ``group``."""
+    return StoreMeta.from_json(group.attrs.get(ZSTORE_ATTR), where)
+
+
+def open_group(spec: StoreSpec) -> tuple[zarr.Group, StoreMeta]:
+    """Open the buffer at ``spec``; errors name the URL and say what is wrong."""
+    if not spec.exists():
+        raise StoreNotFoundError(
+            f"no zstore buffer at {spec.redacted()}: the location does not exist"
+            + (" (memory:// stores live inside one process)" if spec.protocol == "memory" else "")
+        )
+    store = spec.open()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            group = zarr.open_group(store, mode="r" if spec.read_only else "r+",
+                                    use_consolidated=None if spec.read_only else False)
+    except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError) as exc:
+        raise NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: no Zarr group there") from exc
+    except (ValueError, TypeError, KeyError) as exc:
+        raise NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: {exc}") from exc
+    if group.attrs.get(_INCOMPLETE_ATTR):
+        raise NotAZStoreError(f"{spec.redacted()} holds a buffer whose creation never finished")
+    return group, read_meta(group, spec.redacted())
+
+
+def existing_meta(spec: StoreSpec) -> StoreMeta | None:
+    """The buffer's metadata if ``spec`` holds a complete zstore buffer, else ``None``."""
+    if not spec.exists():
+        return None
+    try:
+        return open_group(spec)[1]
+    except NotAZStoreError:
+        return None
+
+
+def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
+    """Create the group and one array per leaf; commit the ``zstore`` block last.
+
+    A location holding something that is not a zstore buffer is refused; a
+    creation interrupted earlier (marked incomplete) is overwritten.
+    """
+    spec.require_writable("create a buffer")
+    spec.check_parent()
+    store = spec.open()
+    overwrite = False
+    if spec.exists():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                old = zarr.open_group(store, mode="r", use_consolidated=False)
+            overwrite = bool(old.attrs.get(_INCOMPLETE_ATTR))
+            if not overwrite:
+                raise NotAZStoreError(
+                    f"{spec.redacted()} already holds a Zarr group that is not a zstore buffer; "
+                    "choose an empty location")
+        except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError):
+            pass
+    lanes = list(meta.schema.lane_shape)
+    root_batch = [meta.rows, *lanes]
+    group = zarr.create_group(store, overwrite=overwrite,
+                              attributes={_INCOMPLETE_ATTR: True,
+                                          TENSORDICT_ATTR: _tensordict_attrs(root_batch)})
+    made: set[str] = set()
+    for leaf in meta.schema.leaves:
+        for depth in range(1, len(leaf.key)):
+            sub = "/".join(leaf.key[:depth])
+            if sub not in made:
+                extra = meta.schema.group_batch.get(sub, lanes)[len(lanes):]
+                group.create_group(sub, attributes={
+                    TENSORDICT_ATTR: _tensordict_attrs([*root_batch, *extra])})
+                made.add(sub)
+        np_dtype = storage_numpy_dtype(leaf.dtype)
+        shape = (meta.rows, *leaf.shape)
+        chunks = (meta.chunk_rows, *leaf.shape)
+        group.create_array(
+            leaf.path, shape=shape, dtype=np_dtype,
+            chunks=chunks,
+            shards=None if meta.shard_rows is None else (meta.shard_rows, *leaf.shape),
+            compressors=meta.codec.compressors(np_dtype.itemsize),
+            fill_value=np.zeros((), dtype=np_dtype).item(),
+            attributes={ZSTORE_ATTR: {"torch_dtype": torch_dtype_name(leaf.dtype)}},
+        )
+    commit(group, meta)
+    return group
+
+
+def commit(group: zarr.Group, meta: StoreMeta) -> None:
+    """Write the ``zstore`` block: the single object that makes stored rows visible."""
+    attrs = {key: value for key, value in group.attrs.asdict().items() if key != _INCOMPLETE_ATTR}
+    attrs[ZSTORE_ATTR] = meta.to_json()
+    group.attrs.put(attrs)

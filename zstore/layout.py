@@ -1,0 +1,394 @@
+"""TensorDict / pytree  <->  Zarr group layout (format v1).
+
+One Zarr array per leaf, at the path of its nested key (``("next", "obs")`` ->
+``next/obs``); the group's attributes carry ``__tensordict__`` (read by
+``TensorDict.from_zarr``) and the JSON ``zstore`` block (:class:`StoreMeta`).
+This module owns the mapping from user data to columns and back; it never
+pickles anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+from typing import Any, Mapping
+
+import torch
+import torch.utils._pytree as pytree
+from tensordict import TensorDict, TensorDictBase, is_tensor_collection, is_tensorclass
+
+from .codecs import CodecSpec
+from .dtypes import torch_dtype_from_name, torch_dtype_name
+from .errors import (
+    FormatVersionError,
+    InvalidKeyError,
+    MissingKeyError,
+    NotAZStoreError,
+    SchemaError,
+)
+
+FORMAT_VERSION = 1
+#: Name of the array that holds a storage of plain tensors (TorchRL's file name).
+SINGLE_TENSOR_KEY = "_-single-tensor-_"
+#: Largest number of elements zstore accepts for one buffer leaf (guards absurd metadata).
+MAX_ELEMENTS = 1 << 48
+_RESERVED = {"zarr.json", ".zarray", ".zgroup", ".zattrs", "c"}
+
+
+def key_to_path(key: str | tuple[str, ...]) -> str:
+    """Map a (nested) key to its Zarr path, refusing keys that would escape the group."""
+    parts = (key,) if isinstance(key, str) else tuple(key)
+    if not parts:
+        raise InvalidKeyError("an empty key cannot be stored")
+    for part in parts:
+        if not isinstance(part, str):
+            raise InvalidKeyError(f"key {key!r}: every part must be a string, got {part!r}")
+        if (not part or part in (".", "..") or "/" in part or "\\" in part
+                or part in _RESERVED or part != part.strip() or "\x00" in part):
+            raise InvalidKeyError(
+                f"key {key!r} cannot be stored: part {part!r} is empty, '.', '..', reserved, "
+                "padded with spaces or contains a path separator"
+            )
+    return "/".join(parts)
+
+
+def path_to_key(path: str) -> tuple[str, ...]:
+    """Inverse of :func:`key_to_path` (validated)."""
+    key = tuple(path.split("/"))
+    key_to_path(key)
+    return key
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """One column: its key, torch dtype and per-row shape (lane dims + feature dims)."""
+
+    key: tuple[str, ...]
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def path(self) -> str:
+        """Zarr path of the column's array."""
+        return "/".join(self.key)
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row of this column."""
+        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (inside the schema)."""
+        return {"path": self.path, "dtype": torch_dtype_name(self.dtype), "shape": list(self.shape)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Leaf":
+        """Inverse of :meth:`to_json`, with every field validated."""
+        shape = data["shape"]
+        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+            raise SchemaError(f"invalid shape {shape!r} for key {data.get('path')!r}")
+        return cls(path_to_key(data["path"]), torch_dtype_from_name(data["dtype"]), tuple(shape))
+
+
+@dataclasses.dataclass
+class Schema:
+    """What a buffer holds: its leaves, the kind of container, and how to rebuild it.
+
+    ``lane_shape`` holds the batch dims after the first (``ndim > 1``); every
+    leaf's ``shape`` starts with it.
+    """
+
+    leaves: tuple[Leaf, ...]
+    kind: str  # "tensordict" | "tensorclass" | "tensor" | "pytree"
+    lane_shape: tuple[int, ...] = ()
+    group_batch: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    treespec: str | None = None
+    class_name: str | None = None
+    tensorclass: type | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.by_path = {leaf.path: leaf for leaf in self.leaves}
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row over all columns."""
+        return sum(leaf.row_bytes for leaf in self.leaves)
+
+    # -- construction ---------------------------------------------------------------
+    @classmethod
+    def from_example(cls, example: Any, ndim: int = 1) -> "Schema":
+        """Infer the schema from one example item (no leading buffer dim)."""
+        lanes = ndim - 1
+        if is_tensor_collection(example):
+            td = example._tensordict if is_tensorclass(example) else example
+            if len(td.batch_size) < lanes:
+                raise SchemaError(
+                    f"ndim={ndim} needs items with at least {lanes} batch dims, "
+                    f"got batch_size={tuple(td.batch_size)}"
+                )
+            lane_shape = tuple(td.batch_size[:lanes])
+            leaves, groups = [], {}
+            for key in td.keys(include_nested=True, leaves_only=True):
+                key = (key,) if isinstance(key, str) else tuple(key)
+                value = td.get(key)
+                if not isinstance(value, torch.Tensor):
+                    raise SchemaError(f"key {key!r}: only tensors can be stored, got {type(value).__name__}")
+                key_to_path(key)
+                leaves.append(Leaf(key, value.dtype, tuple(value.shape)))
+            for key in td.keys(include_nested=True):
+                key = (key,) if isinstance(key, str) else tuple(key)
+                sub = td.get(key)
+                if is_tensor_collection(sub) and len(sub.batch_size) > len(td.batch_size):
+                    groups[key_to_path(key)] = list(sub.batch_size)
+            if not leaves:
+                raise SchemaError("cannot store an item without any tensor")
+            if is_tensorclass(example):
+                name = f"{type(example).__module__}.{type(example).__qualname__}"
+                return cls(tuple(leaves), "tensorclass", lane_shape, groups,
+                           class_name=name, tensorclass=type(example))
+            return cls(tuple(leaves), "tensordict", lane_shape, groups)
+        if isinstance(example, torch.Tensor):
+            if example.ndim < lanes:
+                raise SchemaError(f"ndim={ndim} needs tensors with at least {lanes} dims")
+            return cls((Leaf((SINGLE_TENSOR_KEY,), example.dtype, tuple(example.shape)),),
+                       "tensor", tuple(example.shape[:lanes]))
+        flat, spec = pytree.tree_flatten_with_path(example)
+        if not flat or not all(isinstance(v, torch.Tensor) for _, v in flat):
+            raise SchemaError(
+                f"cannot store {type(example).__name__}: expected a tensor, a TensorDict, "
+                "a tensorclass or a pytree of tensors"
+            )
+        leaves = tuple(Leaf(_keypath(path), v.dtype, tuple(v.shape)) for path, v in flat)
+        for leaf in leaves:
+            key_to_path(leaf.key)
+        return cls(leaves, "pytree", tuple(flat[0][1].shape[:lanes]),
+                   treespec=pytree.treespec_dumps(spec))
+
+    # -- data <-> columns -----------------------------------------------------------
+    def columns(self, data: Any, lead: int) -> dict[str, torch.Tensor]:
+        """Flatten ``data`` into ``{path: tensor}``, checking keys, dtypes and shapes.
+
+        ``lead`` is the number of leading index dims the data has beyond a row
+        (0 for one item, 1 for a batch).
+        """
+        if self.kind in ("tensordict", "tensorclass"):
+            if not is_tensor_collection(data):
+                raise SchemaError(f"this buffer stores TensorDicts, got {type(data).__name__}")
+            td = data._tensordict if is_tensorclass(data) else data
+            out = {}
+            for key in td.keys(include_nested=True, leaves_only=True):
+                key = (key,) if isinstance(key, str) else tuple(key)
+                path = "/".join(key)
+                if path not in self.by_path:
+                    raise MissingKeyError(
+                        f"key {key!r} is not in this buffer (keys: {sorted(self.by_path)}); "
+                        "a buffer's keys are fixed when it is first written"
+                    )
+                out[path] = td.get(key)
+            missing = set(self.by_path) - set(out)
+            if missing:
+                raise MissingKeyError(f"data lacks the buffer's key(s) {sorted(missing)}")
+        elif self.kind == "tensor":
+            if not isinstance(data, torch.Tensor):
+                raise SchemaError(f"this buffer stores tensors, got {type(data).__name__}")
+            out = {SINGLE_TENSOR_KEY: data}
+        else:
+            flat, spec = pytree.tree_flatten_with_path(data)
+            if pytree.treespec_dumps(spec) != self.treespec:
+                raise SchemaError("data does not have the buffer's pytree structure")
+            out = {"/".join(_keypath(p)): v for p, v in flat}
+        lead_shape = None
+        for path, value in out.items():
+            leaf = self.by_path[path]
+            if not isinstance(value, torch.Tensor):
+                raise SchemaError(f"key {leaf.key!r}: expected a tensor, got {type(value).__name__}")
+            if value.dtype != leaf.dtype:
+                raise SchemaError(
+                    f"key {leaf.key!r}: dtype {value.dtype} does not match the buffer's {leaf.dtype}"
+                )
+            if tuple(value.shape[lead:]) != leaf.shape or value.ndim != lead + len(leaf.shape):
+                expected = ("N", *leaf.shape) if lead else leaf.shape
+                raise SchemaError(
+                    f"key {leaf.key!r}: shape {tuple(value.shape)} does not match the buffer's "
+                    f"{tuple(expected)}"
+                )
+            if lead_shape is None:
+                lead_shape = tuple(value.shape[:lead])
+            elif tuple(value.shape[:lead]) != lead_shape:
+                raise SchemaError(
+                    f"key {leaf.key!r}: batch dims {tuple(value.shape[:lead])} differ from "
+                    f"{lead_shape} of the other keys"
+                )
+        return out
+
+    def build(self, columns: Mapping[str, torch.Tensor], batch_shape: tuple[int, ...]) -> Any:
+        """Rebuild user data from ``{path: tensor}`` whose leading dims are ``batch_shape``."""
+        if self.kind == "tensor":
+            return columns[SINGLE_TENSOR_KEY]
+        if self.kind == "pytree":
+            spec = pytree.treespec_loads(self.treespec)
+            return pytree.tree_unflatten([columns[leaf.path] for leaf in self.leaves], spec)
+        nested: dict[str, Any] = {}
+        for leaf in self.leaves:
+            node = nested
+            for part in leaf.key[:-1]:
+                node = node.setdefault(part, {})
+            node[leaf.key[-1]] = columns[leaf.path]
+        td = TensorDict(nested, batch_size=torch.Size(batch_shape))
+        for path in sorted(self.group_batch, key=lambda p: -p.count("/")):
+            extra = self.group_batch[path][len(self.lane_shape):]
+            td.get(path_to_key(path)).batch_size = torch.Size([*batch_shape, *extra])
+        if self.kind == "tensorclass" and self.tensorclass is not None:
+            return self.tensorclass.from_tensordict(td)
+        return td
+
+    # -- JSON ---------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """JSON form stored in the ``zstore`` block."""
+        return {
+            "kind": self.kind,
+            "lane_shape": list(self.lane_shape),
+            "leaves": [leaf.to_json() for leaf in self.leaves],
+            "group_batch": dict(self.group_batch),
+            "treespec": self.treespec,
+            "class_name": self.class_name,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Schema":
+        """Inverse of :meth:`to_json`, validated."""
+        kind = data.get("kind")
+        if kind not in ("tensordict", "tensorclass", "tensor", "pytree"):
+            raise SchemaError(f"unknown container kind {kind!r}")
+        leaves = tuple(Leaf.from_json(leaf) for leaf in data["leaves"])
+        if not leaves:
+            raise SchemaError("a schema needs at least one leaf")
+        return cls(leaves, kind, tuple(int(s) for s in data.get("lane_shape", [])),
+                   {str(k): [int(x) for x in v] for k, v in (data.get("group_batch") or {}).items()},
+                   data.get("treespec"), data.get("class_name"))
+
+
+def _keypath(path: tuple) -> tuple[str, ...]:
+    parts = []
+    for entry in path:
+        if isinstance(entry, pytree.MappingKey):
+            if not isinstance(entry.key, str):
+                raise InvalidKeyError(f"pytree dict keys must be strings, got {entry.key!r}")
+            parts.append(entry.key)
+        elif isinstance(entry, pytree.SequenceKey):
+            parts.append(str(entry.idx))
+        else:
+            parts.append(str(getattr(entry, "name", entry)))
+    return tuple(parts)
+
+
+@dataclasses.dataclass
+class StoreMeta:
+    """The ``zstore`` block of a buffer's group attributes: everything needed to reopen it.
+
+    It is the *commit record*: written last, in one object, after the data.
+    """
+
+    storage_class: str
+    max_size: int
+    ndim: int
+    rows: int
+    schema: Schema
+    codec: CodecSpec
+    chunk_rows: int
+    shard_rows: int | None
+    length: int = 0
+    last_cursor: int = -1
+    high_water: int = 0
+    read_only: bool = False
+    sealed: bool = False
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    created: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON written to the group's attributes."""
+        if not self.created:
+            from . import __version__
+
+            self.created = {
+                "zstore_version": __version__,
+                "torch_version": torch.__version__.split("+")[0],
+                "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            }
+        return {
+            "format_version": FORMAT_VERSION,
+            "storage_class": self.storage_class,
+            "max_size": self.max_size,
+            "ndim": self.ndim,
+            "rows": self.rows,
+            "length": self.length,
+            "last_cursor": self.last_cursor,
+            "high_water": self.high_water,
+            "codec": self.codec.to_json(),
+            "chunk_rows": self.chunk_rows,
+            "shard_rows": self.shard_rows,
+            "schema": self.schema.to_json(),
+            "read_only": self.read_only,
+            "sealed": self.sealed,
+            "extra": self.extra,
+            "created": self.created,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> "StoreMeta":
+        """Parse and validate a ``zstore`` block read from ``where`` (named in errors)."""
+        if not isinstance(data, Mapping):
+            raise NotAZStoreError(f"{where} is not a zstore buffer: no 'zstore' block in its attributes")
+        version = data.get("format_version")
+        if not isinstance(version, int):
+            raise NotAZStoreError(f"{where}: the 'zstore' block has no integer format_version")
+        if version > FORMAT_VERSION:
+            raise FormatVersionError(
+                f"{where} was written in zstore format v{version}; this zstore reads up to "
+                f"v{FORMAT_VERSION}: upgrade zstore (pip install -U zstore)"
+            )
+        try:
+            ints = {name: int(data[name]) for name in
+                    ("max_size", "ndim", "rows", "length", "last_cursor", "high_water", "chunk_rows")}
+            shard = data.get("shard_rows")
+            meta = cls(
+                storage_class=str(data["storage_class"]),
+                schema=Schema.from_json(data["schema"]),
+                codec=CodecSpec.parse(data["codec"]),
+                shard_rows=None if shard is None else int(shard),
+                read_only=bool(data.get("read_only", False)),
+                sealed=bool(data.get("sealed", False)),
+                extra=dict(data.get("extra") or {}),
+                created=dict(data.get("created") or {}),
+                **ints,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, (SchemaError, InvalidKeyError)):
+                raise SchemaError(f"{where}: {exc}") from None
+            raise NotAZStoreError(f"{where}: malformed 'zstore' block ({exc!r})") from None
+        meta.validate(where)
+        return meta
+
+    def validate(self, where: str) -> None:
+        """Reject inconsistent or absurd values (negative sizes, 2**62 capacities ...)."""
+        problems = []
+        if not 1 <= self.ndim <= 8:
+            problems.append(f"ndim={self.ndim}")
+        if not 0 < self.rows <= MAX_ELEMENTS or not 0 < self.max_size <= MAX_ELEMENTS:
+            problems.append(f"rows={self.rows}, max_size={self.max_size}")
+        if not 0 <= self.length <= self.max_size:
+            problems.append(f"length={self.length} with max_size={self.max_size}")
+        if not 0 <= self.high_water <= self.rows:
+            problems.append(f"high_water={self.high_water} with rows={self.rows}")
+        if not -1 <= self.last_cursor < self.rows:
+            problems.append(f"last_cursor={self.last_cursor}")
+        if not 0 < self.chunk_rows <= self.rows:
+            problems.append(f"chunk_rows={self.chunk_rows}")
+        if self.shard_rows is not None and (self.shard_rows % self.chunk_rows or self.shard_rows <= 0):
+            problems.append(f"shard_rows={self.shard_rows}")
+        for leaf in self.schema.leaves:
+            if self.rows * max(1, math.prod(leaf.shape)) > MAX_ELEMENTS:
+                problems.append(f"key {leaf.path!r} would hold over {MAX_ELEMENTS} elements")
+        if problems:
+            raise NotAZStoreError(f"{where}: inconsistent 'zstore' block: " + "; ".join(problems))

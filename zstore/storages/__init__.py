@@ -1,0 +1,12 @@
+"""Storage classes (TorchRL's public names and behaviour, on Zarr where persistent)."""
+
+from .base import Storage
+from .list import LazyStackStorage, ListStorage
+from .memmap import LazyMemmapStorage
+from .tensor import LazyTensorStorage, TensorStorage
+
+#: Storage classes that can be reopened from a store, by the name recorded in its metadata.
+PERSISTENT_CLASSES = {"LazyMemmapStorage": LazyMemmapStorage}
+
+__all__ = ["Storage", "ListStorage", "LazyStackStorage", "TensorStorage", "LazyTensorStorage",
+           "LazyMemmapStorage", "PERSISTENT_CLASSES"]

@@ -1,0 +1,164 @@
+"""ListStorage and LazyStackStorage: Python lists of arbitrary items (SPEC §2.2, §2.3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase, is_tensor_collection, lazy_stack
+from torch.utils._pytree import tree_map
+
+from .base import Storage
+
+_INT_TYPES = (int, np.integer)
+
+
+def _as_int(cursor: Any) -> int | None:
+    if isinstance(cursor, bool):
+        return None
+    if isinstance(cursor, _INT_TYPES):
+        return int(cursor)
+    if isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0:
+        return int(cursor)
+    return None
+
+
+class ListStorage(Storage):
+    """A storage holding items in a Python list (any object; no preallocation).
+
+    Args:
+        max_size: capacity; ``None`` means unbounded (``2**63 - 1``).
+        device: items are moved there (``.to(device)``) before being stored.
+
+    >>> s = ListStorage(3); s.set(0, "a"); s.get(0)
+    'a'
+    """
+
+    _default_checkpointer = "ListStorageCheckpointer"
+
+    def __init__(self, max_size: int | None = None, *, compilable: bool = False, device: Any = None):
+        if max_size is None:
+            max_size = torch.iinfo(torch.int64).max
+        super().__init__(max_size, compilable=compilable)
+        self._storage: list = []
+        self.device = torch.device(device) if device is not None and device != "auto" else device
+
+    def _move(self, item: Any) -> Any:
+        if self.device is None or self.device == "auto":
+            return item
+        if isinstance(item, torch.Tensor) or is_tensor_collection(item):
+            return item.to(self.device)
+        return tree_map(lambda x: x.to(self.device) if isinstance(x, torch.Tensor) else x, item)
+
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        index = _as_int(cursor)
+        if index is not None:
+            if index > len(self._storage):
+                raise RuntimeError(
+                    "Cannot append data located more than one item away from the storage size: "
+                    f"the storage size is {len(self)} and the index of the item to be set is {index}."
+                )
+            if index >= self.max_size:
+                raise RuntimeError(
+                    f"Cannot append data to the list storage: maximum capacity is {self.max_size} "
+                    f"and the index of the item to be set is {index}."
+                )
+            data = self._move(data)
+            if index == len(self._storage):
+                self._storage.append(data)
+            else:
+                self._storage[index] = data
+            self._bump_mutation_revision()
+            return
+        if isinstance(cursor, slice):
+            self._storage[cursor] = [self._move(x) for x in data]
+            self._bump_mutation_revision()
+            return
+        if not isinstance(data, (list, tuple, torch.Tensor, TensorDictBase, range, set, np.ndarray)) \
+                and not is_tensor_collection(data):
+            raise TypeError(
+                f"Cannot extend a {type(self)} with data of type {type(data)}. Provide a list, tuple, "
+                "set, range, np.ndarray, tensor or tensordict subclass instead."
+            )
+        if isinstance(cursor, torch.Tensor):
+            cursor = cursor.tolist()
+        elif isinstance(cursor, np.ndarray):
+            cursor = cursor.tolist()
+        for index, item in zip(cursor, data, strict=True):
+            self.set(index, item)
+
+    def get(self, index: Any) -> Any:
+        if isinstance(index, tuple):
+            if len(index) != 1:
+                raise RuntimeError("ListStorage can only be indexed with one-length tuples.")
+            index = index[0]
+        as_int = _as_int(index)
+        if as_int is not None:
+            return self._storage[as_int]
+        if isinstance(index, slice):
+            return self._storage[index]
+        if isinstance(index, (torch.Tensor, np.ndarray)):
+            index = index.tolist()
+        return [self._storage[int(i)] for i in index]
+
+    def __len__(self) -> int:
+        return len(self._storage)
+
+    def _empty(self) -> None:
+        self._storage = []
+        self._bump_mutation_revision()
+
+    def contains(self, item: Any) -> Any:
+        if isinstance(item, int) and not isinstance(item, bool):
+            if item < 0:
+                item += len(self._storage)
+            return 0 <= item < len(self._storage)
+        if isinstance(item, torch.Tensor):
+            n = len(self._storage)
+            wrapped = torch.where(item < 0, item + n, item)
+            return (wrapped >= 0) & (wrapped < n)
+        raise NotImplementedError(f"type {type(item)} is not supported yet.")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"_storage": [x.state_dict() if hasattr(x, "state_dict") else x for x in self._storage]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        items = []
+        for item in state_dict["_storage"]:
+            if isinstance(item, torch.Tensor):
+                items.append(item.clone())
+            elif isinstance(item, dict):
+                items.append(TensorDict(dict(item), batch_size=[]).clone())
+            else:
+                raise TypeError(f"Objects of type {type(item)} are not supported by "
+                                "ListStorage.load_state_dict")
+        self._storage = items
+        self._bump_mutation_revision()
+
+    def __repr__(self) -> str:
+        if not self._storage:
+            return f"{type(self).__name__}()"
+        return f"{type(self).__name__}(\n    items=[{self._storage[0]!r}, ...],\n    len={len(self)})"
+
+
+class LazyStackStorage(ListStorage):
+    """A ListStorage whose multi-item reads come back as one lazily stacked TensorDict.
+
+    Args:
+        stack_dim: the dim along which items are stacked (negative counts from the end).
+    """
+
+    def __init__(self, max_size: int | None = None, *, compilable: bool = False,
+                 stack_dim: int = 0, device: Any = None):
+        super().__init__(max_size, compilable=compilable, device=device)
+        self.stack_dim = stack_dim
+
+    def get(self, index: Any) -> Any:
+        out = super().get(index)
+        if isinstance(out, list):
+            stack_dim = self.stack_dim
+            if stack_dim < 0 and out:
+                stack_dim = out[0].ndim + 1 + stack_dim
+            return lazy_stack(out, stack_dim)
+        return out

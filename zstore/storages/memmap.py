@@ -1,0 +1,495 @@
+"""LazyMemmapStorage on Zarr: a persistent tensor storage at any URL (SPEC §2.7).
+
+The first write creates a Zarr group at ``scratch_dir`` (a path or any fsspec
+URL; a temporary local directory by default) with one array per key. Local,
+uncompressed buffers are memory-mapped (TorchRL's speed, Zarr's format); every
+other store reads through the hot-chunk cache. Committed metadata (length,
+cursor) is written after the data, so :func:`zstore.open` in another process
+sees exactly the committed rows.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import tempfile
+import time
+import weakref
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from tensordict import is_tensor_collection, is_tensorclass
+
+from ..cache import DEFAULT_CACHE_BYTES, CacheStats, cache_tier
+from ..codecs import CodecSpec, default_chunk_rows, default_shard_rows
+from ..errors import ReadOnlyError, SchemaError, StoreExistsError
+from ..group import commit, create_group, existing_meta, open_group
+from ..layout import Schema, StoreMeta
+from ..store import StoreSpec
+from ..table import ChunkedTable, MmapTable, Table
+from .tensor import LazyTensorStorage, TensorStorage, _is_int
+
+_LIVE: "weakref.WeakSet[LazyMemmapStorage]" = weakref.WeakSet()
+_OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "adl", "oss")
+
+
+@atexit.register
+def _flush_live_storages() -> None:
+    for storage in list(_LIVE):
+        try:
+            storage.close()
+        except Exception:  # noqa: BLE001 - exit must go on; nothing more can be done here
+            pass
+
+
+def _delete_store(spec: StoreSpec) -> None:
+    try:
+        spec.delete()
+    except Exception:  # noqa: BLE001 - best effort clean-up of a temporary store
+        pass
+
+
+def _rows_of(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...], bool]:
+    """Row indices (checked against ``n`` rows), the result's leading shape, and whether
+    the leading dim is dropped (int index)."""
+    if _is_int(index):
+        i = int(index)
+        if not -n <= i < n:
+            raise IndexError(f"index {i} is out of bounds for dimension 0 with size {n}")
+        return torch.tensor([i % n]), (), True
+    if isinstance(index, slice):
+        return torch.arange(*index.indices(n)), None, False
+    if index is Ellipsis or index is None:
+        return torch.arange(n), None, False
+    rows = torch.as_tensor(index if not isinstance(index, range) else list(index))
+    if rows.dtype == torch.bool:
+        if rows.shape[0] != n:
+            raise IndexError(f"boolean index of length {rows.shape[0]} does not match {n} rows")
+        rows = torch.nonzero(rows).squeeze(-1)
+    if rows.is_floating_point():
+        raise IndexError(f"row indices must be integers, got {rows.dtype}")
+    rows = rows.to("cpu", torch.int64)
+    if rows.numel() and (int(rows.max()) >= n or int(rows.min()) < -n):
+        bad = rows[(rows >= n) | (rows < -n)][0]
+        raise IndexError(f"index {int(bad)} is out of bounds for dimension 0 with size {n}")
+    shape = tuple(rows.shape)
+    return torch.remainder(rows.reshape(-1), max(n, 1)), shape, False
+
+
+class LazyMemmapStorage(LazyTensorStorage):
+    """A tensor storage on a Zarr store at any URL, created at the first write.
+
+    Args:
+        max_size: capacity in cells.
+        scratch_dir: where the buffer lives: a local path or any fsspec URL
+            (``memory://rb``, ``s3://bucket/rb`` ...). ``None``: a temporary
+            local directory, deleted at exit.
+        device: where samples are returned: ``"cpu"``, or a CUDA device with
+            ``cache="cuda"``.
+        ndim: cell dims (``2`` for ``[time, env]`` data).
+        existsok: adopt a buffer already at ``scratch_dir`` (its rows, length
+            and cursor) instead of refusing it.
+        auto_cleanup: delete the store at exit (default: only for temporary ones).
+        storage_options: fsspec options (``endpoint_url``, ``key``, ``secret`` ...).
+        codec: compression preset (``None``, ``"zstd"``, ``"lz4"``, ``"blosc-zstd"``).
+        chunks: rows per chunk (default: one chunk for local raw buffers, so they
+            are memory-mapped; about 1 MiB of the widest key otherwise).
+        shards: rows per shard object (default: about 32 MiB on object stores).
+        cache_bytes: byte budget of the hot-chunk cache.
+        cache: cache tier, ``"host"``, ``"pinned"`` or ``"cuda"``.
+        read_only: refuse every write.
+        autocommit_seconds: commit written rows at most this long after they
+            were written (also committed when a chunk fills, on ``flush`` and
+            on ``close``).
+
+    >>> s = LazyMemmapStorage(100, scratch_dir="memory://doc-rb")
+    >>> s.set(torch.arange(4), TensorDict(obs=torch.arange(4.0), batch_size=[4]))
+    >>> s.flush(); zstore.open("memory://doc-rb").get(3)["obs"].item()
+    3.0
+    """
+
+    def __init__(self, max_size: int, *, scratch_dir: Any = None, device: Any = "cpu",
+                 ndim: int = 1, existsok: bool = False, compilable: bool = False,
+                 shared_init: bool = False, auto_cleanup: bool | None = None,
+                 storage_options: Mapping[str, Any] | None = None, codec: Any = None,
+                 chunks: int | None = None, shards: int | None = None,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host",
+                 read_only: bool = False, autocommit_seconds: float = 5.0):
+        tier = cache_tier(cache, device if device not in (None, "auto") else None)
+        device = "cpu" if device in (None, "auto") else device
+        if torch.device(device).type != tier.device.type:
+            raise ValueError(
+                f"Memory map device other than CPU isn't supported. To return samples on "
+                f"{device}, pass cache='cuda' (the cache then lives on that device).")
+        super().__init__(max_size, device=tier.device, ndim=ndim, compilable=compilable,
+                         shared_init=shared_init)
+        temporary = scratch_dir is None
+        if temporary:
+            scratch_dir = tempfile.mkdtemp(prefix="zstore_")
+        self.spec = StoreSpec.parse(scratch_dir, storage_options, read_only)
+        self.scratch_dir = self.spec.url
+        self.existsok = existsok
+        self.codec = CodecSpec.parse(codec)
+        self.chunks = chunks
+        self.shards = shards
+        self.cache_bytes = int(cache_bytes)
+        self.cache = tier.name
+        self.autocommit_seconds = autocommit_seconds
+        self.auto_cleanup = temporary if auto_cleanup is None else auto_cleanup
+        self._setup_runtime()
+
+    def _setup_runtime(self) -> None:
+        self._table: Table | None = None
+        self._group = None
+        self._meta: StoreMeta | None = None
+        self._pid = os.getpid()
+        self._uncommitted = False
+        self._pending_flush = False
+        self._last_commit = time.monotonic()
+        self._cleaned = False
+        self._finalizer = weakref.finalize(self, _delete_store, self.spec) if self.auto_cleanup else None
+        _LIVE.add(self)
+
+    # -- opening --------------------------------------------------------------------------
+    @classmethod
+    def _from_store(cls, spec: StoreSpec, group, meta: StoreMeta, *, cache_bytes: int,
+                    cache: str, device: Any = None, autocommit_seconds: float = 5.0):
+        """Reopen a committed buffer (used by :func:`zstore.open`)."""
+        self = cls.__new__(cls)
+        tier = cache_tier(cache, device)
+        TensorStorage.__init__(self, None, meta.max_size, device=tier.device, ndim=meta.ndim)
+        self.consolidated = False
+        self.spec = spec
+        self.scratch_dir = spec.url
+        self.existsok = True
+        self.codec = meta.codec
+        self.chunks = meta.chunk_rows
+        self.shards = meta.shard_rows
+        self.cache_bytes = int(cache_bytes)
+        self.cache = tier.name
+        self.autocommit_seconds = autocommit_seconds
+        self.auto_cleanup = False
+        self._setup_runtime()
+        self._attach(group, meta)
+        return self
+
+    def _attach(self, group, meta: StoreMeta) -> None:
+        """Bind to an opened group: restore counters and open the table."""
+        self._group = group
+        self._meta = meta
+        self._schema = meta.schema
+        self.max_size = meta.max_size
+        self._len_value = meta.length
+        self._last_cursor_value = meta.last_cursor
+        self.initialized = True
+        read_only = self.spec.read_only or meta.read_only
+        if MmapTable.supported(self.spec.is_local, meta.codec.is_raw, meta.chunk_rows, meta.rows,
+                               meta.shard_rows) and self.cache == "host":
+            self._table = MmapTable(self.spec.url, group, meta.schema.leaves, meta.rows,
+                                    meta.high_water, read_only=read_only)
+        else:
+            self._table = ChunkedTable(group, meta.schema.leaves, meta.rows, meta.chunk_rows,
+                                       meta.shard_rows, meta.high_water, read_only=read_only,
+                                       cache_bytes=self.cache_bytes, cache_tier=self.cache,
+                                       where=self.spec.redacted())
+
+    @property
+    def table(self) -> Table:
+        """The column set (reopened transparently after a fork)."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            group, meta = open_group(self.spec)
+            meta.length, meta.last_cursor = self._len_value, self._last_cursor_value
+            self._attach(group, meta)
+        return self._table
+
+    def _init(self, example: Any) -> None:
+        self.spec.require_writable("create a buffer")
+        schema = Schema.from_example(example, self.ndim)
+        if is_tensorclass(example):
+            schema.tensorclass = type(example)
+        found = existing_meta(self.spec)
+        if found is not None:
+            if not self.existsok:
+                raise StoreExistsError(
+                    f"The file {self.spec.redacted()} already exists: it holds a zstore buffer "
+                    f"({found.storage_class}, {found.length} cells). Pass existsok=True to adopt "
+                    "it, or reopen it with zstore.open(url).")
+            self._adopt(schema)
+            return
+        rows = self._rows_for(example)
+        row_bytes = max(leaf.row_bytes for leaf in schema.leaves)
+        if self.chunks is not None:
+            chunk_rows = max(1, min(int(self.chunks), rows))
+        elif self.spec.is_local and self.codec.is_raw:
+            chunk_rows = rows
+        else:
+            chunk_rows = default_chunk_rows(row_bytes, rows)
+        if self.shards is not None:
+            shard_rows = max(chunk_rows, int(self.shards) // chunk_rows * chunk_rows)
+        elif self.spec.protocol in _OBJECT_STORES:
+            shard_rows = default_shard_rows(chunk_rows, row_bytes, rows)
+        else:
+            shard_rows = None
+        if shard_rows == chunk_rows:
+            shard_rows = None
+        meta = StoreMeta(type(self).__name__, self.max_size, self.ndim, rows, schema, self.codec,
+                         chunk_rows, shard_rows)
+        self._attach(create_group(self.spec, meta), meta)
+
+    def _adopt(self, schema: Schema) -> None:
+        group, meta = open_group(self.spec)
+        if meta.schema.leaves != schema.leaves or meta.schema.kind != schema.kind:
+            raise SchemaError(
+                f"cannot adopt {self.spec.redacted()}: its keys/dtypes/shapes "
+                f"{[leaf.to_json() for leaf in meta.schema.leaves]} differ from the data's "
+                f"{[leaf.to_json() for leaf in schema.leaves]}")
+        meta.schema.tensorclass = schema.tensorclass
+        self._attach(group, meta)
+
+    def loads(self, path: Any) -> None:
+        """Adopt the buffer at ``path`` when it is this storage's own store; else use the checkpointer."""
+        target = StoreSpec.parse(path, self.spec.storage_options)
+        if target.url == self.spec.url:
+            if not self.initialized:
+                group, meta = open_group(self.spec)
+                self._attach(group, meta)
+            self._bump_mutation_revision()
+            return
+        super().loads(path)
+
+    # -- the hooks ------------------------------------------------------------------------
+    def _container_shape(self) -> tuple[int, ...]:
+        return (self._meta.rows, *self._schema.lane_shape)
+
+    def _read(self, index: Any) -> Any:
+        n = self._len_along_dim0
+        first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
+        rows, lead, squeeze = _rows_of(first, n)
+        if lead is None:
+            lead = (len(rows),)
+        lanes = self._schema.lane_shape
+        table = self.table
+        if (rest and len(rest) == self.ndim - 1 and not squeeze
+                and all(isinstance(r, torch.Tensor) and r.shape == lead for r in rest)):
+            stacked = torch.stack([r.reshape(-1).to("cpu", torch.int64) for r in rest])
+            for dim, (r, size) in enumerate(zip(stacked, lanes)):
+                if r.numel() and (int(r.max()) >= size or int(r.min()) < -size):
+                    raise IndexError(f"index {int(r.max())} is out of bounds for dimension "
+                                     f"{dim + 1} with size {size}")
+            stacked = torch.remainder(stacked, torch.tensor(lanes).unsqueeze(1))
+            columns = table.read(rows, stacked)
+            return self._build(columns, lead, ())
+        columns = table.read(rows)
+        if squeeze:
+            out = self._build({p: c[0] for p, c in columns.items()}, (), lanes)
+        else:
+            out = self._build(columns, lead, lanes)
+        if rest:
+            out = out[(slice(None),) * (0 if squeeze else len(lead)) + tuple(rest)]
+        return out
+
+    def _build(self, columns: dict[str, torch.Tensor], lead: tuple[int, ...],
+               lanes: tuple[int, ...]) -> Any:
+        if len(lead) > 1:
+            columns = {p: c.reshape(*lead, *c.shape[1:]) for p, c in columns.items()}
+        return self._schema.build(columns, (*lead, *lanes))
+
+    def _write(self, cursor: Any, data: Any) -> None:
+        self.spec.require_writable("write")
+        table = self.table
+        if isinstance(cursor, tuple):
+            self._write_cells(cursor, data)
+            return
+        single = _is_int(cursor)
+        if single:
+            rows = torch.tensor([int(cursor) % self._meta.rows])
+            lead = 0
+        elif isinstance(cursor, slice):
+            rows = torch.arange(*cursor.indices(self._meta.rows))
+            lead = 1
+        else:
+            rows = torch.as_tensor(cursor if not isinstance(cursor, range) else list(cursor))
+            rows = rows.to("cpu", torch.int64)
+            lead = max(rows.ndim, 1)
+            rows = rows.reshape(-1)
+        if rows.numel() == 0:
+            return
+        if int(rows.max()) >= self._meta.rows or int(rows.min()) < -self._meta.rows:
+            raise IndexError(f"cannot write row {int(rows.max())}: the buffer has "
+                             f"{self._meta.rows} rows")
+        rows = torch.remainder(rows, self._meta.rows)
+        columns = self._schema.columns(data, lead)
+        if lead != 1:
+            columns = {p: c.reshape(-1, *c.shape[lead:]) for p, c in columns.items()}
+        if next(iter(columns.values())).shape[0] != len(rows):
+            raise SchemaError(f"{len(rows)} rows addressed but data holds "
+                              f"{next(iter(columns.values())).shape[0]}")
+        self._pending_flush |= table.write(rows, columns)
+        self._uncommitted = True
+
+    def _write_cells(self, cursor: tuple, data: Any) -> None:
+        first = cursor[0]
+        rows, lead, squeeze = _rows_of(first, self._meta.rows)
+        urows = torch.unique(rows)
+        block = self._build(self.table.read(urows), (len(urows),), self._schema.lane_shape)
+        local = torch.searchsorted(urows, rows)
+        local_index = int(local[0]) if squeeze else local.reshape(lead if lead else (len(rows),))
+        block[(local_index, *cursor[1:])] = data
+        self._write(urows, block)
+
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        if self.spec.read_only:
+            raise ReadOnlyError(f"cannot write: {self.spec.redacted()} is opened read-only")
+        self._pending_flush = False
+        super().set(cursor, data, set_cursor=set_cursor)
+        if self._pending_flush or time.monotonic() - self._last_commit > self.autocommit_seconds:
+            self.flush()
+
+    # -- commit ---------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Store every written row, then commit the length and cursor (one metadata write)."""
+        if not self.initialized or self.spec.read_only or self._table is None:
+            return
+        self.table.flush()
+        meta = self._meta
+        meta.length = self._len_value
+        meta.last_cursor = self._last_cursor_value if self._last_cursor_value < meta.rows else -1
+        meta.high_water = self.table.high_water
+        commit(self._group, meta)
+        self._uncommitted = False
+        self._last_commit = time.monotonic()
+
+    def close(self) -> None:
+        """Flush and release the table; the storage can be reopened with :func:`zstore.open`."""
+        if self._table is not None and not self._cleaned:
+            if self._uncommitted:
+                self.flush()
+            self._table.close()
+        self._table = None
+        self.initialized = False if self._meta is None else self.initialized
+        _LIVE.discard(self)
+
+    def __enter__(self) -> "LazyMemmapStorage":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _empty(self) -> None:
+        self.spec.require_writable("empty the buffer")
+        super()._empty()
+        if self.initialized:
+            self.flush()
+
+    def cleanup(self) -> bool:
+        """Delete the store and everything in it; ``False`` if already done. Idempotent."""
+        if self._cleaned:
+            return False
+        self._cleaned = True
+        if self._table is not None:
+            self._table.close()
+            self._table = None
+        _LIVE.discard(self)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if not self.spec.exists():
+            return False
+        self.spec.delete()
+        self.initialized = False
+        return True
+
+    # -- introspection --------------------------------------------------------------------
+    @property
+    def cache_stats(self) -> CacheStats | None:
+        """Hit / miss / byte counters of the hot-chunk cache (None for memory-mapped buffers)."""
+        return self.table.cache_stats if self.initialized else None
+
+    def prefetch(self, index: Any) -> None:
+        """Load the chunks holding rows ``index`` into the cache ahead of a read."""
+        if self.initialized:
+            rows, _, _ = _rows_of(index, self._len_along_dim0)
+            self.table.prefetch(rows)
+
+    def _container_for_state(self) -> Any:
+        if not self.initialized:
+            return None
+        if self._schema.kind == "pytree":
+            raise TypeError("Objects of type <class 'dict'> are not supported by "
+                            "LazyTensorStorage.state_dict. If you are trying to serialize a PyTree, "
+                            "the storage.dumps/loads is preferred.")
+        columns = self.table.read(torch.arange(self._meta.rows))
+        return self._build(columns, (self._meta.rows,), self._schema.lane_shape)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.spec.require_writable("load a state dict")
+        saved = state_dict["_storage"]
+        if isinstance(saved, torch.Tensor):
+            data = saved
+        elif isinstance(saved, dict) or is_tensor_collection(saved):
+            from tensordict import TensorDict
+
+            data = saved if is_tensor_collection(saved) else \
+                TensorDict().load_state_dict(saved, strict=False)
+        else:
+            raise TypeError(f"Objects of type {type(saved)} are not supported by "
+                            f"{type(self).__name__}.load_state_dict")
+        if state_dict.get("initialized") and data is not None and len(data):
+            if not self.initialized:
+                self._init(data[0])
+            n = min(len(data), self._meta.rows)
+            self._write(torch.arange(n), data[:n])
+        self._len_value = int(state_dict["_len"])
+        self._bump_mutation_revision()
+        if self.initialized:
+            self.flush()
+
+    # -- pickling: a spec, never live objects ---------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        if self.initialized and not self.spec.read_only and self._table is not None:
+            self.flush()
+        return {
+            "spec": self.spec.to_json(), "max_size": self.max_size, "ndim": self.ndim,
+            "device": str(self.device), "existsok": self.existsok, "codec": self.codec.to_json(),
+            "chunks": self.chunks, "shards": self.shards, "cache_bytes": self.cache_bytes,
+            "cache": self.cache, "autocommit_seconds": self.autocommit_seconds,
+            "initialized": self.initialized, "len": self._len_value,
+            "last_cursor": self._last_cursor_value, "revision": self._revision,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        spec = StoreSpec.from_json(state["spec"])
+        if state["initialized"]:
+            group, meta = open_group(spec)
+            other = type(self)._from_store(spec, group, meta, cache_bytes=state["cache_bytes"],
+                                           cache=state["cache"], device=state["device"],
+                                           autocommit_seconds=state["autocommit_seconds"])
+        else:
+            other = type(self)(state["max_size"], scratch_dir=spec.url,
+                               storage_options=spec.storage_options, device=state["device"],
+                               ndim=state["ndim"], existsok=state["existsok"],
+                               codec=state["codec"], chunks=state["chunks"], shards=state["shards"],
+                               cache_bytes=state["cache_bytes"], cache=state["cache"],
+                               read_only=spec.read_only, auto_cleanup=False,
+                               autocommit_seconds=state["autocommit_seconds"])
+        self.__dict__.update(other.__dict__)
+        if other._finalizer is not None:
+            other._finalizer.detach()
+        self._finalizer = None
+        self.auto_cleanup = False
+        self._len_value = state["len"]
+        self._last_cursor_value = state["last_cursor"]
+        self._revision = state["revision"]
+        _LIVE.add(self)
+        _LIVE.discard(other)
+
+    def __repr__(self) -> str:
+        if not self.initialized:
+            return f"{type(self).__name__}(url={self.spec.redacted()}, <empty>, max_size={self.max_size})"
+        keys = ", ".join(f"{leaf.path}: {str(leaf.dtype).removeprefix('torch.')}{list(leaf.shape)}"
+                         for leaf in self._schema.leaves)
+        return (f"{type(self).__name__}(\n    url={self.spec.redacted()},\n    keys=[{keys}],\n"
+                f"    shape={self.shape}, len={len(self)}, max_size={self.max_size},\n"
+                f"    codec={self.codec}, chunk_rows={self._meta.chunk_rows}, cache={self.cache})")

@@ -1,0 +1,408 @@
+"""TensorStorage and LazyTensorStorage: fixed-capacity storages of tensors (SPEC §2.5, §2.6).
+
+:class:`TensorStorage` holds the TorchRL semantics every tensor storage shares
+(length counting, last cursor, ``shape``, ``ndim > 1`` rounding, ``contains``,
+conditional patches). Where the rows live is delegated to four hooks —
+``_init``, ``_read``, ``_write`` and ``_container_shape`` — which the in-RAM
+classes implement here and :class:`~zstore.LazyMemmapStorage` implements on Zarr.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import (
+    LazyStackedTensorDict,
+    TensorDict,
+    TensorDictBase,
+    is_tensor_collection,
+    is_tensorclass,
+)
+from torch.utils import _pytree as pytree
+
+from .base import Storage
+
+
+def _first_leaf(data: Any) -> torch.Tensor:
+    if isinstance(data, torch.Tensor):
+        return data
+    if is_tensor_collection(data):
+        return data
+    leaves = pytree.tree_leaves(data)
+    if not leaves:
+        raise ValueError("the storage holds no tensor")
+    return leaves[0]
+
+
+def _lead_shape(data: Any, n: int) -> tuple[int, ...]:
+    """The first ``n`` dims of a tensor, tensor collection or pytree."""
+    if is_tensor_collection(data):
+        return tuple(data.batch_size[:n])
+    return tuple(_first_leaf(data).shape[:n])
+
+
+def _stack(data: list) -> Any:
+    try:
+        if all(isinstance(x, torch.Tensor) for x in data):
+            return torch.stack(data)
+        if all(is_tensor_collection(x) for x in data):
+            return torch.stack(data) if not isinstance(data[0], LazyStackedTensorDict) \
+                else LazyStackedTensorDict.lazy_stack(data)
+        return pytree.tree_map(lambda *xs: torch.stack(xs), data[0], *data[1:])
+    except Exception as exc:
+        raise RuntimeError(
+            "Stacking the elements of the list resulted in an error. Storages expect items "
+            "that can be stacked; to store a compact pytree, pass a tuple instead of a list."
+        ) from exc
+
+
+def _is_int(cursor: Any) -> bool:
+    if isinstance(cursor, bool):
+        return False
+    if isinstance(cursor, (int, np.integer)):
+        return True
+    return isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0
+
+
+def _resolve_device(device: Any) -> Any:
+    if device is None or device == "auto":
+        return device
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+class TensorStorage(Storage):
+    """A storage over a preallocated container: a tensor, a TensorDict, a tensorclass or a pytree.
+
+    Args:
+        storage: the container (its first dim is the capacity), or ``None``
+            for lazily initialised subclasses.
+        max_size: capacity; must match ``storage``'s first dim when both are given.
+        device: where the data lives; ``"auto"`` takes the container's device.
+        ndim: number of leading dims that index cells (``2`` for ``[time, env]``).
+
+    >>> s = TensorStorage(torch.zeros(4, 2))
+    >>> len(s), s.get(1).shape
+    (4, torch.Size([2]))
+    """
+
+    supports_conditional_update = True
+    _default_checkpointer = "TensorStorageCheckpointer"
+
+    def __init__(self, storage: Any, max_size: int | None = None, *, device: Any = "cpu",
+                 ndim: int = 1, compilable: bool = False):
+        if storage is None and max_size is None:
+            raise ValueError("Expected storage to be non-null.")
+        if storage is not None:
+            first = _lead_shape(storage, ndim)
+            if max_size is not None and max_size != first[0]:
+                raise ValueError(
+                    f"The max-size and the storage shape mismatch: got max_size={max_size} for a "
+                    f"storage of shape {first}."
+                )
+            max_size = math.prod(first)
+        super().__init__(max_size, compilable=compilable)
+        self.ndim = ndim
+        self.initialized = storage is not None
+        self._storage = storage
+        self._len_value = int(max_size) if storage is not None else 0
+        self._last_cursor = None
+        if device == "auto" and storage is not None:
+            device = _first_leaf(storage).device
+        self.device = _resolve_device(device)
+
+    # -- sizes ----------------------------------------------------------------------------
+    @property
+    def _len(self) -> int:
+        return self._len_value
+
+    @_len.setter
+    def _len(self, value: int) -> None:
+        self._len_value = int(value)
+
+    def __len__(self) -> int:
+        return self._len_value
+
+    def _container_shape(self) -> tuple[int, ...]:
+        """The first ``ndim`` dims of the (initialised) container."""
+        return _lead_shape(self._storage, self.ndim)
+
+    @property
+    def _total_shape(self) -> torch.Size:
+        return torch.Size(self._container_shape())
+
+    @property
+    def _lanes(self) -> int:
+        return math.prod(self._container_shape()[1:])
+
+    @property
+    def _len_along_dim0(self) -> int:
+        if not self.initialized:
+            return 0
+        return -(-self._len_value // self._lanes)
+
+    @property
+    def shape(self) -> torch.Size | None:
+        """``None`` when uninitialised; ``[filled rows, *lanes]`` (all rows when full)."""
+        if not self.initialized:
+            return None
+        total = self._total_shape
+        if self._is_full:
+            return total
+        return torch.Size([self._len_along_dim0, *total[1:]])
+
+    def _max_size_along_dim0(self, *, single_data: Any = None, batched_data: Any = None) -> int:
+        if self.ndim == 1:
+            return self.max_size
+        if self.initialized:
+            return -(-self.max_size // self._lanes)
+        if single_data is not None:
+            lanes = math.prod(_lead_shape(single_data, self.ndim - 1))
+        elif batched_data is not None:
+            lanes = math.prod(_lead_shape(batched_data, self.ndim)[1:])
+        else:
+            raise ValueError("single_data or batched_data must be passed.")
+        return -(-self.max_size // lanes)
+
+    def _rows_for(self, example: Any) -> int:
+        """Rows to allocate for ``example`` (rounds ``max_size`` up to whole rows when ndim > 1)."""
+        lanes = math.prod(_lead_shape(example, self.ndim - 1)) if self.ndim > 1 else 1
+        rows = -(-self.max_size // lanes)
+        self.max_size = rows * lanes
+        return rows
+
+    # -- hooks for subclasses -------------------------------------------------------------
+    def _init(self, example: Any) -> None:
+        raise TypeError(
+            f"{type(self).__name__} must be initialized during construction: pass a container, "
+            "or use LazyTensorStorage / LazyMemmapStorage"
+        )
+
+    def _read(self, index: Any) -> Any:
+        container = self._storage
+        if not self._is_full:
+            n = self._len_along_dim0
+            container = _apply(container, lambda x: x[:n])
+        if isinstance(index, torch.Tensor) and self.device is not None and self.device != "auto":
+            index = index.to(_first_leaf(container).device)
+        return _apply(container, lambda x: x[index])
+
+    def _write(self, cursor: Any, data: Any) -> None:
+        container = self._storage
+        if isinstance(cursor, torch.Tensor):
+            cursor = cursor.to(_first_leaf(container).device)
+        if is_tensor_collection(container):
+            new = [k for k in data.keys(include_nested=True, leaves_only=True)
+                   if k not in container.keys(include_nested=True, leaves_only=True)]
+            for key in new:
+                value = data.get(key)
+                lead = 0 if _is_int(cursor) else 1
+                container.set(key, torch.empty((*self._container_shape(), *value.shape[lead + self.ndim - 1:]),
+                                               dtype=value.dtype, device=_first_leaf(container).device))
+            container[cursor] = data
+        elif isinstance(container, torch.Tensor):
+            container[cursor] = data
+        else:
+            pytree.tree_map(lambda leaf, value: leaf.__setitem__(cursor, value), container, data)
+
+    # -- the contract ---------------------------------------------------------------------
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        if isinstance(data, list):
+            data = _stack(data)
+        single = _is_int(cursor)
+        if not self.initialized:
+            self._init(data if single else _apply(data, lambda x: x[0]))
+        self._write(cursor, data)
+        if set_cursor:
+            self._set_last_cursor(cursor)
+            n = self.ndim - 1 if single else self.ndim
+            self._len_value = min(self._len_value + math.prod(_lead_shape(data, n)), self.max_size)
+        self._bump_mutation_revision()
+
+    def get(self, index: Any) -> Any:
+        if not self.initialized:
+            raise RuntimeError("Cannot get elements out of a non-initialized storage.")
+        return self._read(index)
+
+    def _empty(self) -> None:
+        self._len_value = 0
+        self._bump_mutation_revision()
+
+    def contains(self, item: Any) -> Any:
+        if isinstance(item, int) and not isinstance(item, bool):
+            if not self.initialized:
+                return False
+            n = self._len_along_dim0
+            if item < 0:
+                item += n
+            return 0 <= item < n
+        if isinstance(item, torch.Tensor):
+            if not self.initialized:
+                return torch.zeros(item.shape[:1] if item.ndim > 1 else item.shape, dtype=torch.bool)
+            shape = self.shape
+            if item.ndim >= 2 and item.shape[-1] == self.ndim:
+                bounds = torch.tensor(list(shape), device=item.device)
+                return ((item >= -bounds) & (item < bounds)).all(-1)
+            n = shape[0]
+            return (item >= -n) & (item < n)
+        raise NotImplementedError(f"type {type(item)} is not supported yet.")
+
+    def _rand_given_ndim(self, batch_size: int) -> Any:
+        if self.ndim == 1:
+            return super()._rand_given_ndim(batch_size)
+        shape = self.shape
+        return tuple(torch.randint(0, dim, (batch_size,), generator=self._rng, device=self.device)
+                     for dim in shape)
+
+    def flatten(self) -> "TensorStorage":
+        """A 1-D storage over the written rows, lanes flattened into the first dim."""
+        if self.ndim == 1:
+            return self
+        if not self.initialized:
+            raise RuntimeError("Cannot flatten a non-initialized storage.")
+        data = self.get(slice(None))
+        if is_tensor_collection(data):
+            flat = data.flatten(0, self.ndim - 1)
+        else:
+            flat = _apply(data, lambda x: x.flatten(0, self.ndim - 1))
+        return TensorStorage(flat, device=self.device)
+
+    # -- state dicts ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        container = self._container_for_state()
+        if container is None:
+            storage_state: Any = {}
+        elif isinstance(container, torch.Tensor):
+            storage_state = container
+        elif is_tensor_collection(container):
+            storage_state = container.state_dict()
+        else:
+            raise TypeError(f"Objects of type {type(container)} are not supported by "
+                            f"{type(self).__name__}.state_dict")
+        return {"_storage": storage_state, "initialized": self.initialized, "_len": self._len_value}
+
+    def _container_for_state(self) -> Any:
+        return self._storage
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved = state_dict["_storage"]
+        if isinstance(saved, torch.Tensor):
+            if isinstance(self._storage, torch.Tensor):
+                self._storage.copy_(saved)
+            elif self._storage is None:
+                self._storage = saved.clone()
+            else:
+                raise RuntimeError(f"Cannot copy a storage of type {type(saved)} onto another of "
+                                   f"type {type(self._storage)}")
+        elif isinstance(saved, (dict,)) or is_tensor_collection(saved):
+            if is_tensor_collection(self._storage):
+                self._storage.load_state_dict(saved, strict=False)
+            elif self._storage is None:
+                self._storage = TensorDict().load_state_dict(saved, strict=False) if saved else None
+                if self._storage is not None:
+                    self._storage = self._storage.clone()
+            else:
+                raise RuntimeError(f"Cannot copy a storage of type {type(saved)} onto another of "
+                                   f"type {type(self._storage)}")
+        else:
+            raise TypeError(f"Objects of type {type(saved)} are not supported by "
+                            f"{type(self).__name__}.load_state_dict")
+        self.initialized = bool(state_dict["initialized"]) and self._storage is not None
+        self._len_value = int(state_dict["_len"])
+        self._bump_mutation_revision()
+
+    # -- conditional patches (ReplayBuffer.update_if_present) -----------------------------
+    def _conditional_patch_leaf(self, key: Any) -> torch.Tensor:
+        if not self.initialized:
+            raise RuntimeError("Conditional updates require an initialized storage. "
+                               "Write data to the buffer first.")
+        sample = self.get(slice(0, 1)) if len(self) else None
+        if sample is None or not is_tensor_collection(sample) or key not in sample.keys(True, True):
+            raise KeyError(f"key {key!r} is not in the storage")
+        return sample.get(key)
+
+    def _validate_conditional_patch(self, index: Any, patch: Any) -> None:
+        current = self.get(index)
+        for key in patch.keys(include_nested=True, leaves_only=True):
+            leaf = self._conditional_patch_leaf(key)
+            value = patch.get(key)
+            if value.dtype != leaf.dtype:
+                raise ValueError(f"dtype mismatch for patch key {key!r}: expected {leaf.dtype}, "
+                                 f"got {value.dtype}")
+            if value.shape != current.get(key).shape:
+                raise ValueError(f"shape mismatch for patch key {key!r}: expected "
+                                 f"{tuple(current.get(key).shape)}, got {tuple(value.shape)}")
+
+    def _apply_conditional_patch(self, index: Any, patch: Any) -> None:
+        current = self.get(index)
+        current.update(patch)
+        self._write(index, current)
+        self._bump_mutation_revision()
+
+    def __repr__(self) -> str:
+        if not self.initialized:
+            data = "<empty>"
+        else:
+            data = repr(self._storage).replace("\n", "\n    ")
+        return (f"{type(self).__name__}(\n    data={data}, \n    shape={self.shape}, \n    "
+                f"len={len(self)}, \n    max_size={self.max_size})")
+
+
+def _apply(container: Any, fn) -> Any:
+    if isinstance(container, torch.Tensor) or is_tensor_collection(container):
+        return fn(container)
+    return pytree.tree_map(fn, container)
+
+
+class LazyTensorStorage(TensorStorage):
+    """A TensorStorage allocated in RAM (or on ``device``) at the first write.
+
+    Args:
+        max_size: capacity in cells.
+        device: where the container lives; ``"auto"`` uses the first item's device.
+        ndim: cell dims (``max_size`` is rounded up to whole rows when ``ndim > 1``).
+        consolidated: consolidate the TensorDict container into one buffer.
+
+    >>> s = LazyTensorStorage(10)
+    >>> s.set(torch.arange(3), TensorDict(obs=torch.ones(3, 2), batch_size=[3]))
+    >>> len(s), s.get(0)["obs"].tolist()
+    (3, [1.0, 1.0])
+    """
+
+    def __init__(self, max_size: int, *, device: Any = "cpu", ndim: int = 1,
+                 compilable: bool = False, consolidated: bool = False,
+                 shared_init: bool = False, cleanup_memmap: bool = True):
+        if shared_init:
+            raise NotImplementedError(
+                "shared_init is not supported: share a LazyMemmapStorage on a URL instead "
+                "(every process opens the same store)")
+        super().__init__(None, max_size, device=device, ndim=ndim, compilable=compilable)
+        self.consolidated = consolidated
+
+    def _init(self, example: Any) -> None:
+        if self.device == "auto":
+            self.device = _first_leaf(example).device if not is_tensor_collection(example) \
+                else example.device
+        device = self.device
+        rows = self._rows_for(example)
+        if is_tensor_collection(example):
+            td = example._tensordict if is_tensorclass(example) else example
+            container = td.apply(
+                lambda x: torch.empty((rows, *x.shape), dtype=x.dtype, device=device or x.device),
+                batch_size=[rows, *td.batch_size], device=device)
+            if is_tensorclass(example):
+                container = type(example).from_tensordict(container)
+            if self.consolidated:
+                container = container.consolidate()
+        else:
+            if self.consolidated:
+                raise ValueError("Cannot consolidate non-tensordict storages.")
+            container = _apply(example, lambda x: torch.empty(
+                (rows, *x.shape), dtype=x.dtype, device=device or x.device))
+        self._storage = container
+        self.initialized = True

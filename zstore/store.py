@@ -1,0 +1,177 @@
+"""URL + storage options -> a Zarr store.
+
+One place turns what a user gives (a local path, ``file://``, ``memory://``,
+``s3://bucket/prefix``, any other fsspec URL, plus ``storage_options``) into a
+Zarr v3 store. A :class:`StoreSpec` is a small JSON-serialisable value: it is
+what a storage pickles into and what travels to other processes, never a live
+filesystem object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import fsspec
+from zarr.abc.store import Store
+from zarr.storage import FsspecStore, LocalStore
+
+from .errors import BackendNotInstalledError, ReadOnlyError, StoreNotFoundError
+
+_INSTALL_HINTS = {
+    "s3": "s3fs (pip install 'zstore[s3]')",
+    "s3a": "s3fs (pip install 'zstore[s3]')",
+    "gs": "gcsfs (pip install gcsfs)",
+    "gcs": "gcsfs (pip install gcsfs)",
+    "az": "adlfs (pip install adlfs)",
+    "abfs": "adlfs (pip install adlfs)",
+    "http": "aiohttp (pip install aiohttp)",
+    "https": "aiohttp (pip install aiohttp)",
+}
+_SECRET_WORDS = ("secret", "token", "password", "key", "credential", "session")
+
+
+def _redact(options: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for name, value in options.items():
+        if isinstance(value, Mapping):
+            out[name] = _redact(value)
+        elif any(word in name.lower() for word in _SECRET_WORDS):
+            out[name] = "***"
+        else:
+            out[name] = value
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreSpec:
+    """Where a buffer lives: a URL, fsspec ``storage_options`` and a read-only flag.
+
+    >>> StoreSpec.parse("memory://rb").protocol
+    'memory'
+    """
+
+    url: str
+    storage_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    read_only: bool = False
+
+    @classmethod
+    def parse(
+        cls,
+        url: str | os.PathLike | "StoreSpec",
+        storage_options: Mapping[str, Any] | None = None,
+        read_only: bool = False,
+    ) -> "StoreSpec":
+        """Normalise a path or URL (``~`` expanded, local paths made absolute)."""
+        if isinstance(url, StoreSpec):
+            return dataclasses.replace(url, read_only=url.read_only or read_only)
+        text = os.fspath(url)
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"a store URL must be a non-empty string or path, got {url!r}")
+        if text.startswith("file://"):
+            text = text[len("file://"):]
+        if "://" not in text:
+            text = str(Path(text).expanduser().absolute())
+        return cls(text.rstrip("/") or "/", dict(storage_options or {}), read_only)
+
+    @property
+    def protocol(self) -> str:
+        """The fsspec protocol (``"file"`` for local paths)."""
+        return self.url.split("://", 1)[0] if "://" in self.url else "file"
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the store is a directory on this machine's filesystem."""
+        return self.protocol == "file"
+
+    def redacted(self) -> str:
+        """The URL and options with every credential replaced by ``***``."""
+        if not self.storage_options:
+            return self.url
+        return f"{self.url} {_redact(self.storage_options)}"
+
+    def as_read_only(self) -> "StoreSpec":
+        """The same location, opened read-only (a new value; this one is unchanged)."""
+        return dataclasses.replace(self, read_only=True)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict that :meth:`from_json` turns back into this spec."""
+        return {"url": self.url, "storage_options": dict(self.storage_options),
+                "read_only": self.read_only}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "StoreSpec":
+        """Inverse of :meth:`to_json`."""
+        return cls(data["url"], dict(data.get("storage_options") or {}), bool(data["read_only"]))
+
+    def filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
+        """The fsspec filesystem and the path inside it (a fresh instance per process)."""
+        try:
+            fs, path = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        except ImportError as exc:
+            hint = _INSTALL_HINTS.get(self.protocol, f"the fsspec backend for {self.protocol!r}")
+            raise BackendNotInstalledError(
+                f"cannot open {self.url}: install {hint} to use {self.protocol}:// URLs ({exc})"
+            ) from exc
+        except ValueError as exc:
+            if "Protocol not known" in str(exc):
+                raise BackendNotInstalledError(
+                    f"cannot open {self.url}: fsspec knows no protocol {self.protocol!r}"
+                ) from exc
+            raise
+        return fs, path
+
+    def exists(self) -> bool:
+        """Whether anything is stored at this location."""
+        if self.is_local:
+            return Path(self.url).exists()
+        fs, path = self.filesystem()
+        return fs.exists(path)
+
+    def check_parent(self) -> None:
+        """Raise :class:`StoreNotFoundError` when the bucket (or root) to write in is missing."""
+        if self.is_local:
+            return
+        fs, path = self.filesystem()
+        if self.protocol in ("s3", "s3a", "gs", "gcs", "az", "abfs"):
+            bucket = path.split("/", 1)[0]
+            try:
+                found = fs.exists(bucket)
+            except PermissionError:
+                found = True  # cannot list, but may still write
+            if not found:
+                raise StoreNotFoundError(
+                    f"bucket {bucket!r} of {self.redacted()} does not exist; create it first"
+                )
+
+    def open(self) -> Store:
+        """Open the Zarr store (LocalStore for local paths, FsspecStore otherwise)."""
+        if self.is_local:
+            if not self.read_only:
+                Path(self.url).mkdir(parents=True, exist_ok=True)
+            elif not Path(self.url).exists():
+                raise StoreNotFoundError(f"no such directory: {self.url}")
+            return LocalStore(self.url, read_only=self.read_only)
+        self.filesystem()  # install hints for a missing backend
+        return FsspecStore.from_url(self.url, storage_options=dict(self.storage_options),
+                                    read_only=self.read_only)
+
+    def require_writable(self, action: str) -> None:
+        """Raise :class:`ReadOnlyError` naming ``action`` when this spec is read-only."""
+        if self.read_only:
+            raise ReadOnlyError(f"cannot {action}: {self.url} is opened read-only")
+
+    def delete(self) -> None:
+        """Remove everything at this location (used by temporary scratch stores)."""
+        self.require_writable("delete the store")
+        if self.is_local:
+            import shutil
+
+            shutil.rmtree(self.url, ignore_errors=True)
+            return
+        fs, path = self.filesystem()
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+
