@@ -85,7 +85,12 @@ def cache_tier(name: str | CacheTier, device: torch.device | str | None = None) 
 
 @dataclasses.dataclass
 class CacheStats:
-    """Counters of a :class:`ChunkCache` (blocks, not rows)."""
+    """Counters of a :class:`ChunkCache`.
+
+    ``hits`` / ``misses`` count lookups (a row read from a cached block is a hit;
+    a block that had to be loaded is a miss); ``loads`` and the byte counters
+    count blocks.
+    """
 
     hits: int = 0
     misses: int = 0
@@ -134,18 +139,11 @@ class ChunkCache:
         self.last_use = torch.zeros(self.n_slots, dtype=torch.int64)
         self.dirty = torch.zeros(self.n_slots, dtype=torch.bool)
         self._used = 0  # slots handed out at least once (slots >= _used are free)
+        self._n_dirty = 0
         self._tick = 0
         self.stats = CacheStats(capacity_bytes=self.n_slots * self.block_bytes)
 
     # -- lookups ------------------------------------------------------------------------
-    def lookup(self, blocks: torch.Tensor) -> torch.Tensor:
-        """Slots of ``blocks`` (``-1`` where not cached); counts hits and misses."""
-        slots = self.slot_of[blocks]
-        misses = int((slots < 0).sum())
-        self.stats.misses += misses
-        self.stats.hits += len(blocks) - misses
-        return slots
-
     def touch(self, slots: torch.Tensor) -> None:
         """Mark ``slots`` as just used (LRU clock)."""
         self._tick += 1
@@ -154,7 +152,17 @@ class ChunkCache:
     @property
     def n_dirty(self) -> int:
         """Number of slots holding rows not yet written to the store."""
-        return int(self.dirty.sum())
+        return self._n_dirty
+
+    def mark_dirty(self, slots: torch.Tensor) -> None:
+        """Pin unique ``slots`` as holding unstored rows."""
+        self._n_dirty += int((~self.dirty[slots]).sum())
+        self.dirty[slots] = True
+
+    def mark_clean(self, slots: torch.Tensor) -> None:
+        """Unique ``slots`` were stored: they may be evicted again."""
+        self._n_dirty -= int(self.dirty[slots].sum())
+        self.dirty[slots] = False
 
     def dirty_blocks(self) -> torch.Tensor:
         """Blocks whose slots are dirty, sorted."""

@@ -67,11 +67,10 @@ class Leaf:
     key: tuple[str, ...]
     dtype: torch.dtype
     shape: tuple[int, ...]
+    path: str = dataclasses.field(init=False, compare=False)
 
-    @property
-    def path(self) -> str:
-        """Zarr path of the column's array."""
-        return "/".join(self.key)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", "/".join(self.key))  # the column's Zarr path
 
     @property
     def row_bytes(self) -> int:
@@ -176,16 +175,14 @@ class Schema:
             if not is_tensor_collection(data):
                 raise SchemaError(f"this buffer stores TensorDicts, got {type(data).__name__}")
             td = data._tensordict if is_tensorclass(data) else data
-            out = {}
-            for key in td.keys(include_nested=True, leaves_only=True):
-                key = (key,) if isinstance(key, str) else tuple(key)
-                path = "/".join(key)
-                if path not in self.by_path:
-                    raise MissingKeyError(
-                        f"key {key!r} is not in this buffer (keys: {sorted(self.by_path)}); "
-                        "a buffer's keys are fixed when it is first written"
-                    )
-                out[path] = td.get(key)
+            out = _flat_leaves(td)
+            extra = [path for path in out if path not in self.by_path]
+            if extra:
+                raise MissingKeyError(
+                    f"key {tuple(extra[0].split('/'))!r} is not in this "
+                    f"buffer (keys: {sorted(self.by_path)}); a buffer's keys are fixed when it is "
+                    "first written"
+                )
             missing = set(self.by_path) - set(out)
             if missing:
                 raise MissingKeyError(f"data lacks the buffer's key(s) {sorted(missing)}")
@@ -222,8 +219,13 @@ class Schema:
                 )
         return out
 
-    def build(self, columns: Mapping[str, torch.Tensor], batch_shape: tuple[int, ...]) -> Any:
-        """Rebuild user data from ``{path: tensor}`` whose leading dims are ``batch_shape``."""
+    def build(self, columns: Mapping[str, torch.Tensor], batch_shape: tuple[int, ...],
+              device: torch.device | None = None) -> Any:
+        """Rebuild user data from ``{path: tensor}`` whose leading dims are ``batch_shape``.
+
+        The columns come from the buffer's own arrays, so shapes are trusted and
+        the TensorDict is built without re-validation.
+        """
         if self.kind == "tensor":
             return columns[SINGLE_TENSOR_KEY]
         if self.kind == "pytree":
@@ -235,7 +237,7 @@ class Schema:
             for part in leaf.key[:-1]:
                 node = node.setdefault(part, {})
             node[leaf.key[-1]] = columns[leaf.path]
-        td = TensorDict(nested, batch_size=torch.Size(batch_shape))
+        td = TensorDict._new_unsafe(nested, batch_size=torch.Size(batch_shape), device=device)
         for path in sorted(self.group_batch, key=lambda p: -p.count("/")):
             extra = self.group_batch[path][len(self.lane_shape):]
             td.get(path_to_key(path)).batch_size = torch.Size([*batch_shape, *extra])
@@ -267,6 +269,27 @@ class Schema:
         return cls(leaves, kind, tuple(int(s) for s in data.get("lane_shape", [])),
                    {str(k): [int(x) for x in v] for k, v in (data.get("group_batch") or {}).items()},
                    data.get("treespec"), data.get("class_name"))
+
+
+def _flat_leaves(td: TensorDictBase) -> dict[str, Any]:
+    """``{path: leaf}`` of a tensor collection (fast walk over plain TensorDicts)."""
+    out: dict[str, Any] = {}
+    stack: list[tuple[str, TensorDictBase]] = [("", td)]
+    while stack:
+        prefix, node = stack.pop()
+        if type(node) is not TensorDict:
+            for key in node.keys(include_nested=True, leaves_only=True):
+                key = (key,) if isinstance(key, str) else tuple(key)
+                out[prefix + "/".join(key)] = node.get(key)
+            continue
+        for key, value in node._tensordict.items():
+            if isinstance(value, torch.Tensor):
+                out[prefix + key] = value
+            elif is_tensor_collection(value):
+                stack.append((f"{prefix}{key}/", value))
+            else:
+                out[prefix + key] = value
+    return out
 
 
 def _keypath(path: tuple) -> tuple[str, ...]:

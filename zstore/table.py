@@ -60,6 +60,10 @@ class Table:
         """Write ``values[path][i]`` to row ``rows[i]``; True when blocks were stored eagerly."""
         raise NotImplementedError
 
+    def write_row(self, row: int, values: Mapping[str, torch.Tensor]) -> bool:
+        """Write one row (``values[path]`` without a leading dim); as :meth:`write`."""
+        raise NotImplementedError
+
     def flush(self) -> None:
         """Store every pending block (data only; the caller commits metadata after)."""
 
@@ -170,10 +174,13 @@ class ChunkedTable(Table):
         return slots
 
     def _slots_for_read(self, blocks: torch.Tensor) -> torch.Tensor:
-        slots = self.cache.lookup(blocks)
+        """Slots of the unique ``blocks``, loading the missing ones."""
+        slots = self.cache.slot_of[blocks]
         miss = slots < 0
         if bool(miss.any()):
+            self.cache.stats.misses += int(miss.sum())
             slots[miss] = self._load(blocks[miss], slots[~miss], torch.ones(int(miss.sum()), dtype=torch.bool))
+        self.cache.stats.hits += int((~miss).sum())
         self.cache.touch(slots)
         return slots
 
@@ -182,12 +189,16 @@ class ChunkedTable(Table):
         rows = rows.to("cpu", torch.int64)
         with self.lock:
             blocks = torch.div(rows, self.R, rounding_mode="floor")
-            ublocks, inverse = torch.unique(blocks, return_inverse=True)
-            if len(ublocks) > self.cache.n_slots - self.cache.n_dirty:
-                return self._read_in_rounds(rows, lanes, ublocks, inverse)
-            slots = self._slots_for_read(ublocks)
-            pos = slots[inverse] * self.R + (rows - blocks * self.R)
-            return self._gather(pos, lanes)
+            slots = self.cache.slot_of[blocks]
+            if bool((slots < 0).any()):
+                ublocks, inverse = torch.unique(blocks, return_inverse=True)
+                if len(ublocks) > self.cache.n_slots - self.cache.n_dirty:
+                    return self._read_in_rounds(rows, lanes, ublocks, inverse)
+                slots = self._slots_for_read(ublocks)[inverse]
+            else:
+                self.cache.stats.hits += len(rows)
+                self.cache.touch(slots)
+            return self._gather(slots * self.R + (rows - blocks * self.R), lanes)
 
     def _gather(self, pos: torch.Tensor, lanes: torch.Tensor | None) -> dict[str, torch.Tensor]:
         pos = pos.to(self.device, non_blocking=True)
@@ -235,12 +246,11 @@ class ChunkedTable(Table):
             urows, last = _positions_of_last(rows)
             blocks = torch.div(urows, self.R, rounding_mode="floor")
             ublocks, inverse, counts = torch.unique(blocks, return_inverse=True, return_counts=True)
-            room = self.cache.n_slots - self.cache.n_dirty
-            if len(ublocks) > room:
+            if len(ublocks) > self.cache.n_slots - self.cache.n_dirty:
                 self._persist(self.cache.dirty_blocks())
                 if len(ublocks) > self.cache.n_slots:
                     return self._write_in_rounds(urows, last, values, ublocks, inverse)
-            slots = self.cache.lookup(ublocks)
+            slots = self.cache.slot_of[ublocks]
             miss = slots < 0
             if bool(miss.any()):
                 spans = torch.clamp(self.rows - ublocks[miss] * self.R, max=self.R)
@@ -251,18 +261,52 @@ class ChunkedTable(Table):
             for leaf in self.leaves:
                 value = to_storage(values[leaf.path]).index_select(0, last.to(values[leaf.path].device))
                 self.cache.flat[leaf.path].index_copy_(0, pos, value.to(self.device))
-            self.cache.dirty[slots] = True
+            self.cache.mark_dirty(slots)
             self.high_water = max(self.high_water, int(urows[-1]) + 1)
-            # a write block is complete when its last row was just written: store it now
-            shard_rows = self.R * self.k
-            ends = torch.clamp((torch.div(urows, shard_rows, rounding_mode="floor") + 1) * shard_rows,
-                               max=self.rows) - 1
-            done = torch.unique(urows[urows == ends] // self.R)
-            if len(done) or self.cache.n_dirty * 2 > self.cache.n_slots:
-                self._persist(self.cache.dirty_blocks() if self.cache.n_dirty * 2 > self.cache.n_slots
-                              else done)
-                return True
-            return False
+            return self._store_completed(urows)
+
+    def write_row(self, row: int, values: Mapping[str, torch.Tensor]) -> bool:
+        self._check_writable()
+        with self.lock:
+            return self._write_row(row, values)
+
+    def _write_row(self, row: int, values: Mapping[str, torch.Tensor]) -> bool:
+        """One-row write (``add``): no sorting, one copy per column."""
+        block = row // self.R
+        slot = int(self.cache.slot_of[block])
+        if slot < 0:
+            if self.cache.clean_capacity() < 1:
+                self._persist(self.cache.dirty_blocks())
+            one = torch.tensor([block])
+            span = min(self.R, self.rows - block * self.R)
+            slot = int(self._load(one, one[:0], torch.tensor([span > 1]))[0])
+        offset = row - block * self.R
+        for leaf in self.leaves:
+            self.cache.slabs[leaf.path][slot, offset].copy_(to_storage(values[leaf.path]))
+        if not self.cache.dirty[slot]:
+            self.cache.mark_dirty(torch.tensor([slot]))
+        self.cache.last_use[slot] = self.cache._tick
+        self.high_water = max(self.high_water, row + 1)
+        shard_rows = self.R * self.k
+        if row == min((row // shard_rows + 1) * shard_rows, self.rows) - 1 \
+                or self.cache.n_dirty * 2 > self.cache.n_slots:
+            return self._store_completed(torch.tensor([row]))
+        return False
+
+    def _store_completed(self, urows: torch.Tensor) -> bool:
+        """Store write blocks whose last row is in ``urows`` (sorted); all dirty ones when the
+        write-back share of the cache is over half. True when anything was stored."""
+        if self.cache.n_dirty * 2 > self.cache.n_slots:
+            self._persist(self.cache.dirty_blocks())
+            return True
+        shard_rows = self.R * self.k
+        ends = torch.clamp((torch.div(urows, shard_rows, rounding_mode="floor") + 1) * shard_rows,
+                           max=self.rows) - 1
+        done = torch.unique(torch.div(urows[urows == ends], self.R, rounding_mode="floor"))
+        if len(done):
+            self._persist(done)
+            return True
+        return False
 
     def _write_in_rounds(self, urows, last, values, ublocks, inverse) -> bool:
         step = max(1, self.cache.n_slots // 2)
@@ -291,7 +335,7 @@ class ChunkedTable(Table):
             for leaf in self.leaves:
                 rows = self.cache.slabs[leaf.path][slots].reshape(-1, *leaf.shape)[: stop - start]
                 data[leaf.path].append(to_numpy(rows.cpu(), leaf.dtype))
-            self.cache.dirty[slots] = False
+            self.cache.mark_clean(slots)
         self._store_blocks(spans, data)
 
     def flush(self) -> None:
@@ -379,6 +423,13 @@ class MmapTable(Table):
             else:
                 self.maps[leaf.path].index_copy_(0, rows, value.cpu())
         self.high_water = max(self.high_water, int(urows[-1]) + 1)
+        return False
+
+    def write_row(self, row: int, values: Mapping[str, torch.Tensor]) -> bool:
+        self._check_writable()
+        for leaf in self.leaves:
+            self.maps[leaf.path][row].copy_(to_storage(values[leaf.path]))
+        self.high_water = max(self.high_water, row + 1)
         return False
 
     def flush(self) -> None:

@@ -71,11 +71,16 @@ def _rows_of(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...], bool]:
     if rows.is_floating_point():
         raise IndexError(f"row indices must be integers, got {rows.dtype}")
     rows = rows.to("cpu", torch.int64)
-    if rows.numel() and (int(rows.max()) >= n or int(rows.min()) < -n):
-        bad = rows[(rows >= n) | (rows < -n)][0]
-        raise IndexError(f"index {int(bad)} is out of bounds for dimension 0 with size {n}")
     shape = tuple(rows.shape)
-    return torch.remainder(rows.reshape(-1), max(n, 1)), shape, False
+    rows = rows.reshape(-1)
+    if rows.numel():
+        low, high = torch.aminmax(rows)
+        if int(high) >= n or int(low) < -n:
+            bad = rows[(rows >= n) | (rows < -n)][0]
+            raise IndexError(f"index {int(bad)} is out of bounds for dimension 0 with size {n}")
+        if int(low) < 0:
+            rows = torch.remainder(rows, n)
+    return rows, shape, False
 
 
 class LazyMemmapStorage(LazyTensorStorage):
@@ -295,7 +300,7 @@ class LazyMemmapStorage(LazyTensorStorage):
                lanes: tuple[int, ...]) -> Any:
         if len(lead) > 1:
             columns = {p: c.reshape(*lead, *c.shape[1:]) for p, c in columns.items()}
-        return self._schema.build(columns, (*lead, *lanes))
+        return self._schema.build(columns, (*lead, *lanes), self.device)
 
     def _write(self, cursor: Any, data: Any) -> None:
         self.spec.require_writable("write")
@@ -303,11 +308,14 @@ class LazyMemmapStorage(LazyTensorStorage):
         if isinstance(cursor, tuple):
             self._write_cells(cursor, data)
             return
-        single = _is_int(cursor)
-        if single:
-            rows = torch.tensor([int(cursor) % self._meta.rows])
-            lead = 0
-        elif isinstance(cursor, slice):
+        if _is_int(cursor):
+            row = int(cursor)
+            if not -self._meta.rows <= row < self._meta.rows:
+                raise IndexError(f"cannot write row {row}: the buffer has {self._meta.rows} rows")
+            self._pending_flush |= table.write_row(row % self._meta.rows, self._schema.columns(data, 0))
+            self._uncommitted = True
+            return
+        if isinstance(cursor, slice):
             rows = torch.arange(*cursor.indices(self._meta.rows))
             lead = 1
         else:
