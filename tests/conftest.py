@@ -7,6 +7,7 @@ it enforces conditional writes like AWS. Nothing leaves the loopback interface.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import uuid
 
@@ -22,6 +23,7 @@ def s3_server():
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

@@ -70,8 +70,10 @@ def codec_name(text: str) -> str | None:
 
     try:
         CodecSpec.parse(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"unknown codec {text!r}: choose none, zstd, lz4 or blosc-zstd, optionally "
+            "NAME:LEVEL (e.g. zstd:3)") from None
     return None if text == "none" else text
 
 

@@ -480,8 +480,8 @@ def _print_reader(got: Mapping[str, Any], out: TextIO) -> None:
     if cache is None:
         print("    cache                 none: the chunk files are memory-mapped", file=out)
     else:
-        print(f"    cache                 {cache['hits']} hits, {cache['misses']} misses, "
-              f"{fmt_bytes(cache['loaded_bytes'])} loaded", file=out)
+        print(f"    cache                 hits {cache['hits']:,}, misses {cache['misses']:,}, "
+              f"loaded {fmt_bytes(cache['loaded_bytes'])}", file=out)
 
 
 if __name__ == "__main__":

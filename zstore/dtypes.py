@@ -9,6 +9,8 @@ in this allow-list are ever read back.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -108,4 +110,8 @@ def from_numpy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     width = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
     if target in (torch.int16, torch.int32, torch.int64) and dtype != target:
         array = array.view(width[array.dtype.itemsize])
+    if not array.flags.writeable:  # decoded straight from a bytes object; only ever copied from
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(array)
     return torch.from_numpy(np.ascontiguousarray(array))

@@ -27,6 +27,7 @@ import zarr
 from zarr.core.sync import sync
 
 from .cache import DEFAULT_CACHE_BYTES, CacheStats, ChunkCache
+from .chunkio import MAX_IN_FLIGHT, ColumnReader
 from .dtypes import compute_dtype, from_numpy, from_storage, to_numpy, to_storage
 from .errors import CorruptChunkError, ReadOnlyError
 from .layout import Leaf
@@ -101,7 +102,10 @@ class ChunkedTable(Table):
         self.read_only = read_only
         self.where = where
         self.n_blocks = -(-rows // chunk_rows)
-        self.arrays = {leaf.path: group[leaf.path]._async_array for leaf in leaves}
+        self.store = group.store
+        arrays = {leaf.path: group[leaf.path] for leaf in leaves}
+        self.arrays = {path: array._async_array for path, array in arrays.items()}
+        self.readers = {path: ColumnReader.for_array(array, where) for path, array in arrays.items()}
         self.cache = ChunkCache(
             self.n_blocks, chunk_rows,
             {leaf.path: (compute_dtype(leaf.dtype), leaf.shape) for leaf in leaves},
@@ -118,23 +122,32 @@ class ChunkedTable(Table):
         start = block * self.R
         return start, min(start + self.R, self.rows)
 
-    def _fetch(self, blocks: list[int]) -> dict[str, list[np.ndarray]]:
-        """Read and decode ``blocks`` of every column, all requests in flight at once."""
-        jobs = [(leaf.path, b) for leaf in self.leaves for b in blocks]
+    def _fetch(self, blocks: list[int]) -> dict[str, list[np.ndarray | None]]:
+        """Read and decode ``blocks`` of every column, all requests in flight at once.
+
+        Returns, per column, one array per block (``None`` for a block never stored).
+        """
+        async def column(leaf, limit):
+            reader = self.readers[leaf.path]
+            if reader is not None:
+                return await reader.read(self.store, blocks, limit)
+            return await asyncio.gather(*[self.arrays[leaf.path].getitem(slice(*self._block_span(b)))
+                                          for b in blocks])
 
         async def run():
-            return await asyncio.gather(
-                *[self.arrays[path].getitem(slice(*self._block_span(b))) for path, b in jobs],
-                return_exceptions=True)
+            limit = asyncio.Semaphore(MAX_IN_FLIGHT)
+            return await asyncio.gather(*[column(leaf, limit) for leaf in self.leaves],
+                                        return_exceptions=True)
 
-        results = sync(run())
-        out: dict[str, list[np.ndarray]] = {leaf.path: [] for leaf in self.leaves}
-        for (path, block), result in zip(jobs, results):
+        out = {}
+        for leaf, result in zip(self.leaves, sync(run())):
+            if isinstance(result, CorruptChunkError):
+                raise result
             if isinstance(result, BaseException):
                 raise CorruptChunkError(
-                    f"cannot read chunk {block} (rows {self._block_span(block)}) of key {path!r} "
-                    f"in {self.where}: {type(result).__name__}: {result}") from result
-            out[path].append(result)
+                    f"cannot read chunks {blocks[:8]}{'...' if len(blocks) > 8 else ''} of key "
+                    f"{leaf.path!r} in {self.where}: {type(result).__name__}: {result}") from result
+            out[leaf.path] = result
         self.cache.stats.loads += len(blocks)
         self.cache.stats.loaded_bytes += len(blocks) * self.cache.block_bytes
         return out
@@ -147,7 +160,11 @@ class ChunkedTable(Table):
                 *[self.arrays[path].setitem(slice(*spans[i]), data[path][i]) for path, i in jobs],
                 return_exceptions=True)
 
-        for (path, i), result in zip(jobs, sync(run())):
+        results = sync(run())
+        for reader in self.readers.values():
+            if reader is not None:
+                reader.forget([start // self.R for start, _ in spans])
+        for (path, i), result in zip(jobs, results):
             if isinstance(result, BaseException):
                 raise OSError(f"cannot write rows {spans[i]} of key {path!r} to {self.where}: "
                               f"{type(result).__name__}: {result}") from result
@@ -170,7 +187,10 @@ class ChunkedTable(Table):
             for leaf in self.leaves:
                 slab = self.cache.slabs[leaf.path]
                 for slot, array in zip(slot_list, fetched[leaf.path]):
-                    slab[slot, : len(array)].copy_(from_numpy(array, leaf.dtype))
+                    if array is None:
+                        slab[slot] = 0
+                    else:
+                        slab[slot, : len(array)].copy_(from_numpy(array, leaf.dtype))
         return slots
 
     def _slots_for_read(self, blocks: torch.Tensor) -> torch.Tensor:
