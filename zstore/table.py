@@ -308,17 +308,15 @@ class ChunkedTable(Table):
         self.cache.last_use[slot] = self.cache._tick
         self.high_water = max(self.high_water, row + 1)
         shard_rows = self.R * self.k
-        if row == min((row // shard_rows + 1) * shard_rows, self.rows) - 1 \
-                or self.cache.n_dirty * 2 > self.cache.n_slots:
+        if row == min((row // shard_rows + 1) * shard_rows, self.rows) - 1:
             return self._store_completed(torch.tensor([row]))
         return False
 
     def _store_completed(self, urows: torch.Tensor) -> bool:
-        """Store write blocks whose last row is in ``urows`` (sorted); all dirty ones when the
-        write-back share of the cache is over half. True when anything was stored."""
-        if self.cache.n_dirty * 2 > self.cache.n_slots:
-            self._persist(self.cache.dirty_blocks())
-            return True
+        """Store the write blocks whose last row is in ``urows``; True when any was stored.
+
+        Other dirty blocks wait for ``flush`` (or for their slots to be needed).
+        """
         shard_rows = self.R * self.k
         ends = torch.clamp((torch.div(urows, shard_rows, rounding_mode="floor") + 1) * shard_rows,
                            max=self.rows) - 1
@@ -338,25 +336,39 @@ class ChunkedTable(Table):
         return True
 
     def _persist(self, blocks: torch.Tensor) -> None:
-        """Encode and store the write blocks (shards) containing ``blocks``; clear their dirt."""
+        """Encode and store the write blocks (shards) containing ``blocks``; clear their dirt.
+
+        A shard is written whole: members not in the cache are read from the
+        store (or are zeros when never stored) without taking cache slots.
+        """
         if not len(blocks):
             return
         shards = torch.unique(torch.div(blocks, self.k, rounding_mode="floor")).tolist()
-        spans, data = [], {leaf.path: [] for leaf in self.leaves}
+        members = {s: list(range(s * self.k, min((s + 1) * self.k, self.n_blocks))) for s in shards}
+        absent = [b for s in shards for b in members[s]
+                  if int(self.cache.slot_of[b]) < 0 and b * self.R < self.high_water]
+        fetched = self._fetch(absent) if absent else {}
+        where = {block: i for i, block in enumerate(absent)}
+        spans, data, stored = [], {leaf.path: [] for leaf in self.leaves}, []
         for shard in shards:
-            members = torch.arange(shard * self.k, min((shard + 1) * self.k, self.n_blocks))
-            slots = self.cache.slot_of[members]
-            absent = slots < 0
-            if bool(absent.any()):  # whole-shard write: bring in the blocks we do not hold
-                slots[absent] = self._load(members[absent], slots[~absent],
-                                           torch.ones(int(absent.sum()), dtype=torch.bool))
             start, stop = shard * self.k * self.R, min((shard + 1) * self.k * self.R, self.rows)
             spans.append((start, stop))
+            slots = self.cache.slot_of[torch.tensor(members[shard])]
             for leaf in self.leaves:
-                rows = self.cache.slabs[leaf.path][slots].reshape(-1, *leaf.shape)[: stop - start]
-                data[leaf.path].append(to_numpy(rows.cpu(), leaf.dtype))
-            self.cache.mark_clean(slots)
+                slab = self.cache.slabs[leaf.path]
+                parts = []
+                for block, slot in zip(members[shard], slots.tolist()):
+                    if slot >= 0:
+                        parts.append(slab[slot].cpu())
+                    elif block in where and fetched[leaf.path][where[block]] is not None:
+                        parts.append(from_numpy(fetched[leaf.path][where[block]], leaf.dtype)[: self.R])
+                    else:
+                        parts.append(torch.zeros_like(slab[0], device="cpu"))
+                rows = torch.cat(parts)[: stop - start]
+                data[leaf.path].append(to_numpy(rows, leaf.dtype))
+            stored.append(slots[slots >= 0])
         self._store_blocks(spans, data)
+        self.cache.mark_clean(torch.cat(stored))
 
     def flush(self) -> None:
         with self.lock:
