@@ -87,7 +87,10 @@ def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
                     f"{spec.redacted()} already holds a Zarr group that is not a zstore buffer; "
                     "choose an empty location")
         except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError):
-            pass
+            if not spec.is_empty():
+                raise NotAZStoreError(
+                    f"{spec.redacted()} is not empty and holds no zstore buffer; choose an empty "
+                    "location (zstore never writes among other files)") from None
     lanes = list(meta.schema.lane_shape)
     root_batch = [meta.rows, *lanes]
     group = zarr.create_group(store, overwrite=overwrite,

@@ -18,7 +18,7 @@ import fsspec
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore
 
-from .errors import BackendNotInstalledError, ReadOnlyError, StoreNotFoundError
+from .errors import BackendNotInstalledError, NotAZStoreError, ReadOnlyError, StoreNotFoundError
 
 _INSTALL_HINTS = {
     "s3": "s3fs (pip install 'zstore[s3]')",
@@ -130,6 +130,17 @@ class StoreSpec:
         fs, path = self.filesystem()
         return fs.exists(path)
 
+    def is_empty(self) -> bool:
+        """Whether nothing is stored at (or below) this location."""
+        if self.is_local:
+            path = Path(self.url)
+            return not path.exists() or (path.is_dir() and not any(path.iterdir()))
+        fs, path = self.filesystem()
+        try:
+            return not fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return True
+
     def check_parent(self) -> None:
         """Raise :class:`StoreNotFoundError` when the bucket (or root) to write in is missing."""
         if self.is_local:
@@ -149,6 +160,8 @@ class StoreSpec:
     def open(self) -> Store:
         """Open the Zarr store (LocalStore for local paths, FsspecStore otherwise)."""
         if self.is_local:
+            if Path(self.url).exists() and not Path(self.url).is_dir():
+                raise NotAZStoreError(f"{self.url} is a file; a zstore buffer is a directory")
             if not self.read_only:
                 Path(self.url).mkdir(parents=True, exist_ok=True)
             elif not Path(self.url).exists():

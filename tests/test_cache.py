@@ -1,0 +1,257 @@
+"""The hot-chunk cache: exact rows after interleaved writes, evictions and reopenings,
+memory bounded by the budget, tiers, sharded layouts and the direct chunk reader."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import zarr
+from tensordict import TensorDict
+
+import zstore
+from zstore.cache import ChunkCache
+from zstore.table import ChunkedTable
+
+ROW_BYTES = 4 * 6 + 8 + 4  # obs float32[6] + action int64 + reward float32
+
+
+def transitions(n: int, start: int = 0) -> TensorDict:
+    """Rows whose values encode their write order, so stale rows are detectable."""
+    ids = torch.arange(start, start + n)
+    return TensorDict({
+        "obs": ids.float().unsqueeze(-1).expand(n, 6) + torch.arange(6) / 10,
+        "action": ids,
+        "next": {"reward": ids.float() * 0.5},
+    }, [n])
+
+
+def new_storage(location, capacity, **kwargs):
+    url = location.new()
+    kwargs.setdefault("chunks", 8)
+    kwargs.setdefault("codec", "zstd")
+    return url, zstore.LazyMemmapStorage(capacity, scratch_dir=url,
+                                         storage_options=location.options, **kwargs)
+
+
+# -- the slot table itself ---------------------------------------------------------------
+def make_cache(n_blocks=10, slots=3):
+    return ChunkCache(n_blocks, 4, {"x": (torch.float32, (2,))}, budget_bytes=slots * 4 * 2 * 4)
+
+
+def test_cache_evicts_least_recently_used_clean_slot():
+    cache = make_cache()
+    first = cache.assign(torch.tensor([0, 1, 2]))
+    cache.touch(first[torch.tensor([0, 2])])  # block 1 is now the least recently used
+    cache.assign(torch.tensor([5]))
+    assert int(cache.slot_of[1]) == -1
+    assert int(cache.slot_of[5]) == int(first[1])
+    assert cache.stats.evictions == 1 and cache.stats.evicted_bytes == cache.block_bytes
+
+
+def test_cache_never_evicts_dirty_slots():
+    cache = make_cache()
+    slots = cache.assign(torch.tensor([0, 1, 2]))
+    cache.mark_dirty(slots[:2])
+    cache.assign(torch.tensor([7]))
+    assert int(cache.slot_of[0]) >= 0 and int(cache.slot_of[1]) >= 0
+    assert int(cache.slot_of[2]) == -1
+    cache.mark_dirty(cache.slot_of[torch.tensor([7])])
+    with pytest.raises(MemoryError):
+        cache.assign(torch.tensor([8]))
+    cache.mark_clean(slots[:2])
+    assert cache.n_dirty == 1
+
+
+def test_cache_invalidate_keeps_dirty_blocks():
+    cache = make_cache()
+    slots = cache.assign(torch.tensor([0, 1]))
+    cache.mark_dirty(slots[:1])
+    cache.invalidate()
+    assert int(cache.slot_of[0]) == int(slots[0]) and int(cache.slot_of[1]) == -1
+    assert cache.stats.resident_bytes == cache.block_bytes
+
+
+def test_budget_sets_slot_count_and_is_respected():
+    cache = make_cache(n_blocks=100, slots=5)
+    assert cache.n_slots == 5
+    assert sum(s.numel() * s.element_size() for s in cache.slabs.values()) <= 5 * cache.block_bytes
+    assert make_cache(n_blocks=2, slots=5).n_slots == 2  # never more slots than blocks
+
+
+def test_unknown_tier_is_refused():
+    with pytest.raises(ValueError, match="unknown cache tier 'disk'"):
+        zstore.cache_tier("disk")
+
+
+# -- exact rows through the storage ------------------------------------------------------
+@pytest.mark.parametrize("budget_blocks", [3, 1000])
+def test_interleaved_writes_evictions_and_reopen_return_stored_rows(location, budget_blocks):
+    capacity = 60
+    url, storage = new_storage(location, capacity, cache_bytes=budget_blocks * 8 * ROW_BYTES)
+    reference = zstore.LazyTensorStorage(capacity)
+    writer, ref_writer = zstore.RoundRobinWriter(), zstore.RoundRobinWriter()
+    writer.register_storage(storage)
+    ref_writer.register_storage(reference)
+    gen = torch.Generator().manual_seed(0)
+    written = 0
+    for step in range(25):
+        op = step % 5
+        if op in (0, 3):
+            n = int(torch.randint(1, 23, (), generator=gen))
+            batch = transitions(n, written)
+            writer.extend(batch)
+            ref_writer.extend(batch.clone())
+            written += n
+        elif op == 1:
+            item = transitions(1, written)[0]
+            writer.add(item)
+            ref_writer.add(item.clone())
+            written += 1
+        elif op == 2:
+            idx = torch.randint(0, len(reference), (5,), generator=gen)
+            patch = transitions(5, 10_000 + step)
+            storage[idx] = patch
+            reference[idx] = patch.clone()
+        idx = torch.randint(0, len(reference), (17,), generator=gen)
+        assert (storage.get(idx) == reference.get(idx)).all(), f"step {step}"
+        if step % 8 == 7:
+            storage.flush()
+            storage = zstore.open(url, location.options, cache_bytes=budget_blocks * 8 * ROW_BYTES)
+            writer = zstore.RoundRobinWriter()
+            writer.register_storage(storage)
+            assert writer._cursor == ref_writer._cursor
+    assert (storage[:] == reference[:]).all()
+    stats = storage.cache_stats
+    assert stats.resident_bytes <= stats.capacity_bytes
+    table = storage.table
+    if table.cache.n_slots < table.n_blocks:  # a shard's worth of slots is the minimum
+        assert stats.evictions > 0
+
+
+def test_sampling_memory_stays_within_budget_for_a_store_ten_times_larger(location):
+    capacity, chunk = 400, 8
+    budget = 4 * chunk * ROW_BYTES  # 4 blocks of 50: the store is 12x the budget
+    url, storage = new_storage(location, capacity, chunks=chunk, cache_bytes=budget)
+    data = transitions(capacity)
+    storage.set(torch.arange(capacity), data)
+    storage.flush()
+    reader = zstore.open(url, location.options, mode="r", cache_bytes=budget)
+    table = reader.table
+    assert isinstance(table, ChunkedTable)
+    slab_bytes = sum(s.numel() * s.element_size() for s in table.cache.slabs.values())
+    assert slab_bytes <= budget
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(12):
+        idx = torch.randint(0, capacity, (64,), generator=gen)  # far more blocks than slots
+        assert (reader.get(idx) == data[idx]).all()
+        assert reader.cache_stats.resident_bytes <= budget
+    assert reader.cache_stats.loads > capacity // chunk  # it had to evict and reload
+
+
+def test_prefetch_turns_the_next_read_into_hits(location):
+    url, storage = new_storage(location, 64)
+    storage.set(torch.arange(64), transitions(64))
+    storage.flush()
+    reader = zstore.open(url, location.options, mode="r")
+    idx = torch.tensor([3, 40, 41, 63])
+    reader.prefetch(idx)
+    loads = reader.cache_stats.loads
+    hits = reader.cache_stats.hits
+    assert (reader.get(idx) == transitions(64)[idx]).all()
+    assert reader.cache_stats.loads == loads
+    assert reader.cache_stats.hits == hits + len(idx)
+
+
+def test_a_reader_sees_a_writer_rows_only_after_commit(location):
+    url, storage = new_storage(location, 64, autocommit_seconds=3600, shards=8)  # unsharded
+    storage.set(torch.arange(8), transitions(8))  # fills one chunk: stored and committed
+    storage.set(torch.arange(8, 11), transitions(3, 8))  # partial chunk, not committed yet
+    assert len(zstore.open(url, location.options, mode="r")) == 8
+    storage.flush()
+    reader = zstore.open(url, location.options, mode="r")
+    assert len(reader) == 11
+    assert (reader[:] == transitions(11)).all()
+
+
+# -- layouts -------------------------------------------------------------------------------
+@pytest.mark.parametrize("codec", [None, "zstd", "lz4", "blosc-zstd"])
+def test_sharded_layout_round_trips(location, codec):
+    url, storage = new_storage(location, 100, chunks=4, shards=16, codec=codec)
+    data = transitions(100)
+    storage.set(torch.arange(100), data)
+    storage.flush()
+    array = zarr.open_group(url, mode="r", storage_options=location.options or None)["obs"]
+    codecs = array.metadata.to_dict()["codecs"]
+    assert codecs[0]["name"] == "sharding_indexed"
+    assert tuple(codecs[0]["configuration"]["chunk_shape"])[0] == 4
+    reader = zstore.open(url, location.options, mode="r", cache_bytes=6 * 4 * ROW_BYTES)
+    assert all(r is not None for r in reader.table.readers.values())  # direct reads in use
+    idx = torch.randperm(100, generator=torch.Generator().manual_seed(2))[:40]
+    assert (reader.get(idx) == data[idx]).all()
+    assert (reader[:] == data).all()
+
+
+def test_object_stores_default_to_shards_sized_from_the_item(s3_bucket, s3_options):
+    url = f"s3://{s3_bucket}/default-shards"
+    storage = zstore.LazyMemmapStorage(100_000, scratch_dir=url, storage_options=s3_options)
+    storage.set(torch.arange(10), transitions(10))
+    meta = storage._meta
+    assert meta.shard_rows is not None and meta.shard_rows % meta.chunk_rows == 0
+    assert meta.chunk_rows * 6 * 4 <= 1 << 20 < 2 * meta.chunk_rows * 6 * 4  # ~1 MiB of "obs"
+    assert meta.shard_rows > meta.chunk_rows
+
+
+def test_zarr_fallback_reader_matches_direct_reader(location):
+    url, storage = new_storage(location, 50, chunks=5, shards=20)
+    data = transitions(50)
+    storage.set(torch.arange(50), data)
+    storage.flush()
+    reader = zstore.open(url, location.options, mode="r")
+    reader.table.readers = dict.fromkeys(reader.table.readers)  # force zarr's getitem
+    assert (reader[:] == data).all()
+
+
+def test_local_raw_buffers_are_memory_mapped(tmp_path):
+    storage = zstore.LazyMemmapStorage(32, scratch_dir=tmp_path / "rb")
+    storage.set(torch.arange(32), transitions(32))
+    assert type(storage.table).__name__ == "MmapTable"
+    assert storage.cache_stats is None
+    chunk = tmp_path / "rb" / "obs" / "c" / "0" / "0"
+    assert chunk.stat().st_size == 32 * 6 * 4  # the chunk file is the raw array
+
+
+def test_corrupt_chunk_names_key_and_chunk(tmp_path):
+    url = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(32, scratch_dir=url, codec="zstd", chunks=8)
+    storage.set(torch.arange(32), transitions(32))
+    storage.flush()
+    chunk = tmp_path / "rb" / "obs" / "c" / "1" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:5])
+    reader = zstore.open(url, mode="r")
+    with pytest.raises(zstore.CorruptChunkError, match=r"'obs'.*chunk 1"):
+        reader.get(torch.tensor([9]))
+
+
+# -- tiers -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("tier", ["pinned", "cuda"])
+def test_gpu_tiers_return_stored_rows(location, tier):
+    if not torch.cuda.is_available():
+        pytest.skip(f"the {tier!r} tier needs CUDA, which this machine lacks")
+    device = "cuda" if tier == "cuda" else "cpu"
+    url, storage = new_storage(location, 40, cache=tier, device=device)
+    data = transitions(40)
+    storage.set(torch.arange(40), data.to(device))
+    storage.flush()
+    reader = zstore.open(url, location.options, mode="r", cache=tier, device=device)
+    idx = torch.tensor([0, 17, 39, 17])
+    out = reader.get(idx.to(device))
+    assert out["obs"].device.type == device
+    assert (out.cpu() == data[idx]).all()
+
+
+def test_gpu_tiers_refuse_clearly_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    for tier in ("pinned", "cuda"):
+        with pytest.raises(RuntimeError, match=f"'{tier}' cache tier needs CUDA"):
+            zstore.cache_tier(tier)
