@@ -36,8 +36,8 @@ def _checksum_stripper(where: Callable[[], str]) -> Callable[[bytes], bytes]:
     def strip(payload: bytes) -> bytes:
         if len(payload) < 4:
             raise CorruptChunkError(f"{where()}: {len(payload)} bytes cannot hold a crc32c checksum")
-        body, stored = payload[:-4], int.from_bytes(payload[-4:], "little")
-        if google_crc32c.value(body) != stored:
+        body, stored = payload[:-4], int.from_bytes(bytes(payload[-4:]), "little")
+        if google_crc32c.value(bytes(body)) != stored:
             raise CorruptChunkError(f"{where()}: crc32c checksum mismatch (corrupt chunk)")
         return body
     return strip
@@ -143,7 +143,7 @@ class ColumnReader:
     async def _get(self, store: Store, key: str, byte_range, limit: asyncio.Semaphore):
         async with limit:
             buffer = await store.get(key, _PROTOTYPE, byte_range=byte_range)
-        return None if buffer is None else buffer.to_bytes()
+        return None if buffer is None else memoryview(buffer.as_numpy_array()).cast("B")
 
     async def _shard_index(self, store: Store, shard: int, limit) -> np.ndarray | None:
         if shard not in self.indexes:

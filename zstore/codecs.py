@@ -23,7 +23,11 @@ TARGET_SHARD_BYTES = 32 << 20
 
 @dataclasses.dataclass(frozen=True)
 class CodecSpec:
-    """A named compression preset: ``CodecSpec.parse("zstd:3")``."""
+    """A named compression preset: ``CodecSpec.parse("zstd:3")``; ``"+crc32c"`` adds a checksum.
+
+    >>> str(CodecSpec.parse("zstd:3+crc32c"))
+    'zstd:3+crc32c'
+    """
 
     name: str | None = None
     level: int | None = None
@@ -37,10 +41,12 @@ class CodecSpec:
             return value
         if isinstance(value, dict):
             return cls(value.get("name"), value.get("level"), bool(value.get("checksum", False)))
-        if value is None or value == "none":
+        if value is None or value in ("none", "raw"):
             return cls(None, None, checksum)
         if not isinstance(value, str):
             raise ValueError(f"codec must be a preset name or None, got {value!r}")
+        if value.endswith("+crc32c"):
+            return cls.parse(value[: -len("+crc32c")], checksum=True)
         name, _, level = value.partition(":")
         if name not in _DEFAULT_LEVELS:
             raise ValueError(
