@@ -148,13 +148,16 @@ def test_sampling_memory_stays_within_budget_for_a_store_ten_times_larger(locati
     assert reader.cache_stats.loads > capacity // chunk  # it had to evict and reload
 
 
-def test_prefetch_turns_the_next_read_into_hits(location):
+@pytest.mark.parametrize("background", [False, True])
+def test_prefetch_turns_the_next_read_into_hits(location, background):
     url, storage = new_storage(location, 64)
     storage.set(torch.arange(64), transitions(64))
     storage.flush()
     reader = zstore.open(url, location.options, mode="r")
     idx = torch.tensor([3, 40, 41, 63])
-    reader.prefetch(idx)
+    future = reader.prefetch(idx, background=background)
+    if background:
+        future.result()
     loads = reader.cache_stats.loads
     hits = reader.cache_stats.hits
     assert (reader.get(idx) == transitions(64)[idx]).all()

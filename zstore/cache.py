@@ -115,21 +115,19 @@ class ChunkCache:
         n_blocks: number of row blocks in the buffer.
         block_rows: rows per block (the Zarr chunk length along dim 0).
         columns: ``{path: (dtype, row_shape)}`` of the slabs to allocate.
-        budget_bytes: upper bound of the slabs' size; at least ``min_slots`` slots.
+        budget_bytes: upper bound of the slabs' size (at least one block is always held).
         tier: where slabs live.
-        min_slots: the fewest slots the cache may have (one shard's worth of blocks).
     """
 
     def __init__(self, n_blocks: int, block_rows: int,
                  columns: Mapping[str, tuple[torch.dtype, tuple[int, ...]]],
-                 budget_bytes: int = DEFAULT_CACHE_BYTES, tier: CacheTier | str = "host",
-                 min_slots: int = 1):
+                 budget_bytes: int = DEFAULT_CACHE_BYTES, tier: CacheTier | str = "host"):
         self.tier = cache_tier(tier)
         self.block_rows = block_rows
         self.block_bytes = block_rows * sum(
             math.prod(shape) * torch.empty((), dtype=dtype).element_size()
             for dtype, shape in columns.values())
-        self.n_slots = int(min(n_blocks, max(min_slots, budget_bytes // max(1, self.block_bytes))))
+        self.n_slots = int(min(n_blocks, max(1, budget_bytes // max(1, self.block_bytes))))
         self.slabs = {path: self.tier.allocate((self.n_slots, block_rows, *shape), dtype)
                       for path, (dtype, shape) in columns.items()}
         self.flat = {path: slab.view(self.n_slots * block_rows, *slab.shape[2:])

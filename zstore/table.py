@@ -18,6 +18,7 @@ import math
 import os
 import sys
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Mapping
 
@@ -68,8 +69,13 @@ class Table:
     def flush(self) -> None:
         """Store every pending block (data only; the caller commits metadata after)."""
 
-    def prefetch(self, rows: torch.Tensor) -> None:
-        """Load the blocks holding ``rows`` into the cache ahead of a read."""
+    def prefetch(self, rows: torch.Tensor, background: bool = False) -> Future | None:
+        """Load the blocks holding ``rows`` into the cache ahead of a read.
+
+        With ``background=True`` the load runs on a worker thread and a Future is
+        returned; reads meanwhile wait only for the blocks they need.
+        """
+        return None
 
     @property
     def cache_stats(self) -> CacheStats | None:
@@ -109,9 +115,10 @@ class ChunkedTable(Table):
         self.cache = ChunkCache(
             self.n_blocks, chunk_rows,
             {leaf.path: (compute_dtype(leaf.dtype), leaf.shape) for leaf in leaves},
-            cache_bytes, cache_tier, min_slots=2 * self.k)
+            cache_bytes, cache_tier)
         self.device = self.cache.tier.device
         self.lock = threading.RLock()
+        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def cache_stats(self) -> CacheStats:
@@ -252,12 +259,26 @@ class ChunkedTable(Table):
         return {path: torch.cat(chunks).index_select(0, perm.to(chunks[0].device))
                 for path, chunks in parts.items()}
 
-    def prefetch(self, rows: torch.Tensor) -> None:
+    def prefetch(self, rows: torch.Tensor, background: bool = False) -> Future | None:
+        rows = rows.to("cpu", torch.int64).reshape(-1)
+        if background:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="zstore-prefetch")
+            return self._executor.submit(self._prefetch, rows)
+        self._prefetch(rows)
+        return None
+
+    def _prefetch(self, rows: torch.Tensor) -> None:
         with self.lock:
-            blocks = torch.unique(torch.div(rows.to("cpu", torch.int64), self.R, rounding_mode="floor"))
+            blocks = torch.unique(torch.div(rows, self.R, rounding_mode="floor"))
             blocks = blocks[: max(0, self.cache.clean_capacity() - 1)]
             if len(blocks):
                 self._slots_for_read(blocks)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
     def write(self, rows: torch.Tensor, values: Mapping[str, torch.Tensor]) -> bool:
         self._check_writable()

@@ -415,11 +415,16 @@ class LazyMemmapStorage(LazyTensorStorage):
         """Hit / miss / byte counters of the hot-chunk cache (None for memory-mapped buffers)."""
         return self.table.cache_stats if self.initialized else None
 
-    def prefetch(self, index: Any) -> None:
-        """Load the chunks holding rows ``index`` into the cache ahead of a read."""
+    def prefetch(self, index: Any, background: bool = False):
+        """Load the chunks holding rows ``index`` into the cache ahead of a read.
+
+        With ``background=True`` (e.g. the next batch's indices, drawn early)
+        the load overlaps with the caller's work; a ``Future`` is returned.
+        """
         if self.initialized:
             rows, _, _ = _rows_of(index, self._len_along_dim0)
-            self.table.prefetch(rows)
+            return self.table.prefetch(rows, background=background)
+        return None
 
     def _container_for_state(self) -> Any:
         if not self.initialized:
