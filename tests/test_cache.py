@@ -123,8 +123,7 @@ def test_interleaved_writes_evictions_and_reopen_return_stored_rows(location, bu
     assert (storage[:] == reference[:]).all()
     stats = storage.cache_stats
     assert stats.resident_bytes <= stats.capacity_bytes
-    table = storage.table
-    if table.cache.n_slots < table.n_blocks:  # a shard's worth of slots is the minimum
+    if any(g.cache.n_slots < g.n_blocks for g in storage.table.groups):
         assert stats.evictions > 0
 
 
@@ -138,7 +137,7 @@ def test_sampling_memory_stays_within_budget_for_a_store_ten_times_larger(locati
     reader = zstore.open(url, location.options, mode="r", cache_bytes=budget)
     table = reader.table
     assert isinstance(table, ChunkedTable)
-    slab_bytes = sum(s.numel() * s.element_size() for s in table.cache.slabs.values())
+    slab_bytes = sum(s.numel() * s.element_size() for g in table.groups for s in g.cache.slabs.values())
     assert slab_bytes <= budget
     gen = torch.Generator().manual_seed(1)
     for _ in range(12):
@@ -166,10 +165,10 @@ def test_prefetch_turns_the_next_read_into_hits(location, background):
 
 
 def test_a_reader_sees_a_writer_rows_only_after_commit(location):
-    url, storage = new_storage(location, 64, autocommit_seconds=3600, shards=8)  # unsharded
-    storage.set(torch.arange(8), transitions(8))  # fills one chunk: stored and committed
-    storage.set(torch.arange(8, 11), transitions(3, 8))  # partial chunk, not committed yet
-    assert len(zstore.open(url, location.options, mode="r")) == 8
+    url, storage = new_storage(location, 64, autocommit_seconds=3600)
+    storage.set(torch.arange(8), transitions(8))  # fills one chunk: stored, not committed
+    storage.set(torch.arange(8, 11), transitions(3, 8))
+    assert len(zstore.open(url, location.options, mode="r")) == 0
     storage.flush()
     reader = zstore.open(url, location.options, mode="r")
     assert len(reader) == 11
@@ -177,6 +176,12 @@ def test_a_reader_sees_a_writer_rows_only_after_commit(location):
 
 
 # -- layouts -------------------------------------------------------------------------------
+def test_autocommit_commits_on_write_when_due(location):
+    url, storage = new_storage(location, 64, autocommit_seconds=0)
+    storage.set(torch.arange(5), transitions(5))
+    assert (zstore.open(url, location.options, mode="r")[:] == transitions(5)).all()
+
+
 @pytest.mark.parametrize("codec", [None, "zstd", "lz4", "blosc-zstd"])
 def test_sharded_layout_round_trips(location, codec):
     url, storage = new_storage(location, 100, chunks=4, shards=16, codec=codec)
@@ -195,13 +200,14 @@ def test_sharded_layout_round_trips(location, codec):
 
 
 def test_object_stores_default_to_shards_sized_from_the_item(s3_bucket, s3_options):
-    url = f"s3://{s3_bucket}/default-shards"
+    url = f"s3://{s3_bucket}/cache-default-shards"
     storage = zstore.LazyMemmapStorage(100_000, scratch_dir=url, storage_options=s3_options)
     storage.set(torch.arange(10), transitions(10))
-    meta = storage._meta
-    assert meta.shard_rows is not None and meta.shard_rows % meta.chunk_rows == 0
-    assert meta.chunk_rows * 6 * 4 <= 1 << 20 < 2 * meta.chunk_rows * 6 * 4  # ~1 MiB of "obs"
-    assert meta.shard_rows > meta.chunk_rows
+    chunk, shard = storage._meta.layout["obs"]
+    assert shard is not None and shard % chunk == 0 and shard > chunk
+    assert chunk * 6 * 4 <= 1 << 20 < 2 * chunk * 6 * 4  # ~1 MiB of "obs" per chunk
+    action_chunk, _ = storage._meta.layout["action"]
+    assert action_chunk == min(100_000, (1 << 20) // 8)  # narrow keys get longer chunks
 
 
 def test_zarr_fallback_reader_matches_direct_reader(location):
@@ -210,7 +216,8 @@ def test_zarr_fallback_reader_matches_direct_reader(location):
     storage.set(torch.arange(50), data)
     storage.flush()
     reader = zstore.open(url, location.options, mode="r")
-    reader.table.readers = dict.fromkeys(reader.table.readers)  # force zarr's getitem
+    for group in reader.table.groups:
+        group.readers = dict.fromkeys(group.readers)  # force zarr's getitem
     assert (reader[:] == data).all()
 
 

@@ -9,7 +9,7 @@ decodes the data. ``checksum=True`` adds the standard ``crc32c`` codec.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
@@ -86,6 +86,37 @@ class CodecSpec:
     def __str__(self) -> str:
         text = "raw" if self.name is None else f"{self.name}:{self.level}"
         return text + ("+crc32c" if self.checksum else "")
+
+
+def choose_layout(leaves, rows: int, *, mmap: bool, object_store: bool,
+                  chunks: "int | Mapping[str, int] | None" = None,
+                  shards: "int | Mapping[str, int] | None" = None) -> dict[str, tuple[int, int | None]]:
+    """Rows per chunk and per shard of every key: ``{path: (chunk_rows, shard_rows or None)}``.
+
+    Defaults: one chunk per key when the buffer is memory-mapped; otherwise
+    about :data:`TARGET_CHUNK_BYTES` per chunk *of that key* (narrow keys get
+    long chunks, so they cost few requests), sharded at about
+    :data:`TARGET_SHARD_BYTES` on object stores. ``chunks`` / ``shards``
+    override (one int for every key, or a ``{key path: rows}`` mapping).
+    """
+    layout = {}
+    for leaf in leaves:
+        chunk = _override(chunks, leaf.path)
+        if chunk is None:
+            chunk = rows if mmap else default_chunk_rows(leaf.row_bytes, rows)
+        chunk = max(1, min(int(chunk), rows))
+        shard = _override(shards, leaf.path)
+        if shard is None:
+            shard = default_shard_rows(chunk, leaf.row_bytes, rows) if object_store else chunk
+        shard = max(chunk, int(shard) // chunk * chunk)
+        layout[leaf.path] = (chunk, None if shard == chunk else shard)
+    return layout
+
+
+def _override(value: "int | Mapping[str, int] | None", path: str) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    return value.get(path)
 
 
 def default_chunk_rows(row_bytes: int, rows: int, target: int = TARGET_CHUNK_BYTES) -> int:

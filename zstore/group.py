@@ -106,18 +106,49 @@ def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
                     TENSORDICT_ATTR: _tensordict_attrs([*root_batch, *extra])})
                 made.add(sub)
         np_dtype = storage_numpy_dtype(leaf.dtype)
-        shape = (meta.rows, *leaf.shape)
-        chunks = (meta.chunk_rows, *leaf.shape)
+        chunk_rows, shard_rows = meta.layout[leaf.path]
         group.create_array(
-            leaf.path, shape=shape, dtype=np_dtype,
-            chunks=chunks,
-            shards=None if meta.shard_rows is None else (meta.shard_rows, *leaf.shape),
+            leaf.path, shape=(meta.rows, *leaf.shape), dtype=np_dtype,
+            chunks=(chunk_rows, *leaf.shape),
+            shards=None if shard_rows is None else (shard_rows, *leaf.shape),
             compressors=meta.codec.compressors(np_dtype.itemsize),
             fill_value=np.zeros((), dtype=np_dtype).item(),
             attributes={ZSTORE_ATTR: {"torch_dtype": torch_dtype_name(leaf.dtype)}},
         )
     commit(group, meta)
     return group
+
+
+def checked_array(group: zarr.Group, leaf, rows: int, layout: tuple[int, int | None],
+                  where: str, raw: bool = False) -> zarr.Array:
+    """The array of ``leaf``, verified against the ``zstore`` block (shape, dtype, chunks).
+
+    Metadata that disagrees with the arrays (edited by hand, or corrupt) is
+    refused here rather than surfacing later as a shape error or a wrong mmap.
+    """
+    try:
+        array = group[leaf.path]
+    except (KeyError, NodeNotFoundError, FileNotFoundError):
+        raise NotAZStoreError(f"{where}: key {leaf.path!r} is in the metadata but has no array") from None
+    if not isinstance(array, zarr.Array):
+        raise NotAZStoreError(f"{where}: {leaf.path!r} is a group, the metadata says an array")
+    chunk_rows, shard_rows = layout
+    expected = {
+        "shape": (rows, *leaf.shape),
+        "dtype": storage_numpy_dtype(leaf.dtype),
+        "chunks": (chunk_rows, *leaf.shape),
+        "shards": None if shard_rows is None else (shard_rows, *leaf.shape),
+    }
+    found = {"shape": tuple(array.shape), "dtype": np.dtype(array.dtype),
+             "chunks": tuple(array.chunks), "shards": None if array.shards is None else tuple(array.shards)}
+    wrong = [f"{name} {found[name]} (metadata says {value})" for name, value in expected.items()
+             if found[name] != value]
+    if raw and (array.compressors or array.filters):
+        wrong.append(f"codecs {array.compressors} (metadata says raw)")
+    if wrong:
+        raise NotAZStoreError(f"{where}: array of key {leaf.path!r} disagrees with the buffer "
+                              "metadata: " + "; ".join(wrong))
+    return array
 
 
 def commit(group: zarr.Group, meta: StoreMeta) -> None:

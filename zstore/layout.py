@@ -319,8 +319,7 @@ class StoreMeta:
     rows: int
     schema: Schema
     codec: CodecSpec
-    chunk_rows: int
-    shard_rows: int | None
+    layout: dict[str, tuple[int, int | None]]  # path -> (rows per chunk, rows per shard or None)
     length: int = 0
     last_cursor: int = -1
     high_water: int = 0
@@ -349,8 +348,7 @@ class StoreMeta:
             "last_cursor": self.last_cursor,
             "high_water": self.high_water,
             "codec": self.codec.to_json(),
-            "chunk_rows": self.chunk_rows,
-            "shard_rows": self.shard_rows,
+            "chunks": {path: list(chunks) for path, chunks in self.layout.items()},
             "schema": self.schema.to_json(),
             "read_only": self.read_only,
             "sealed": self.sealed,
@@ -364,8 +362,9 @@ class StoreMeta:
         if not isinstance(data, Mapping):
             raise NotAZStoreError(f"{where} is not a zstore buffer: no 'zstore' block in its attributes")
         version = data.get("format_version")
-        if not isinstance(version, int):
-            raise NotAZStoreError(f"{where}: the 'zstore' block has no integer format_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise NotAZStoreError(f"{where}: the 'zstore' block has no valid format_version "
+                                  f"(got {version!r})")
         if version > FORMAT_VERSION:
             raise FormatVersionError(
                 f"{where} was written in zstore format v{version}; this zstore reads up to "
@@ -373,13 +372,13 @@ class StoreMeta:
             )
         try:
             ints = {name: int(data[name]) for name in
-                    ("max_size", "ndim", "rows", "length", "last_cursor", "high_water", "chunk_rows")}
-            shard = data.get("shard_rows")
+                    ("max_size", "ndim", "rows", "length", "last_cursor", "high_water")}
             meta = cls(
                 storage_class=str(data["storage_class"]),
                 schema=Schema.from_json(data["schema"]),
                 codec=CodecSpec.parse(data["codec"]),
-                shard_rows=None if shard is None else int(shard),
+                layout={str(path): (int(chunk), None if shard is None else int(shard))
+                        for path, (chunk, shard) in data["chunks"].items()},
                 read_only=bool(data.get("read_only", False)),
                 sealed=bool(data.get("sealed", False)),
                 extra=dict(data.get("extra") or {}),
@@ -406,10 +405,11 @@ class StoreMeta:
             problems.append(f"high_water={self.high_water} with rows={self.rows}")
         if not -1 <= self.last_cursor < self.rows:
             problems.append(f"last_cursor={self.last_cursor}")
-        if not 0 < self.chunk_rows <= self.rows:
-            problems.append(f"chunk_rows={self.chunk_rows}")
-        if self.shard_rows is not None and (self.shard_rows % self.chunk_rows or self.shard_rows <= 0):
-            problems.append(f"shard_rows={self.shard_rows}")
+        if set(self.layout) != set(self.schema.by_path):
+            problems.append(f"chunks given for {sorted(self.layout)}, keys are {sorted(self.schema.by_path)}")
+        for path, (chunk, shard) in self.layout.items():
+            if not 0 < chunk <= self.rows or (shard is not None and (shard <= 0 or shard % chunk)):
+                problems.append(f"key {path!r}: chunk_rows={chunk}, shard_rows={shard}")
         for leaf in self.schema.leaves:
             if self.rows * max(1, math.prod(leaf.shape)) > MAX_ELEMENTS:
                 problems.append(f"key {leaf.path!r} would hold over {MAX_ELEMENTS} elements")

@@ -23,8 +23,8 @@ import torch
 from tensordict import is_tensor_collection, is_tensorclass
 
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats, cache_tier
-from ..codecs import CodecSpec, default_chunk_rows, default_shard_rows
-from ..errors import ReadOnlyError, SchemaError, StoreExistsError
+from ..codecs import CodecSpec, choose_layout
+from ..errors import MissingKeyError, ReadOnlyError, SchemaError, StoreExistsError
 from ..group import commit, create_group, existing_meta, open_group
 from ..layout import Schema, StoreMeta
 from ..store import StoreSpec
@@ -44,11 +44,28 @@ def _flush_live_storages() -> None:
             pass
 
 
+def _forget_parent_state() -> None:
+    """In a forked child: every storage falls back to what its parent last committed."""
+    for storage in list(_LIVE):
+        storage._len_value, storage._last_cursor_value = storage._committed
+        storage._uncommitted = False
+
+
+os.register_at_fork(after_in_child=_forget_parent_state)
+
+
 def _delete_store(spec: StoreSpec) -> None:
     try:
         spec.delete()
     except Exception:  # noqa: BLE001 - best effort clean-up of a temporary store
         pass
+
+
+def _arange(span: range) -> torch.Tensor:
+    """``span`` as an int64 tensor (empty when the range is)."""
+    if not len(span):
+        return torch.empty(0, dtype=torch.int64)
+    return torch.arange(span.start, span.stop, span.step)
 
 
 def _rows_of(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...], bool]:
@@ -60,7 +77,7 @@ def _rows_of(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...], bool]:
             raise IndexError(f"index {i} is out of bounds for dimension 0 with size {n}")
         return torch.tensor([i % n]), (), True
     if isinstance(index, slice):
-        return torch.arange(*index.indices(n)), None, False
+        return _arange(range(*index.indices(n))), None, False
     if index is Ellipsis or index is None:
         return torch.arange(n), None, False
     rows = torch.as_tensor(index if not isinstance(index, range) else list(index))
@@ -99,15 +116,18 @@ class LazyMemmapStorage(LazyTensorStorage):
         auto_cleanup: delete the store at exit (default: only for temporary ones).
         storage_options: fsspec options (``endpoint_url``, ``key``, ``secret`` ...).
         codec: compression preset (``None``, ``"zstd"``, ``"lz4"``, ``"blosc-zstd"``).
-        chunks: rows per chunk (default: one chunk for local raw buffers, so they
-            are memory-mapped; about 1 MiB of the widest key otherwise).
-        shards: rows per shard object (default: about 32 MiB on object stores).
+        chunks: rows per chunk, for every key or as ``{key path: rows}`` (default:
+            one chunk for local raw buffers, so they are memory-mapped; else
+            about 1 MiB of each key).
+        shards: rows per shard object, likewise (default: about 32 MiB of each
+            key on object stores, none elsewhere).
         cache_bytes: byte budget of the hot-chunk cache.
         cache: cache tier, ``"host"``, ``"pinned"`` or ``"cuda"``.
         read_only: refuse every write.
-        autocommit_seconds: commit written rows at most this long after they
-            were written (also committed when a chunk fills, on ``flush`` and
-            on ``close``).
+        autocommit_seconds: a write commits everything written so far when the
+            last commit is older than this; ``flush()`` and ``close()`` (also at
+            interpreter exit) commit too. A killed writer loses at most the rows
+            written since the last commit.
 
     >>> s = LazyMemmapStorage(100, scratch_dir="memory://doc-rb")
     >>> s.set(torch.arange(4), TensorDict(obs=torch.arange(4.0), batch_size=[4]))
@@ -119,7 +139,8 @@ class LazyMemmapStorage(LazyTensorStorage):
                  ndim: int = 1, existsok: bool = False, compilable: bool = False,
                  shared_init: bool = False, auto_cleanup: bool | None = None,
                  storage_options: Mapping[str, Any] | None = None, codec: Any = None,
-                 chunks: int | None = None, shards: int | None = None,
+                 chunks: int | Mapping[str, int] | None = None,
+                 shards: int | Mapping[str, int] | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host",
                  read_only: bool = False, autocommit_seconds: float = 5.0):
         tier = cache_tier(cache, device if device not in (None, "auto") else None)
@@ -151,7 +172,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         self._meta: StoreMeta | None = None
         self._pid = os.getpid()
         self._uncommitted = False
-        self._pending_flush = False
+        self._committed = (0, -1)  # (length, last cursor) as last committed or opened
         self._last_commit = time.monotonic()
         self._cleaned = False
         self._finalizer = weakref.finalize(self, _delete_store, self.spec) if self.auto_cleanup else None
@@ -170,8 +191,8 @@ class LazyMemmapStorage(LazyTensorStorage):
         self.scratch_dir = spec.url
         self.existsok = True
         self.codec = meta.codec
-        self.chunks = meta.chunk_rows
-        self.shards = meta.shard_rows
+        self.chunks = {path: chunk for path, (chunk, _) in meta.layout.items()}
+        self.shards = {path: shard or chunk for path, (chunk, shard) in meta.layout.items()}
         self.cache_bytes = int(cache_bytes)
         self.cache = tier.name
         self.autocommit_seconds = autocommit_seconds
@@ -188,15 +209,16 @@ class LazyMemmapStorage(LazyTensorStorage):
         self.max_size = meta.max_size
         self._len_value = meta.length
         self._last_cursor_value = meta.last_cursor
+        self._committed = (meta.length, meta.last_cursor)
         self.initialized = True
         read_only = self.spec.read_only or meta.read_only
-        if MmapTable.supported(self.spec.is_local, meta.codec.is_raw, meta.chunk_rows, meta.rows,
-                               meta.shard_rows) and self.cache == "host":
+        if MmapTable.supported(self.spec.is_local, meta.codec.is_raw, meta.rows, meta.layout) \
+                and self.cache == "host":
             self._table = MmapTable(self.spec.url, group, meta.schema.leaves, meta.rows,
                                     meta.high_water, read_only=read_only)
         else:
-            self._table = ChunkedTable(group, meta.schema.leaves, meta.rows, meta.chunk_rows,
-                                       meta.shard_rows, meta.high_water, read_only=read_only,
+            self._table = ChunkedTable(group, meta.schema.leaves, meta.rows, meta.layout,
+                                       meta.high_water, read_only=read_only,
                                        cache_bytes=self.cache_bytes, cache_tier=self.cache,
                                        where=self.spec.redacted())
 
@@ -204,10 +226,10 @@ class LazyMemmapStorage(LazyTensorStorage):
     def table(self) -> Table:
         """The column set (reopened transparently after a fork)."""
         if self._pid != os.getpid():
+            # a forked child (counters already reset by _forget_parent_state): the
+            # parent's cache and file handles are not ours; reopen what is committed
             self._pid = os.getpid()
-            group, meta = open_group(self.spec)
-            meta.length, meta.last_cursor = self._len_value, self._last_cursor_value
-            self._attach(group, meta)
+            self._attach(*open_group(self.spec))
         return self._table
 
     def _init(self, example: Any) -> None:
@@ -224,24 +246,17 @@ class LazyMemmapStorage(LazyTensorStorage):
                     "it, or reopen it with zstore.open(url).")
             self._adopt(schema)
             return
+        for name, given in (("chunks", self.chunks), ("shards", self.shards)):
+            unknown = sorted(set(given) - set(schema.by_path)) if isinstance(given, Mapping) else []
+            if unknown:
+                raise MissingKeyError(f"{name} names key(s) {unknown} the data does not have "
+                                      f"(keys: {sorted(schema.by_path)})")
         rows = self._rows_for(example)
-        row_bytes = max(leaf.row_bytes for leaf in schema.leaves)
-        if self.chunks is not None:
-            chunk_rows = max(1, min(int(self.chunks), rows))
-        elif self.spec.is_local and self.codec.is_raw:
-            chunk_rows = rows
-        else:
-            chunk_rows = default_chunk_rows(row_bytes, rows)
-        if self.shards is not None:
-            shard_rows = max(chunk_rows, int(self.shards) // chunk_rows * chunk_rows)
-        elif self.spec.protocol in _OBJECT_STORES:
-            shard_rows = default_shard_rows(chunk_rows, row_bytes, rows)
-        else:
-            shard_rows = None
-        if shard_rows == chunk_rows:
-            shard_rows = None
+        layout = choose_layout(schema.leaves, rows, chunks=self.chunks, shards=self.shards,
+                               mmap=self.spec.is_local and self.codec.is_raw,
+                               object_store=self.spec.protocol in _OBJECT_STORES)
         meta = StoreMeta(type(self).__name__, self.max_size, self.ndim, rows, schema, self.codec,
-                         chunk_rows, shard_rows)
+                         layout)
         self._attach(create_group(self.spec, meta), meta)
 
     def _adopt(self, schema: Schema) -> None:
@@ -312,11 +327,11 @@ class LazyMemmapStorage(LazyTensorStorage):
             row = int(cursor)
             if not -self._meta.rows <= row < self._meta.rows:
                 raise IndexError(f"cannot write row {row}: the buffer has {self._meta.rows} rows")
-            self._pending_flush |= table.write_row(row % self._meta.rows, self._schema.columns(data, 0))
+            table.write_row(row % self._meta.rows, self._schema.columns(data, 0))
             self._uncommitted = True
             return
         if isinstance(cursor, slice):
-            rows = torch.arange(*cursor.indices(self._meta.rows))
+            rows = _arange(range(*cursor.indices(self._meta.rows)))
             lead = 1
         else:
             rows = torch.as_tensor(cursor if not isinstance(cursor, range) else list(cursor))
@@ -335,7 +350,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         if next(iter(columns.values())).shape[0] != len(rows):
             raise SchemaError(f"{len(rows)} rows addressed but data holds "
                               f"{next(iter(columns.values())).shape[0]}")
-        self._pending_flush |= table.write(rows, columns)
+        table.write(rows, columns)
         self._uncommitted = True
 
     def _write_cells(self, cursor: tuple, data: Any) -> None:
@@ -351,15 +366,15 @@ class LazyMemmapStorage(LazyTensorStorage):
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         if self.spec.read_only:
             raise ReadOnlyError(f"cannot write: {self.spec.redacted()} is opened read-only")
-        self._pending_flush = False
         super().set(cursor, data, set_cursor=set_cursor)
-        if self._pending_flush or time.monotonic() - self._last_commit > self.autocommit_seconds:
+        if time.monotonic() - self._last_commit > self.autocommit_seconds:
             self.flush()
 
     # -- commit ---------------------------------------------------------------------------
     def flush(self) -> None:
         """Store every written row, then commit the length and cursor (one metadata write)."""
-        if not self.initialized or self.spec.read_only or self._table is None:
+        if not self.initialized or self.spec.read_only or self._table is None \
+                or self._meta.read_only:
             return
         self.table.flush()
         meta = self._meta
@@ -367,6 +382,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         meta.last_cursor = self._last_cursor_value if self._last_cursor_value < meta.rows else -1
         meta.high_water = self.table.high_water
         commit(self._group, meta)
+        self._committed = (meta.length, meta.last_cursor)
         self._uncommitted = False
         self._last_commit = time.monotonic()
 
@@ -396,6 +412,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         """Delete the store and everything in it; ``False`` if already done. Idempotent."""
         if self._cleaned:
             return False
+        self.spec.require_writable("delete the store")
         self._cleaned = True
         if self._table is not None:
             self._table.close()
@@ -461,7 +478,7 @@ class LazyMemmapStorage(LazyTensorStorage):
 
     # -- pickling: a spec, never live objects ---------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        if self.initialized and not self.spec.read_only and self._table is not None:
+        if self._uncommitted:
             self.flush()
         return {
             "spec": self.spec.to_json(), "max_size": self.max_size, "ndim": self.ndim,
@@ -505,4 +522,4 @@ class LazyMemmapStorage(LazyTensorStorage):
                          for leaf in self._schema.leaves)
         return (f"{type(self).__name__}(\n    url={self.spec.redacted()},\n    keys=[{keys}],\n"
                 f"    shape={self.shape}, len={len(self)}, max_size={self.max_size},\n"
-                f"    codec={self.codec}, chunk_rows={self._meta.chunk_rows}, cache={self.cache})")
+                f"    codec={self.codec}, cache={self.cache})")

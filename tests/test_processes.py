@@ -1,0 +1,67 @@
+"""Storages across processes: pickled as a spec and reopened; forked children see only
+what is committed and never commit their parent's state."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import zstore
+
+
+def rows(start: int, n: int) -> TensorDict:
+    return TensorDict(x=torch.arange(start, start + n, dtype=torch.float32), batch_size=[n])
+
+
+def read_all(storage) -> list[float]:
+    """Run in a spawned process: the storage arrives pickled."""
+    return storage[:]["x"].tolist()
+
+
+def test_pickle_is_a_spec_not_live_objects(location):
+    storage = zstore.LazyMemmapStorage(32, scratch_dir=location.new(),
+                                       storage_options=location.options, codec="zstd", chunks=8)
+    storage.set(torch.arange(5), rows(0, 5))
+    payload = pickle.dumps(storage)  # flushes and commits first
+    assert b"fsspec" not in payload and b"zarr" not in payload
+    again = pickle.loads(payload)
+    assert again[:]["x"].tolist() == [0, 1, 2, 3, 4]
+    assert len(zstore.open(storage.scratch_dir, location.options, mode="r")) == 5
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_spawned_process_reads_the_pickled_storage(kind, tmp_path, request):
+    if kind == "s3":
+        options = request.getfixturevalue("s3_options")
+        url = f"s3://{request.getfixturevalue('s3_bucket')}/spawned"
+    else:
+        options, url = {}, str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=options)
+    storage.set(torch.arange(6), rows(10, 6))
+    with mp.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(read_all, (storage,)) == [10, 11, 12, 13, 14, 15]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("codec", [None, "zstd"])
+def test_forked_child_sees_committed_rows_only_and_never_commits_for_the_parent(tmp_path, codec):
+    url = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(64, scratch_dir=url, codec=codec,
+                                       chunks=None if codec is None else 16)
+    storage.set(torch.arange(4), rows(1, 4))
+    storage.flush()
+    storage.set(torch.arange(4, 8), rows(5, 4))  # not committed when the child is forked
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        ok = len(storage) == 4 and storage[:]["x"].tolist() == [1, 2, 3, 4]
+        storage.close()
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    storage.flush()
+    assert zstore.open(url, mode="r")[:]["x"].tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
