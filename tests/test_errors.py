@@ -1,0 +1,343 @@
+"""Bad input raises a specific zstore error that names the culprit, and changes nothing.
+
+"Changes nothing" is checked on both sides: the live storage (length, last
+cursor, mutation revision, rows) and the committed store as a fresh read-only
+handle sees it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+
+import pytest
+import torch
+import zarr
+from tensordict import TensorDict
+
+import zstore
+from zstore import (
+    BackendNotInstalledError,
+    CorruptChunkError,
+    FormatVersionError,
+    InvalidKeyError,
+    LazyMemmapStorage,
+    MissingKeyError,
+    NotAZStoreError,
+    ReadOnlyError,
+    SchemaError,
+    StoreExistsError,
+    StoreNotFoundError,
+)
+
+
+def batch(n: int, start: int = 0) -> TensorDict:
+    values = torch.arange(start, start + n)
+    return TensorDict(
+        obs=values.float().unsqueeze(-1).expand(n, 3).clone(),
+        action=values,
+        next=TensorDict(reward=values.double().unsqueeze(-1), batch_size=[n]),
+        batch_size=[n],
+    )
+
+
+def snapshot(url: str, options: dict):
+    """What a fresh reader sees: (length, last cursor, every committed row)."""
+    reader = zstore.open(url, options, mode="r")
+    rows = reader[:].clone() if len(reader) else None
+    return len(reader), reader._last_cursor_index, rows
+
+
+def assert_same_snapshot(a, b) -> None:
+    assert a[:2] == b[:2]
+    assert (a[2] is None) == (b[2] is None)
+    if a[2] is not None:
+        assert (a[2] == b[2]).all()
+
+
+@pytest.fixture
+def filled(location):
+    """A committed buffer of 6 rows (capacity 10, chunks of 4) and its snapshot."""
+    url = location.new()
+    storage = LazyMemmapStorage(10, scratch_dir=url, storage_options=location.options,
+                                chunks=4, shards=4, codec="zstd")
+    storage.set(torch.arange(6), batch(6))
+    storage.flush()
+    return storage, url, location.options, snapshot(url, location.options)
+
+
+def live_state(storage):
+    return len(storage), storage._last_cursor_index, storage._mutation_revision, storage[:].clone()
+
+
+def assert_nothing_changed(storage, url, options, before_snapshot, before_live) -> None:
+    after = live_state(storage)
+    assert after[:3] == before_live[:3]
+    assert (after[3] == before_live[3]).all()
+    storage.flush()
+    assert_same_snapshot(snapshot(url, options), before_snapshot)
+
+
+def _replace(td: TensorDict, key, value) -> TensorDict:
+    td = td.clone()
+    td.set(key, value)
+    return td
+
+
+def _without(td: TensorDict, key) -> TensorDict:
+    td = td.clone()
+    del td[key]
+    return td
+
+
+BAD_DATA = {
+    # name: (make bad 2-row batch, exception, fragments the message must contain)
+    "obs-shape": (lambda b: _replace(b, "obs", torch.zeros(2, 4)), SchemaError, ["obs", "4"]),
+    "obs-dtype": (lambda b: _replace(b, "obs", torch.zeros(2, 3, dtype=torch.float64)),
+                  SchemaError, ["obs", "float64", "float32"]),
+    "nested-dtype": (lambda b: _replace(b, ("next", "reward"), torch.zeros(2, 1)),
+                     SchemaError, ["reward", "float32", "float64"]),
+    "nested-shape": (lambda b: _replace(b, ("next", "reward"), torch.zeros(2, 2, dtype=torch.float64)),
+                     SchemaError, ["reward"]),
+    "new-key": (lambda b: _replace(b, "extra", torch.zeros(2)), MissingKeyError, ["extra"]),
+    "new-nested-key": (lambda b: _replace(b, ("next", "obs"), torch.zeros(2, 3)),
+                       MissingKeyError, ["obs"]),
+    "missing-key": (lambda b: _without(b, "action"), MissingKeyError, ["action"]),
+    "not-a-tensordict": (lambda b: torch.zeros(2, 3), SchemaError, ["TensorDict"]),
+}
+
+
+@pytest.mark.parametrize("write", ["set", "setitem"])
+def test_bad_data_raises_and_changes_nothing(filled, write):
+    storage, url, options, before = filled
+    live = live_state(storage)
+    for case, (make_bad, error, fragments) in BAD_DATA.items():
+        bad = make_bad(batch(2, start=100))
+        try:
+            if write == "set":
+                storage.set(torch.tensor([1, 7]), bad)
+            else:
+                storage[torch.tensor([1, 7])] = bad
+        except error as exc:
+            missing = [f for f in fragments if f not in str(exc)]
+            assert not missing, f"{case}: {missing} not named in {exc}"
+        else:
+            pytest.fail(f"{case}: no {error.__name__} raised")
+        assert_nothing_changed(storage, url, options, before, live)
+
+
+def test_single_item_with_batch_dim_is_refused(filled):
+    storage, url, options, before = filled
+    live = live_state(storage)
+    with pytest.raises(SchemaError, match="obs"):
+        storage.set(3, batch(1))  # an int cursor takes one item, not a batch of one
+    assert_nothing_changed(storage, url, options, before, live)
+
+
+@pytest.mark.parametrize("index", [6, -7, 10, [0, 6], torch.tensor([2, 9]), slice(0, 2, 0)])
+def test_read_out_of_range(filled, index):
+    storage, *_ = filled
+    with pytest.raises((IndexError, ValueError)):
+        storage.get(index)
+
+
+@pytest.mark.parametrize("cursor", [10, 11, -11, torch.tensor([1, 10]), [3, 12]])
+def test_write_out_of_range(filled, cursor):
+    storage, url, options, before = filled
+    live = live_state(storage)
+    n = 1 if isinstance(cursor, int) else len(cursor)
+    data = batch(n, start=50)
+    with pytest.raises(IndexError, match="1[0-2]"):
+        storage.set(cursor, data[0] if isinstance(cursor, int) else data)
+    assert_nothing_changed(storage, url, options, before, live)
+
+
+@pytest.mark.parametrize("key", ["..", ".", "a/b", "", " padded", "padded ", "zarr.json",
+                                 ("next", ".."), ("ok", "x/y")])
+def test_keys_that_escape_the_group(location, key):
+    url = location.new()
+    storage = LazyMemmapStorage(10, scratch_dir=url, storage_options=location.options)
+    data = TensorDict({"fine": torch.zeros(2)}, batch_size=[2])
+    data.set(key, torch.ones(2))
+    with pytest.raises(InvalidKeyError) as info:
+        storage.set(torch.arange(2), data)
+    assert repr(key[-1] if isinstance(key, tuple) else key) in str(info.value)
+    assert not storage.initialized and len(storage) == 0
+    with pytest.raises((StoreNotFoundError, NotAZStoreError)):
+        zstore.open(url, location.options)
+    # the storage is still usable with valid keys
+    storage.set(torch.arange(2), TensorDict({"fine": torch.zeros(2)}, batch_size=[2]))
+    assert len(storage) == 2
+
+
+@pytest.mark.parametrize("tree", [{"..": torch.zeros(2)}, {"a/b": torch.zeros(2)},
+                                  {1: torch.zeros(2)}])
+def test_pytree_keys_that_escape_the_group(location, tree):
+    storage = LazyMemmapStorage(10, scratch_dir=location.new(), storage_options=location.options)
+    with pytest.raises(InvalidKeyError):
+        storage.set(torch.arange(2), tree)
+    assert not storage.initialized
+
+
+def test_open_empty_directory(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NotAZStoreError, match="empty"):
+        zstore.open(tmp_path / "empty")
+
+
+def test_open_missing_location(location):
+    url = location.new("missing")
+    with pytest.raises(StoreNotFoundError) as info:
+        zstore.open(url, location.options)
+    assert url in str(info.value)
+
+
+def test_plain_zarr_group_is_not_a_buffer(location):
+    url = location.new("plain")
+    group = zarr.open_group(url, mode="w", storage_options=location.options or None)
+    group.create_array("x", shape=(3,), dtype="f4")
+    group.attrs["owner"] = "someone else"
+    with pytest.raises(NotAZStoreError) as info:
+        zstore.open(url, location.options)
+    assert url in str(info.value)
+    storage = LazyMemmapStorage(10, scratch_dir=url, storage_options=location.options,
+                                existsok=True)
+    with pytest.raises(NotAZStoreError):
+        storage.set(torch.arange(2), batch(2))
+    again = zarr.open_group(url, mode="r", storage_options=location.options or None)
+    assert dict(again.attrs) == {"owner": "someone else"}
+    assert list(again.array_keys()) == ["x"]
+
+
+def _set_format_version(url: str, options: dict, version: int) -> None:
+    group = zarr.open_group(url, mode="r+", storage_options=options or None)
+    block = dict(group.attrs["zstore"])
+    block["format_version"] = version
+    group.attrs["zstore"] = block
+
+
+def test_newer_format_version(filled):
+    storage, url, options, _ = filled
+    storage.close()
+    _set_format_version(url, options, 2)
+    with pytest.raises(FormatVersionError, match="v2"):
+        zstore.open(url, options)
+    with pytest.raises(FormatVersionError):
+        zstore.open(url, options, mode="r")
+    adopt = LazyMemmapStorage(10, scratch_dir=url, storage_options=options, existsok=True)
+    with pytest.raises(FormatVersionError):
+        adopt.set(torch.arange(2), batch(2))
+    group = zarr.open_group(url, mode="r", storage_options=options or None)
+    assert group.attrs["zstore"]["format_version"] == 2
+    assert group.attrs["zstore"]["length"] == 6
+    _set_format_version(url, options, 1)
+    assert len(zstore.open(url, options)) == 6
+
+
+@pytest.mark.parametrize("action", ["set", "setitem", "empty", "load_state_dict"])
+def test_read_only_refuses_writes(filled, action):
+    storage, url, options, before = filled
+    reader = zstore.open(url, options, mode="r")
+    live = live_state(reader)
+    with pytest.raises(ReadOnlyError) as info:
+        if action == "set":
+            reader.set(torch.arange(2), batch(2, 40))
+        elif action == "setitem":
+            reader[0] = batch(1, 40)[0]
+        elif action == "empty":
+            reader._empty()
+        else:
+            reader.load_state_dict(storage.state_dict())
+    assert "read-only" in str(info.value)
+    after = live_state(reader)
+    assert after[:3] == live[:3] and (after[3] == live[3]).all()
+    assert_same_snapshot(snapshot(url, options), before)
+
+
+def test_read_only_cleanup_keeps_handle_usable(filled):
+    _, url, options, before = filled
+    reader = zstore.open(url, options, mode="r")
+    with pytest.raises(ReadOnlyError):
+        reader.cleanup()
+    assert_same_snapshot(snapshot(url, options), before)
+    assert (reader[:] == before[2]).all()
+
+
+def test_read_only_new_storage_creates_nothing(location):
+    url = location.new()
+    storage = LazyMemmapStorage(10, scratch_dir=url, storage_options=location.options,
+                                read_only=True)
+    with pytest.raises(ReadOnlyError):
+        storage.set(torch.arange(2), batch(2))
+    with pytest.raises(StoreNotFoundError):
+        zstore.open(url, location.options)
+
+
+def test_existsok_false_on_existing_buffer(filled):
+    storage, url, options, before = filled
+    other = LazyMemmapStorage(10, scratch_dir=url, storage_options=options)
+    with pytest.raises(StoreExistsError) as info:
+        other.set(torch.arange(2), batch(2, 70))
+    assert "existsok" in str(info.value) and url in str(info.value)
+    assert not other.initialized
+    assert_same_snapshot(snapshot(url, options), before)
+
+
+def test_existsok_with_other_schema(filled):
+    _, url, options, before = filled
+    other = LazyMemmapStorage(10, scratch_dir=url, storage_options=options, existsok=True)
+    with pytest.raises(SchemaError, match="obs"):
+        other.set(torch.arange(2), _replace(batch(2), "obs", torch.zeros(2, 5)))
+    assert_same_snapshot(snapshot(url, options), before)
+
+
+def test_unknown_protocol():
+    with pytest.raises(BackendNotInstalledError, match="nosuchproto"):
+        zstore.open("nosuchproto://bucket/rb")
+    storage = LazyMemmapStorage(10, scratch_dir="nosuchproto://bucket/rb")
+    with pytest.raises(BackendNotInstalledError, match="nosuchproto"):
+        storage.set(torch.arange(2), batch(2))
+    assert not storage.initialized
+
+
+def test_missing_s3_bucket(s3_options):
+    url = "s3://zstore-no-such-bucket-4f1c/rb"
+    with pytest.raises(StoreNotFoundError, match="zstore-no-such-bucket-4f1c"):
+        zstore.open(url, s3_options)
+    storage = LazyMemmapStorage(10, scratch_dir=url, storage_options=s3_options)
+    with pytest.raises(StoreNotFoundError, match="zstore-no-such-bucket-4f1c"):
+        storage.set(torch.arange(2), batch(2))
+    assert not storage.initialized
+
+
+def test_error_messages_hide_s3_secrets(s3_options):
+    options = dict(s3_options, secret="very-secret-value")
+    with pytest.raises(StoreNotFoundError) as info:
+        zstore.open("s3://zstore-no-such-bucket-4f1c/rb", options)
+    assert "very-secret-value" not in str(info.value)
+
+
+def test_corrupt_chunk_names_key_and_chunk(tmp_path):
+    url = str(tmp_path / "rb")
+    storage = LazyMemmapStorage(10, scratch_dir=url, codec="zstd", chunks=3)
+    storage.set(torch.arange(6), batch(6))
+    storage.close()
+    chunk = os.path.join(url, "obs", "c", "1", "0")
+    assert os.path.exists(chunk)
+    with builtins.open(chunk, "wb") as handle:
+        handle.write(b"not zstd")
+    reader = zstore.open(url, mode="r")
+    assert reader.get(0)["action"].item() == 0  # other chunks still read
+    with pytest.raises(CorruptChunkError) as info:
+        reader.get(4)
+    assert "obs" in str(info.value) and "1" in str(info.value)
+
+
+def test_error_types_keep_builtin_bases():
+    assert issubclass(MissingKeyError, KeyError)
+    assert issubclass(SchemaError, ValueError)
+    assert issubclass(InvalidKeyError, ValueError)
+    assert issubclass(ReadOnlyError, PermissionError)
+    assert issubclass(StoreNotFoundError, FileNotFoundError)
+    assert issubclass(BackendNotInstalledError, ImportError)
+    assert str(MissingKeyError("key 'x' missing")) == "key 'x' missing"

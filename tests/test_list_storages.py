@@ -1,0 +1,266 @@
+"""ListStorage / LazyStackStorage against SPEC §2.2 / §2.3 (and TorchRL where it behaves well)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from tensordict import LazyStackedTensorDict, TensorDict
+
+from zstore import LazyStackStorage, ListStorage
+
+torchrl_data = pytest.importorskip("torchrl.data")
+
+
+def item(i: int, n: int = 2) -> TensorDict:
+    return TensorDict(obs=torch.full((n,), float(i)), step=torch.tensor(i), batch_size=[])
+
+
+# -- set / get --------------------------------------------------------------------------------
+
+def test_default_capacity_is_int64_max():
+    assert ListStorage().max_size == torch.iinfo(torch.int64).max
+    assert LazyStackStorage().max_size == torch.iinfo(torch.int64).max
+
+
+@pytest.mark.parametrize("cursor", [0, np.int64(0), torch.tensor(0), np.array(0)])
+def test_int_like_cursors_append_then_overwrite(cursor):
+    s = ListStorage(4)
+    s.set(cursor, "first")
+    s.set(cursor, "second")
+    assert len(s) == 1 and s.get(0) == "second"
+
+
+def test_items_are_stored_by_reference():
+    s = ListStorage(4)
+    x = torch.zeros(3)
+    s.set(0, x)
+    assert s.get(0) is x
+
+
+def test_append_more_than_one_away():
+    s = ListStorage(10)
+    s.set(0, 1)
+    with pytest.raises(RuntimeError, match="Cannot append data located more than one item away"):
+        s.set(2, 3)
+    assert len(s) == 1 and s._mutation_revision == 1
+
+
+def test_capacity_limit():
+    s = ListStorage(2)
+    s.set([0, 1], [1, 2])
+    with pytest.raises(RuntimeError, match="maximum capacity is 2"):
+        s.set(2, 3)
+    assert s.get(slice(None)) == [1, 2]
+
+
+@pytest.mark.parametrize("cursor", [[0, 1, 2], range(3), torch.arange(3), np.arange(3)])
+def test_iterable_cursor_writes_each_item(cursor):
+    s = ListStorage(5)
+    s.set(cursor, ["a", "b", "c"])
+    assert s.get(slice(None)) == ["a", "b", "c"]
+    assert s._mutation_revision == 3  # one bump per element (SPEC §1.6)
+
+
+@pytest.mark.parametrize("data", [(1, 2), torch.tensor([1, 2]), np.array([1, 2]), range(1, 3)])
+def test_iterable_cursor_accepts_sequences(data):
+    s = ListStorage(5)
+    s.set([0, 1], data)
+    assert [int(x) for x in s.get([0, 1])] == [1, 2]
+
+
+def test_iterable_cursor_with_tensordict_batch():
+    s = ListStorage(5)
+    s.set(torch.arange(3), TensorDict(obs=torch.arange(3.0), batch_size=[3]))
+    assert s.get(2)["obs"].item() == 2.0
+
+
+def test_iterable_cursor_bad_data_type():
+    s = ListStorage(5)
+    with pytest.raises(TypeError, match="Cannot extend a .* with data of type <class 'int'>"):
+        s.set([0, 1], 7)
+    assert len(s) == 0 and s._mutation_revision == 0
+
+
+def test_iterable_cursor_length_mismatch():
+    s = ListStorage(5)
+    with pytest.raises(ValueError):
+        s.set([0, 1, 2], [1, 2])
+
+
+def test_slice_cursor_is_list_assignment():
+    s = ListStorage(10)
+    s.set(range(4), [0, 1, 2, 3])
+    rev = s._mutation_revision
+    s.set(slice(1, 3), ["x"])  # shrinks, like list slice assignment
+    assert s.get(slice(None)) == [0, "x", 3]
+    assert s._mutation_revision == rev + 1
+
+
+def test_get_variants():
+    s = ListStorage(10)
+    s.set(range(5), [10, 11, 12, 13, 14])
+    assert s.get(-1) == 14
+    assert s.get(slice(1, 4, 2)) == [11, 13]
+    assert s.get((2,)) == 12
+    assert s.get([4, 0, 4]) == [14, 10, 14]
+    assert s.get(torch.tensor([1, 3])) == [11, 13]
+    assert s.get(np.array([0])) == [10]
+    assert s[3] == 13
+    assert list(s) == [10, 11, 12, 13, 14]
+    with pytest.raises(IndexError):
+        s.get(5)
+    with pytest.raises(RuntimeError, match="one-length tuples"):
+        s.get((0, 1))
+
+
+def test_setitem_overwrites():
+    s = ListStorage(3)
+    s.set(0, "a")
+    s[0] = "b"
+    assert s.get(0) == "b" and len(s) == 1
+
+
+def test_device_move():
+    s = ListStorage(3, device="cpu")
+    s.set(0, {"a": torch.ones(1)})
+    assert s.get(0)["a"].device == torch.device("cpu")
+
+
+# -- contains, empty, state dicts ---------------------------------------------------------------
+
+def test_contains():
+    s = ListStorage(10)
+    s.set(range(3), [1, 2, 3])
+    assert s.contains(0) and s.contains(2) and s.contains(-3)
+    assert not s.contains(3) and not s.contains(-4)
+    assert 1 in s
+    got = s.contains(torch.tensor([[0, 3], [-1, -4]]))
+    assert got.dtype == torch.bool
+    assert got.tolist() == [[True, False], [True, False]]
+    for bad in ("0", np.int64(0), 1.0):
+        with pytest.raises(NotImplementedError, match="is not supported yet"):
+            s.contains(bad)
+
+
+def test_empty_bumps_revision():
+    s = ListStorage(4)
+    s.set(0, 1)
+    s._empty()
+    assert len(s) == 0 and s._mutation_revision == 2
+
+
+def test_state_dict_round_trip_of_tensors_and_tensordicts():
+    s = ListStorage(5)
+    s.set([0, 1], [torch.arange(3), item(4)])
+    sd = s.state_dict()
+    other = ListStorage(5)
+    other.load_state_dict(sd)
+    assert torch.equal(other.get(0), torch.arange(3))
+    assert other.get(0) is not s.get(0)  # cloned
+    assert isinstance(other.get(1), TensorDict)
+    assert other.get(1)["step"].item() == 4
+    assert other._mutation_revision == 1
+
+
+def test_state_dict_of_plain_objects_cannot_be_loaded():
+    s = ListStorage(5)
+    s.set(0, 3)
+    assert s.state_dict() == {"_storage": [3]}
+    with pytest.raises(TypeError, match="are not supported by ListStorage.load_state_dict"):
+        ListStorage(5).load_state_dict(s.state_dict())
+
+
+@pytest.mark.parametrize("method", ["dumps", "loads"])
+def test_no_dumps_loads(tmp_path, method):
+    s = ListStorage(3)
+    with pytest.raises(NotImplementedError, match="doesn't support serialization"):
+        getattr(s, method)(tmp_path)
+
+
+def test_repr():
+    s = ListStorage(3)
+    assert repr(s) == "ListStorage()"
+    s.set(0, "first")
+    assert "first" in repr(s)
+
+
+# -- differential run against TorchRL ---------------------------------------------------------------
+
+def _apply(storage, op, args):
+    try:
+        if op == "get":
+            out = storage.get(args)
+            return ("ok", out if not isinstance(out, list) else list(out))
+        if op == "contains":
+            return ("ok", storage.contains(args))
+        getattr(storage, op)(*args)
+        return ("ok", None)
+    except Exception as exc:  # noqa: BLE001 - the exception type is compared
+        return ("err", type(exc))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_ops_match_torchrl(seed):
+    rng = random.Random(seed)
+    ours, theirs = ListStorage(6), torchrl_data.ListStorage(6)
+    for step in range(60):
+        n = len(theirs)
+        op = rng.choice(["set", "set_many", "get", "get_many", "contains", "setitem", "empty"])
+        if op == "set":
+            call = ("set", (rng.randrange(n + 2), step))
+        elif op == "set_many":
+            k = rng.randrange(1, 3)
+            call = ("set", ([rng.randrange(n + 2) for _ in range(k)], list(range(step, step + k))))
+        elif op == "setitem":
+            call = ("__setitem__", (rng.randrange(n + 1), step))
+        elif op == "get":
+            call = ("get", rng.randrange(-n - 1, n + 1))
+        elif op == "get_many":
+            call = ("get", [rng.randrange(n) for _ in range(3)] if n else slice(0, 2))
+        elif op == "contains":
+            call = ("contains", rng.randrange(-n - 1, n + 1))
+        else:
+            call = ("_empty", ())
+        assert _apply(ours, *call) == _apply(theirs, *call), (step, call)
+        assert len(ours) == len(theirs)
+        assert ours._mutation_revision == theirs._mutation_revision
+        assert ours.get(slice(None)) == theirs.get(slice(None))
+
+
+# -- LazyStackStorage ----------------------------------------------------------------------------------
+
+def test_lazy_stack_reads():
+    s = LazyStackStorage()
+    s.set(range(3), [item(0, 2), item(1, 3), item(2, 2)])
+    single = s.get(1)
+    assert isinstance(single, TensorDict) and single["obs"].shape == (3,)
+    many = s.get([0, 1])
+    assert isinstance(many, LazyStackedTensorDict)
+    assert many.batch_size == torch.Size([2])
+    assert [td["obs"].shape[0] for td in many.tensordicts] == [2, 3]  # ragged is allowed
+    assert many[1]["obs"].tolist() == [1.0, 1.0, 1.0]
+    assert s.get(slice(0, 3, 2))["step"].tolist() == [0, 2]
+
+
+@pytest.mark.parametrize("stack_dim, expected", [(0, (2, 4)), (1, (4, 2)), (-1, (4, 2))])
+def test_lazy_stack_dim(stack_dim, expected):
+    s = LazyStackStorage(stack_dim=stack_dim)
+    for i in range(2):
+        s.set(i, TensorDict(obs=torch.full((4,), float(i)), batch_size=[4]))
+    out = s.get([0, 1])
+    assert tuple(out.batch_size) == expected
+    ref = torchrl_data.LazyStackStorage(stack_dim=stack_dim)
+    ref.set([0, 1], [s.get(0), s.get(1)])
+    assert torch.equal(out["obs"], ref.get([0, 1])["obs"])
+
+
+def test_lazy_stack_inherits_list_rules():
+    s = LazyStackStorage(2)
+    s.set(0, item(0))
+    with pytest.raises(RuntimeError, match="more than one item away"):
+        s.set(2, item(2))
+    assert isinstance(s, ListStorage)
+    assert s.contains(0) and not s.contains(1)

@@ -1,0 +1,352 @@
+"""TensorStorage / LazyTensorStorage (in RAM) against SPEC §1.3, §1.5, §1.6, §2.5, §2.6, §7.
+
+Where TorchRL behaves well its storages are the reference; where SPEC §9 lists a
+TorchRL bug, the test asserts the corrected behaviour.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict, tensorclass
+
+from zstore import LazyTensorStorage, TensorStorage
+
+torchrl_data = pytest.importorskip("torchrl.data")
+
+
+@tensorclass
+class Pair:
+    obs: torch.Tensor
+    reward: torch.Tensor
+
+
+def tds(n: int, start: int = 0, lanes: tuple[int, ...] = ()) -> TensorDict:
+    values = torch.arange(start, start + n).reshape(n, *[1] * len(lanes)).expand(n, *lanes)
+    return TensorDict(
+        obs=values.unsqueeze(-1).float().expand(*values.shape, 3).clone(),
+        next=TensorDict(done=(values % 2 == 0).unsqueeze(-1), batch_size=values.shape),
+        batch_size=values.shape,
+    )
+
+
+# -- construction and lazy initialisation ----------------------------------------------------------
+
+def test_constructor_errors():
+    with pytest.raises(ValueError, match="Expected storage to be non-null"):
+        TensorStorage(None)
+    with pytest.raises(ValueError, match="The max-size and the storage shape mismatch"):
+        TensorStorage(torch.zeros(4, 2), max_size=5)
+
+
+def test_prefilled_storage_is_full():
+    s = TensorStorage(tds(4))
+    assert s.initialized and s.max_size == 4 and len(s) == 4 and s._is_full
+    assert s.shape == torch.Size([4])
+    assert s.get(2)["obs"].tolist() == [2.0, 2.0, 2.0]
+
+
+def test_bare_tensor_storage_cannot_initialise_and_len_is_untouched():
+    s = TensorStorage(None, 10)
+    with pytest.raises(TypeError, match="initialized during construction"):
+        s.set(0, torch.zeros(2))
+    # TorchRL bumps len before failing (SPEC §1.3); zstore does not
+    assert len(s) == 0 and s._last_cursor_index is None and not s.initialized
+
+
+def test_uninitialised_state():
+    s = LazyTensorStorage(10)
+    assert not s.initialized and len(s) == 0 and s.shape is None and s._storage is None
+    assert s.contains(0) is False
+    with pytest.raises(RuntimeError, match="Cannot get elements out of a non-initialized storage"):
+        s.get(0)
+
+
+@pytest.mark.parametrize("kind", ["td", "tensor", "pytree", "tensorclass"])
+def test_lazy_init_allocates_full_capacity(kind):
+    s = LazyTensorStorage(7)
+    data = {
+        "td": tds(2),
+        "tensor": torch.ones(2, 3, dtype=torch.float16),
+        "pytree": {"a": torch.ones(2, 3), "b": (torch.zeros(2, dtype=torch.int32),)},
+        "tensorclass": Pair(obs=torch.ones(2, 3), reward=torch.zeros(2), batch_size=[2]),
+    }[kind]
+    s.set(torch.arange(2), data)
+    assert s.initialized
+    container = s._storage
+    if kind == "td":
+        assert isinstance(container, TensorDict) and container.batch_size == torch.Size([7])
+        assert container["next", "done"].shape == (7, 1) and container["next", "done"].dtype == torch.bool
+    elif kind == "tensor":
+        assert container.shape == (7, 3) and container.dtype == torch.float16
+    elif kind == "pytree":
+        assert container["a"].shape == (7, 3) and container["b"][0].dtype == torch.int32
+    else:
+        assert isinstance(container, Pair) and container.batch_size == torch.Size([7])
+        assert isinstance(s.get(1), Pair)
+
+
+def test_int_cursor_initialises_from_the_item_itself():
+    s = LazyTensorStorage(5)
+    s.set(2, torch.ones(4))
+    assert s._storage.shape == (5, 4)
+
+
+def test_consolidated_requires_tensordict():
+    s = LazyTensorStorage(5, consolidated=True)
+    with pytest.raises(ValueError, match="Cannot consolidate non-tensordict storages"):
+        s.set(torch.arange(2), torch.ones(2, 3))
+
+
+def test_list_of_items_is_stacked_or_refused():
+    s = LazyTensorStorage(5)
+    s.set(torch.arange(2), [torch.ones(3), torch.zeros(3)])
+    assert s.get(0).tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(RuntimeError, match="Stacking the elements of the list resulted in an error"):
+        s.set(torch.arange(2), [torch.ones(3), torch.zeros(4)])
+
+
+# -- length, shape, last cursor, revision -------------------------------------------------------------
+
+def test_len_counts_writes_capped_at_capacity():
+    s = LazyTensorStorage(5)
+    s.set(3, torch.ones(2))
+    assert len(s) == 1 and s.shape == torch.Size([1])  # shape is the current length (ndim 1)
+    s.set(torch.tensor([3, 3, 3]), torch.ones(3, 2))  # duplicates count
+    assert len(s) == 4
+    s.set(torch.arange(5), torch.ones(5, 2))
+    assert len(s) == 5 and s._is_full and s.shape == torch.Size([5])
+
+
+def test_setitem_moves_neither_len_nor_last_cursor():
+    s = LazyTensorStorage(5)
+    s.set(torch.arange(2), tds(2))
+    rev = s._mutation_revision
+    s[4] = tds(1, 9)[0]  # also lazily fine on an initialised storage
+    assert len(s) == 2 and s._last_cursor_index == 1 and s._mutation_revision == rev + 1
+    fresh = LazyTensorStorage(5)
+    fresh[0] = tds(1)[0]  # __setitem__ initialises too
+    assert fresh.initialized and len(fresh) == 0
+
+
+@pytest.mark.parametrize("cursor, lead, expected", [
+    (3, (), 3), (np.int64(2), (), 2), (torch.tensor([4, 1]), (2,), 1),
+    (torch.tensor([[0, 2], [3, 1]]), (2, 2), 1), (range(1, 4), (3,), 3), (slice(1, 3), (2,), 2),
+    (slice(None), (10,), 9), ([2, 0, 1], (3,), 1),
+])
+def test_last_cursor_index(cursor, lead, expected):
+    data = torch.ones(*lead, 2)
+    s = LazyTensorStorage(10)
+    s.set(cursor, data)
+    assert s._last_cursor_index == expected
+    ref = torchrl_data.LazyTensorStorage(10)
+    ref.set(cursor, data)
+    assert len(s) == len(ref)
+    if not isinstance(cursor, list):  # TorchRL reads a list of ints as coordinates: first item
+        assert ref._last_cursor_index == expected
+
+
+def test_mutation_revision_steps():
+    s = LazyTensorStorage(6)
+    steps = [
+        lambda: s.set(torch.arange(3), tds(3)),
+        lambda: s.set(0, tds(1)[0]),
+        lambda: s.__setitem__(slice(0, 2), tds(2, 5)),
+        lambda: s._empty(),
+        lambda: s.load_state_dict(s.state_dict()),
+    ]
+    for i, step in enumerate(steps, 1):
+        step()
+        assert s._mutation_revision == i
+
+
+def test_empty_keeps_data_and_initialisation():
+    s = LazyTensorStorage(4)
+    s.set(torch.arange(4), tds(4))
+    s._empty()
+    assert len(s) == 0 and s.initialized and s.shape == torch.Size([0])
+
+
+def test_counters_are_64_bit():
+    s = LazyTensorStorage(2**40)  # nothing allocated until the first write
+    s._len = 2**33 + 3
+    assert len(s) == 2**33 + 3  # TorchRL's int32 mp.Value would wrap (SPEC §9.3)
+
+
+# -- ndim > 1 ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("max_size, lanes, rows, rounded", [(100, 3, 34, 102), (10, 4, 3, 12),
+                                                            (12, 4, 3, 12)])
+def test_ndim2_rounds_max_size_to_whole_rows(max_size, lanes, rows, rounded):
+    s = LazyTensorStorage(max_size, ndim=2)
+    ref = torchrl_data.LazyTensorStorage(max_size, ndim=2)
+    assert s._max_size_along_dim0(batched_data=tds(2, lanes=(lanes,))) == rows
+    for storage in (s, ref):
+        storage.set(torch.arange(2), tds(2, lanes=(lanes,)))
+    assert s.max_size == ref.max_size == rounded
+    assert s._storage.batch_size == torch.Size([rows, lanes])
+    assert len(s) == len(ref) == 2 * lanes
+    assert s.shape == ref.shape == torch.Size([2, lanes])
+    assert s._max_size_along_dim0() == rows
+
+
+def test_ndim2_tensor_feature_dims_are_not_lanes():
+    # TorchRL multiplies the feature dims in too (max_size 60, SPEC §9.11)
+    s = LazyTensorStorage(10, ndim=2)
+    s.set(torch.arange(3), torch.ones(3, 4, 5))
+    assert s.max_size == 12 and s._storage.shape == (3, 4, 5)
+    s.set(torch.arange(3), torch.ones(3, 4, 5))
+    assert s._is_full
+
+
+def test_ndim2_reads_flatten_and_random_indices():
+    s = LazyTensorStorage(9, ndim=2)
+    s.set(torch.arange(2), tds(2, lanes=(3,)))
+    ref = torchrl_data.LazyTensorStorage(9, ndim=2)
+    ref.set(torch.arange(2), tds(2, lanes=(3,)))
+    index = (torch.tensor([1, 0]), torch.tensor([2, 1]))
+    assert (s.get(index) == ref.get(index)).all()
+    flat = s.flatten()
+    assert isinstance(flat, TensorStorage) and flat.ndim == 1 and len(flat) == 6
+    assert (flat[:] == ref.flatten()[:]).all()
+    s._rng = torch.Generator().manual_seed(0)
+    rows, lanes = s._rand_given_ndim(50)
+    assert 0 <= int(rows.min()) and int(rows.max()) < 2 and int(lanes.max()) < 3
+
+
+def test_ndim2_errors_before_init():
+    s = LazyTensorStorage(9, ndim=2)
+    with pytest.raises(RuntimeError, match="Cannot flatten a non-initialized storage"):
+        s.flatten()
+    with pytest.raises(ValueError, match="single_data or batched_data must be passed"):
+        s._max_size_along_dim0()
+
+
+# -- contains ------------------------------------------------------------------------------------------
+
+def test_contains():
+    s = LazyTensorStorage(10)
+    s.set(torch.arange(4), tds(4))
+    assert s.contains(3) and s.contains(-4) and not s.contains(4) and not s.contains(-5)
+    assert s.contains(torch.tensor([0, 4, -1])).tolist() == [True, False, True]
+    assert s.contains(torch.tensor(2)).shape == torch.Size([])
+    for bad in ("1", np.int64(1)):
+        with pytest.raises(NotImplementedError, match="is not supported yet"):
+            s.contains(bad)
+
+
+def test_contains_checks_every_coordinate_ndim2():
+    s = LazyTensorStorage(8, ndim=2)
+    s.set(torch.arange(2), tds(2, lanes=(2,)))
+    coords = torch.tensor([[0, 1], [1, 2], [2, 0], [1, -1]])
+    assert s.contains(coords).tolist() == [True, False, False, True]
+
+
+# -- state dicts ------------------------------------------------------------------------------------
+
+def test_state_dict_round_trip_tensordict():
+    s = LazyTensorStorage(6)
+    s.set(torch.arange(4), tds(4))
+    sd = s.state_dict()
+    assert set(sd) == {"_storage", "initialized", "_len"} and sd["_len"] == 4
+    for target in (LazyTensorStorage(6), s):
+        target.load_state_dict(sd)
+        assert target.initialized and len(target) == 4
+        assert (target[:] == tds(4)).all()
+    ref = torchrl_data.LazyTensorStorage(6)
+    ref.load_state_dict(sd)  # TorchRL reads zstore's state dict
+    assert (ref[:] == tds(4)).all()
+
+
+def test_state_dict_round_trip_tensor():
+    s = LazyTensorStorage(5)
+    s.set(torch.arange(3), torch.arange(6.0).view(3, 2))
+    other = LazyTensorStorage(5)
+    other.load_state_dict(s.state_dict())
+    assert torch.equal(other[:], s[:]) and len(other) == 3
+    assert other._storage.data_ptr() != s._storage.data_ptr()
+
+
+def test_state_dict_uninitialised_and_errors():
+    assert LazyTensorStorage(5).state_dict() == {"_storage": {}, "initialized": False, "_len": 0}
+    s = LazyTensorStorage(5)
+    s.set(0, {"a": torch.ones(2)})
+    with pytest.raises(TypeError, match="are not supported by"):
+        s.state_dict()
+    t = LazyTensorStorage(5)
+    t.set(0, torch.ones(2))
+    with pytest.raises(RuntimeError, match="Cannot copy a storage of type"):
+        t.load_state_dict({"_storage": tds(5).state_dict(), "initialized": True, "_len": 5})
+
+
+# -- conditional patches ---------------------------------------------------------------------------
+
+def test_conditional_patch_trio():
+    s = LazyTensorStorage(6)
+    with pytest.raises(RuntimeError, match="Conditional updates require an initialized storage"):
+        s._conditional_patch_leaf("obs")
+    s.set(torch.arange(4), tds(4))
+    assert s.supports_conditional_update
+    with pytest.raises(KeyError):
+        s._conditional_patch_leaf("nope")
+    index = torch.tensor([1, 3])
+    good = TensorDict(obs=torch.full((2, 3), -1.0), batch_size=[2])
+    s._validate_conditional_patch(index, good)
+    with pytest.raises(ValueError, match="dtype mismatch for patch key"):
+        s._validate_conditional_patch(index, good.double())
+    with pytest.raises(ValueError, match="shape mismatch for patch key"):
+        s._validate_conditional_patch(index, TensorDict(obs=torch.zeros(2, 4), batch_size=[2]))
+    rev = s._mutation_revision
+    s._apply_conditional_patch(index, good)
+    assert s._mutation_revision == rev + 1 and len(s) == 4
+    assert s[:]["obs"][:, 0].tolist() == [0.0, -1.0, 2.0, -1.0]
+    assert s[:]["next", "done"].equal(tds(4)["next", "done"])  # untouched key
+
+
+# -- repr -----------------------------------------------------------------------------------------
+
+def test_repr():
+    s = LazyTensorStorage(3)
+    assert "data=<empty>" in repr(s)
+    s.set(0, torch.ones(2))
+    assert "len=1" in repr(s) and "max_size=3" in repr(s)
+
+
+# -- differential run against TorchRL's LazyTensorStorage ------------------------------------------
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_ops_match_torchrl(seed):
+    rng = random.Random(seed)
+    cap = 9
+    ours, theirs = LazyTensorStorage(cap), torchrl_data.LazyTensorStorage(cap)
+    written = torch.zeros(cap, dtype=torch.bool)
+    for step in range(50):
+        op = rng.choice(["set_int", "set_many", "setitem", "get", "empty"])
+        if op == "set_int":
+            i = rng.randrange(cap)
+            for s in (ours, theirs):
+                s.set(i, tds(1, step)[0])
+            written[i] = True
+        elif op in ("set_many", "setitem"):
+            rows = torch.tensor(rng.sample(range(cap), rng.randrange(1, 4)))  # distinct rows
+            for s in (ours, theirs):
+                if op == "set_many":
+                    s.set(rows, tds(len(rows), step))
+                else:
+                    s[rows] = tds(len(rows), step)
+            written[rows] = True
+        elif op == "empty":
+            for s in (ours, theirs):
+                s._empty()
+        elif len(theirs):
+            index = torch.tensor([rng.randrange(len(theirs)) for _ in range(4)])
+            mask = written[index]
+            assert (ours.get(index)[mask] == theirs.get(index)[mask]).all()
+        assert len(ours) == len(theirs)
+        assert ours._mutation_revision == theirs._mutation_revision
+        assert ours._last_cursor_index == theirs._last_cursor_index
+        if theirs.initialized:
+            assert ours.shape == theirs.shape
