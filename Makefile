@@ -7,11 +7,11 @@ PYTHON ?= python3
 
 .PHONY: install demo test bench clean
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,torchrl]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,torchrl]"
 	touch $@
 
 install: $(VENV)/.installed
