@@ -88,6 +88,31 @@ class CodecSpec:
         return text + ("+crc32c" if self.checksum else "")
 
 
+def parse_codecs(value: Any) -> "tuple[CodecSpec, dict[str, CodecSpec]]":
+    """A storage's ``codec`` argument as (default preset, ``{key path: preset}`` overrides).
+
+    ``value`` is a preset (``"zstd:3"``, ``None`` ...) or a mapping
+    ``{key path or tuple key: preset, "default": preset}`` (``"default"`` falls back
+    to raw); overrides equal to the default are dropped.
+
+    >>> default, per_key = parse_codecs({"default": "zstd", "next/reward": None})
+    >>> str(default), {k: str(v) for k, v in per_key.items()}
+    ('zstd:1', {'next/reward': 'raw'})
+    """
+    if not isinstance(value, Mapping):
+        return CodecSpec.parse(value), {}
+    default = CodecSpec.parse(value.get("default"))
+    overrides = {}
+    for key, preset in value.items():
+        if key == "default":
+            continue
+        path = key if isinstance(key, str) else "/".join(key)
+        spec = CodecSpec.parse(preset)
+        if spec != default:
+            overrides[path] = spec
+    return default, overrides
+
+
 def choose_layout(leaves, rows: int, *, mmap: bool, object_store: bool,
                   chunks: "int | Mapping[str, int] | None" = None,
                   shards: "int | Mapping[str, int] | None" = None) -> dict[str, tuple[int, int | None]]:

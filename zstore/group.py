@@ -111,7 +111,7 @@ def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
             leaf.path, shape=(meta.rows, *leaf.shape), dtype=np_dtype,
             chunks=(chunk_rows, *leaf.shape),
             shards=None if shard_rows is None else (shard_rows, *leaf.shape),
-            compressors=meta.codec.compressors(np_dtype.itemsize),
+            compressors=meta.codec_of(leaf.path).compressors(np_dtype.itemsize),
             fill_value=np.zeros((), dtype=np_dtype).item(),
             attributes={ZSTORE_ATTR: {"torch_dtype": torch_dtype_name(leaf.dtype)}},
         )

@@ -327,6 +327,16 @@ class StoreMeta:
     sealed: bool = False
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     created: dict[str, Any] = dataclasses.field(default_factory=dict)
+    key_codecs: dict[str, CodecSpec] = dataclasses.field(default_factory=dict)  # overrides of codec
+
+    def codec_of(self, path: str) -> CodecSpec:
+        """The codec preset of key ``path`` (its override, else the buffer's ``codec``)."""
+        return self.key_codecs.get(path, self.codec)
+
+    @property
+    def all_raw(self) -> bool:
+        """Whether every key is stored as plain bytes (a condition of the mmap path)."""
+        return self.codec.is_raw and all(spec.is_raw for spec in self.key_codecs.values())
 
     def to_json(self) -> dict[str, Any]:
         """The JSON written to the group's attributes."""
@@ -338,7 +348,7 @@ class StoreMeta:
                 "torch_version": torch.__version__.split("+")[0],
                 "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             }
-        return {
+        out = {
             "format_version": FORMAT_VERSION,
             "storage_class": self.storage_class,
             "max_size": self.max_size,
@@ -355,6 +365,9 @@ class StoreMeta:
             "extra": self.extra,
             "created": self.created,
         }
+        if self.key_codecs:  # absent: every key uses "codec"
+            out["codecs"] = {path: spec.to_json() for path, spec in self.key_codecs.items()}
+        return out
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> "StoreMeta":
@@ -383,6 +396,8 @@ class StoreMeta:
                 sealed=bool(data.get("sealed", False)),
                 extra=dict(data.get("extra") or {}),
                 created=dict(data.get("created") or {}),
+                key_codecs={str(path): CodecSpec.parse(dict(spec))
+                            for path, spec in (data.get("codecs") or {}).items()},
                 **ints,
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -407,6 +422,8 @@ class StoreMeta:
             problems.append(f"last_cursor={self.last_cursor}")
         if set(self.layout) != set(self.schema.by_path):
             problems.append(f"chunks given for {sorted(self.layout)}, keys are {sorted(self.schema.by_path)}")
+        if not set(self.key_codecs) <= set(self.schema.by_path):
+            problems.append(f"codecs given for unknown keys {sorted(set(self.key_codecs) - set(self.schema.by_path))}")
         for path, (chunk, shard) in self.layout.items():
             if not 0 < chunk <= self.rows or (shard is not None and (shard <= 0 or shard % chunk)):
                 problems.append(f"key {path!r}: chunk_rows={chunk}, shard_rows={shard}")

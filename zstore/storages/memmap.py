@@ -23,7 +23,7 @@ import torch
 from tensordict import is_tensor_collection, is_tensorclass
 
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats, cache_tier
-from ..codecs import CodecSpec, choose_layout
+from ..codecs import choose_layout, parse_codecs
 from ..errors import MissingKeyError, ReadOnlyError, SchemaError, StoreExistsError
 from ..group import commit, create_group, existing_meta, open_group
 from ..layout import Schema, StoreMeta
@@ -115,7 +115,10 @@ class LazyMemmapStorage(LazyTensorStorage):
             and cursor) instead of refusing it.
         auto_cleanup: delete the store at exit (default: only for temporary ones).
         storage_options: fsspec options (``endpoint_url``, ``key``, ``secret`` ...).
-        codec: compression preset (``None``, ``"zstd"``, ``"lz4"``, ``"blosc-zstd"``).
+        codec: compression preset (``None``, ``"zstd"``, ``"lz4"``, ``"blosc-zstd"``), or a
+            mapping ``{key path: preset, "default": preset}`` overriding it per key
+            (e.g. ``{"default": "zstd", "next/reward": None}``). Only all-raw local
+            buffers are memory-mapped.
         chunks: rows per chunk, for every key or as ``{key path: rows}`` (default:
             one chunk for local raw buffers, so they are memory-mapped; else
             about 1 MiB of each key).
@@ -157,7 +160,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         self.spec = StoreSpec.parse(scratch_dir, storage_options, read_only)
         self.scratch_dir = self.spec.url
         self.existsok = existsok
-        self.codec = CodecSpec.parse(codec)
+        self.codec, self.key_codecs = parse_codecs(codec)
         self.chunks = chunks
         self.shards = shards
         self.cache_bytes = int(cache_bytes)
@@ -190,7 +193,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         self.spec = spec
         self.scratch_dir = spec.url
         self.existsok = True
-        self.codec = meta.codec
+        self.codec, self.key_codecs = meta.codec, dict(meta.key_codecs)
         self.chunks = {path: chunk for path, (chunk, _) in meta.layout.items()}
         self.shards = {path: shard or chunk for path, (chunk, shard) in meta.layout.items()}
         self.cache_bytes = int(cache_bytes)
@@ -212,7 +215,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         self._committed = (meta.length, meta.last_cursor)
         self.initialized = True
         read_only = self.spec.read_only or meta.read_only
-        if MmapTable.supported(self.spec.is_local, meta.codec.is_raw, meta.rows, meta.layout) \
+        if MmapTable.supported(self.spec.is_local, meta.all_raw, meta.rows, meta.layout) \
                 and self.cache == "host":
             self._table = MmapTable(self.spec.url, group, meta.schema.leaves, meta.rows,
                                     meta.high_water, read_only=read_only)
@@ -246,18 +249,23 @@ class LazyMemmapStorage(LazyTensorStorage):
                     "it, or reopen it with zstore.open(url).")
             self._adopt(schema)
             return
-        for name, given in (("chunks", self.chunks), ("shards", self.shards)):
+        for name, given in (("chunks", self.chunks), ("shards", self.shards),
+                            ("codec", self.key_codecs)):
             unknown = sorted(set(given) - set(schema.by_path)) if isinstance(given, Mapping) else []
             if unknown:
                 raise MissingKeyError(f"{name} names key(s) {unknown} the data does not have "
                                       f"(keys: {sorted(schema.by_path)})")
         rows = self._rows_for(example)
         layout = choose_layout(schema.leaves, rows, chunks=self.chunks, shards=self.shards,
-                               mmap=self.spec.is_local and self.codec.is_raw,
+                               mmap=self.spec.is_local and self._all_raw,
                                object_store=self.spec.protocol in _OBJECT_STORES)
         meta = StoreMeta(type(self).__name__, self.max_size, self.ndim, rows, schema, self.codec,
-                         layout)
+                         layout, key_codecs=dict(self.key_codecs))
         self._attach(create_group(self.spec, meta), meta)
+
+    @property
+    def _all_raw(self) -> bool:
+        return self.codec.is_raw and all(spec.is_raw for spec in self.key_codecs.values())
 
     def _adopt(self, schema: Schema) -> None:
         group, meta = open_group(self.spec)
@@ -483,6 +491,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         return {
             "spec": self.spec.to_json(), "max_size": self.max_size, "ndim": self.ndim,
             "device": str(self.device), "existsok": self.existsok, "codec": self.codec.to_json(),
+            "key_codecs": {path: spec.to_json() for path, spec in self.key_codecs.items()},
             "chunks": self.chunks, "shards": self.shards, "cache_bytes": self.cache_bytes,
             "cache": self.cache, "autocommit_seconds": self.autocommit_seconds,
             "initialized": self.initialized, "len": self._len_value,
@@ -500,7 +509,8 @@ class LazyMemmapStorage(LazyTensorStorage):
             other = type(self)(state["max_size"], scratch_dir=spec.url,
                                storage_options=spec.storage_options, device=state["device"],
                                ndim=state["ndim"], existsok=state["existsok"],
-                               codec=state["codec"], chunks=state["chunks"], shards=state["shards"],
+                               codec={"default": state["codec"], **state.get("key_codecs", {})},
+                               chunks=state["chunks"], shards=state["shards"],
                                cache_bytes=state["cache_bytes"], cache=state["cache"],
                                read_only=spec.read_only, auto_cleanup=False,
                                autocommit_seconds=state["autocommit_seconds"])
@@ -522,4 +532,9 @@ class LazyMemmapStorage(LazyTensorStorage):
                          for leaf in self._schema.leaves)
         return (f"{type(self).__name__}(\n    url={self.spec.redacted()},\n    keys=[{keys}],\n"
                 f"    shape={self.shape}, len={len(self)}, max_size={self.max_size},\n"
-                f"    codec={self.codec}, cache={self.cache})")
+                f"    codec={self._codec_text()}, cache={self.cache})")
+
+    def _codec_text(self) -> str:
+        if not self.key_codecs:
+            return str(self.codec)
+        return f"{self.codec} ({', '.join(f'{p}: {c}' for p, c in self.key_codecs.items())})"
