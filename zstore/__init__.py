@@ -27,19 +27,21 @@ from .errors import (
     ZStoreError,
 )
 from .storages import (
+    CompressedListStorage,
     LazyMemmapStorage,
     LazyStackStorage,
     LazyTensorStorage,
     ListStorage,
     Storage,
     TensorStorage,
+    stack_items,
 )
 from .store import StoreSpec
 from .writers import ImmutableDatasetWriter, RoundRobinWriter, TensorDictRoundRobinWriter, Writer
 
 __all__ = [
     "open", "Storage", "ListStorage", "LazyStackStorage", "TensorStorage", "LazyTensorStorage",
-    "LazyMemmapStorage", "Writer", "RoundRobinWriter", "TensorDictRoundRobinWriter",
+    "LazyMemmapStorage", "CompressedListStorage", "stack_items", "Writer", "RoundRobinWriter", "TensorDictRoundRobinWriter",
     "ImmutableDatasetWriter", "StoreSpec", "CodecSpec", "CacheStats", "cache_tier",
     "ZStoreError", "BackendNotInstalledError", "StoreNotFoundError", "NotAZStoreError",
     "FormatVersionError", "ReadOnlyError", "SchemaError", "MissingKeyError", "InvalidKeyError",

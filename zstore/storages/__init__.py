@@ -1,6 +1,7 @@
 """Storage classes (TorchRL's public names and behaviour, on Zarr where persistent)."""
 
 from .base import Storage
+from .compressed import CompressedListStorage, ItemList, stack_items
 from .list import LazyStackStorage, ListStorage
 from .memmap import LazyMemmapStorage
 from .tensor import LazyTensorStorage, TensorStorage
@@ -9,4 +10,5 @@ from .tensor import LazyTensorStorage, TensorStorage
 PERSISTENT_CLASSES = {"LazyMemmapStorage": LazyMemmapStorage}
 
 __all__ = ["Storage", "ListStorage", "LazyStackStorage", "TensorStorage", "LazyTensorStorage",
-           "LazyMemmapStorage", "PERSISTENT_CLASSES"]
+           "LazyMemmapStorage", "CompressedListStorage", "ItemList", "stack_items",
+           "PERSISTENT_CLASSES"]

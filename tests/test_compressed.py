@@ -1,0 +1,241 @@
+"""CompressedListStorage against a reference model (a plain list): fixed-shape and ragged
+items, nested keys, every dtype, on memory:// / local / S3; errors; codecs; corruption; cache."""
+
+from __future__ import annotations
+
+import warnings
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+import zarr
+from tensordict import TensorDict
+
+import zstore
+from zstore import CompressedListStorage, stack_items
+
+from test_interop import DTYPES, bits, random_bits
+
+
+def make_storage(location, n=64, **kwargs):
+    return CompressedListStorage(n, scratch_dir=location.new(), storage_options=location.options,
+                                 **kwargs)
+
+
+def assert_same(got, expected):
+    if isinstance(expected, torch.Tensor):
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert torch.equal(bits(got), bits(expected))
+        return
+    assert got.batch_size == expected.batch_size
+    assert set(got.keys(True, True)) == set(expected.keys(True, True))
+    for key in expected.keys(True, True):
+        assert_same(got.get(key), expected.get(key))
+    for key in expected.keys(True):
+        if isinstance(expected.get(key), TensorDict):
+            assert got.get(key).batch_size == expected.get(key).batch_size, key
+
+
+def transition(i: int, g) -> TensorDict:
+    return TensorDict({
+        "pixels": torch.randint(0, 255, (2, 8, 8), generator=g, dtype=torch.uint8),
+        "action": torch.tensor(i),
+        "next": TensorDict({"reward": torch.rand(1, generator=g),
+                            "info": TensorDict(done=torch.tensor([i % 3 == 0]), batch_size=[])},
+                           batch_size=[]),
+    }, batch_size=[])
+
+
+def check_against(storage, ref):
+    assert len(storage) == len(ref)
+    for i, item in enumerate(ref):
+        assert_same(storage.get(i), item)
+    idx = torch.randint(0, len(ref), (17,))
+    for got, i in zip(storage.get(idx), idx.tolist()):
+        assert_same(got, ref[i])
+    assert len(storage.get(slice(None))) == len(ref)
+
+
+def test_fixed_items_round_trip(location):
+    g = torch.Generator().manual_seed(0)
+    storage, ref = make_storage(location, 40), []
+    batch = torch.stack([transition(i, g) for i in range(25)])
+    storage.set(torch.arange(25), batch)
+    ref.extend(batch.unbind(0))
+    for i in (25, 3, 26):  # append, overwrite, append
+        item = transition(100 + i, g)
+        storage.set(i, item)
+        if i < len(ref):
+            ref[i] = item
+        else:
+            ref.append(item)
+    check_against(storage, ref)
+    sampled = storage.get(torch.tensor([1, 5, 5]))
+    assert_same(stack_items(sampled), torch.stack([ref[1], ref[5], ref[5]]))
+
+
+def test_ragged_items_round_trip(location):
+    g = torch.Generator().manual_seed(1)
+    storage, ref = make_storage(location, 30), []
+    for i in range(20):
+        T = int(torch.randint(1, 9, (1,), generator=g))
+        traj = TensorDict({"obs": torch.randn(T, 3, generator=g),
+                           "next": TensorDict(obs=torch.randn(T, 3, generator=g), batch_size=[T])},
+                          batch_size=[T])
+        item = TensorDict(traj=traj, tokens=torch.randint(0, 100, (T * 2 + i % 3,), generator=g))
+        storage.set(len(ref), item)
+        ref.append(item)
+    for i in (4, 11):  # overwrites with other shapes (values are appended, then compacted)
+        traj = TensorDict({"obs": torch.randn(12, 3),
+                           "next": TensorDict(obs=torch.randn(12, 3), batch_size=[12])},
+                          batch_size=[12])
+        item = TensorDict(traj=traj, tokens=torch.arange(50))
+        storage.set(i, item)
+        ref[i] = item
+    check_against(storage, ref)
+    assert "ragged" in repr(storage)
+
+
+def test_trailing_shape_change_goes_flat():
+    storage = CompressedListStorage(10)
+    items = [torch.ones(2, 3), torch.ones(4, 3), torch.arange(10.0).reshape(2, 5)]
+    for i, item in enumerate(items):
+        storage.set(i, item)
+    for got, item in zip(storage[:], items):
+        assert torch.equal(got, item)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_dtype(dtype):
+    g = torch.Generator().manual_seed(2)
+    storage = CompressedListStorage(8)
+    ref = [random_bits(dtype, (3, 2), g) for _ in range(3)] + [random_bits(dtype, (5, 2), g)]
+    for i, x in enumerate(ref):
+        storage.set(i, TensorDict(x=x, batch_size=[]))
+    for got, x in zip(storage[:], ref):
+        assert_same(got["x"], x)
+
+
+def test_custom_codec_pair():
+    calls = []
+
+    def compress(t):
+        return torch.frombuffer(bytearray(zlib.compress(t.numpy().tobytes())), dtype=torch.uint8)
+
+    def decompress(payload, meta):
+        calls.append(meta)
+        raw = zlib.decompress(payload.numpy().tobytes())
+        return torch.frombuffer(bytearray(raw), dtype=meta["dtype"]).reshape(meta["shape"])
+
+    storage = CompressedListStorage(10, compression_fn=compress, decompression_fn=decompress)
+    data = TensorDict(a=torch.randn(4, 5), b=torch.arange(4), batch_size=[4])
+    storage.set(torch.arange(4), data)
+    assert_same(stack_items(storage.get(torch.arange(4))), data)
+    assert calls[0]["type"] == "tensor" and calls[0]["dtype"] in (torch.float32, torch.int64)
+
+
+def test_list_semantics_and_errors():
+    storage = CompressedListStorage(3)
+    with pytest.raises(IndexError):
+        storage.get(0)
+    with pytest.raises(RuntimeError, match="more than one item away"):
+        storage.set(1, torch.ones(2))
+    storage.set([0, 1], [torch.ones(2), torch.zeros(2)])
+    assert storage._mutation_revision == 2
+    storage.set(2, torch.ones(2))
+    with pytest.raises(RuntimeError, match="maximum capacity"):
+        storage.set(3, torch.ones(2))
+    with pytest.raises(RuntimeError, match="one-length tuples"):
+        storage.get((0, 1))
+    with pytest.raises(IndexError):
+        storage.get(torch.tensor([0, 5]))
+    with pytest.raises(TypeError, match="Cannot extend"):
+        storage.set([0], 5)
+    assert storage.contains(2) and not storage.contains(3)
+    assert storage.contains(torch.tensor([0, 4])).tolist() == [True, False]
+    storage.set(slice(0, 2), [torch.full((2,), 7.0), torch.full((2,), 8.0)])
+    assert storage[1].tolist() == [8.0, 8.0] and storage[-1].tolist() == [1.0, 1.0]
+    state = storage.state_dict()
+    other = CompressedListStorage(3)
+    other.load_state_dict(state)
+    assert [x.tolist() for x in other[:]] == [x.tolist() for x in storage[:]]
+    revision = storage._mutation_revision
+    storage._empty()
+    assert len(storage) == 0 and storage._mutation_revision == revision + 1
+    with pytest.warns(UserWarning, match="empty"):
+        assert storage.bytes() == 0
+
+
+def test_per_key_codec_in_zarr_metadata(tmp_path):
+    url = str(tmp_path / "rb")
+    storage = CompressedListStorage(16, scratch_dir=url, codec={"default": "zstd", "next/reward": None})
+    storage.set(torch.arange(4), TensorDict(obs=torch.zeros(4, 8),
+                                            next=TensorDict(reward=torch.ones(4, 1), batch_size=[4]),
+                                            batch_size=[4]))
+    storage.flush()
+    group = zarr.open_group(f"{url}/items-1", mode="r")
+    names = lambda key: [c.to_dict()["name"] for c in group[key].metadata.codecs]  # noqa: E731
+    assert names("obs") == ["bytes", "zstd"]
+    assert names("next/reward") == ["bytes"]
+    assert group.attrs["zstore"]["codecs"] == {"next/reward": {"name": None, "level": None,
+                                                               "checksum": False}}
+    with pytest.raises(zstore.MissingKeyError):
+        CompressedListStorage(4, codec={"nope": None}).set(0, TensorDict(a=torch.ones(1)))
+
+
+def test_default_codec_and_sizes():
+    frames = torch.zeros(64, 4, 16, 16, dtype=torch.uint8)
+    frames[:, :, 4:8, 4:8] = 200
+    storage = CompressedListStorage(100)
+    storage.set(torch.arange(64), TensorDict(pixels=frames, batch_size=[64]))
+    assert str(storage.default_codec) == "zstd:3+crc32c"
+    assert storage.raw_nbytes == frames.numel()
+    assert storage.compression_ratio > 1 and storage.nbytes > 0
+    assert "compression_ratio=" in repr(storage)
+
+
+def test_corrupted_chunk_names_key_and_chunk(tmp_path):
+    url = tmp_path / "rb"
+    storage = CompressedListStorage(64, scratch_dir=str(url), chunks=8, cache_bytes=1 << 20)
+    storage.set(torch.arange(32), TensorDict(pixels=torch.arange(32 * 64, dtype=torch.uint8)
+                                             .reshape(32, 64), batch_size=[32]))
+    storage.flush()
+    chunk = Path(url, "items-1", "pixels", "c", "1", "0")
+    payload = bytearray(chunk.read_bytes())
+    payload[len(payload) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(payload))
+    fresh = zstore.open(f"{url}/items-1", mode="r")
+    with pytest.raises(zstore.CorruptChunkError, match=r"'pixels'.*chunk 1"):
+        fresh.get(torch.tensor([9]))
+
+
+def test_cache_serves_repeated_samples():
+    storage = CompressedListStorage(200, chunks=16)
+    storage.set(torch.arange(200), TensorDict(x=torch.randn(200, 32), batch_size=[200]))
+    storage.flush()
+    idx = torch.randint(0, 200, (64,))
+    storage.get(idx)
+    loads = storage.cache_stats.loads
+    storage.get(idx)
+    assert storage.cache_stats.loads == loads
+
+
+def test_owned_memory_store_is_deleted():
+    storage = CompressedListStorage(4)
+    storage.set(0, torch.ones(3))
+    spec = storage.spec
+    assert spec.exists()
+    del storage
+    import gc
+
+    gc.collect()
+    assert not spec.exists()
+
+
+def test_non_tensor_items_are_refused():
+    with pytest.raises(TypeError, match="ListStorage"):
+        CompressedListStorage(4).set(0, "text")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        CompressedListStorage(4)

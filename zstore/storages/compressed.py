@@ -1,0 +1,649 @@
+"""CompressedListStorage on compressed, chunked Zarr arrays (SPEC §2.4, §9.13).
+
+TorchRL compresses item by item in Python (zlib below Python 3.14) and loses
+TensorDict batch sizes. Here items are rows of compressed Zarr arrays:
+
+* keys whose shape never changes live in one *items table* — an inner
+  :class:`~zstore.LazyMemmapStorage` with one column per key (chunked along the
+  item index, so consecutive frames share a compressed chunk, and read through
+  the hot-chunk cache with one ``index_select`` per key);
+* a key whose shape changes from one item to the next (token lists, whole
+  episodes) moves to a Zarr-native *ragged* layout: a ``values`` array of
+  units (the item's trailing shape, or single elements) plus an ``index``
+  table holding each item's ``start`` and ``shape`` — never pickles;
+* custom ``compression_fn`` / ``decompression_fn`` (TorchRL's signatures) store
+  each payload ragged too, with the item's shape beside it.
+
+Store layout under the storage's URL (every array is plain Zarr v3)::
+
+    items-<g>/                 LazyMemmapStorage group: fixed keys + __zstore__/batch/<node>
+    ragged/<key>/index-<g>/    LazyMemmapStorage group: start, shape [, item_shape]
+    ragged/<key>/values-<g>/   LazyMemmapStorage group: _-single-tensor-_ [capacity, *unit]
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+import warnings
+import weakref
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+from tensordict import TensorDict, is_tensor_collection, is_tensorclass, lazy_stack
+
+from ..cache import DEFAULT_CACHE_BYTES, CacheStats
+from ..codecs import CodecSpec, parse_codecs
+from ..errors import MissingKeyError, SchemaError
+from ..layout import SINGLE_TENSOR_KEY, _flat_leaves, key_to_path
+from ..store import StoreSpec
+from .list import ListStorage, _as_int
+from .memmap import LazyMemmapStorage, _delete_store
+
+_BATCH = "__zstore__/batch"
+_ROOT = ".root"
+_PIECE = 4096  # rows copied at a time when a table is rebuilt
+
+
+def _batch_column(node: str) -> str:
+    """Column holding the batch dims of TensorDict node ``node`` (one path part, no nesting)."""
+    return f"{_BATCH}/{node.replace('/', '.')}"
+
+
+class ItemList(list):
+    """The list of items ``CompressedListStorage.get`` returns for several indices.
+
+    When the items share their shapes, ``batch`` holds them already stacked (the
+    rows the items are views of); :func:`stack_items` then costs nothing.
+    """
+
+    batch: Any = None
+
+
+def stack_items(items: list) -> Any:
+    """Collate a list of items (ReplayBuffer's job): the pre-stacked batch when there is one.
+
+    Otherwise tensors are stacked and TensorDicts lazily stacked, as TorchRL's
+    collate for ``CompressedListStorage`` does.
+    """
+    batch = getattr(items, "batch", None)
+    if batch is not None:
+        return batch
+    if items and all(isinstance(x, torch.Tensor) for x in items):
+        try:
+            return torch.stack(items)
+        except RuntimeError:
+            return items
+    return lazy_stack(list(items))
+
+
+def _stored_bytes(spec: StoreSpec) -> int:
+    fs, path = spec.filesystem()
+    try:
+        return int(fs.du(path, total=True))
+    except FileNotFoundError:
+        return 0
+
+
+class _Ragged:
+    """One key in the ragged layout: ``values`` (units) + per-item ``start`` / ``shape``."""
+
+    def __init__(self, owner: "CompressedListStorage", path: str, dtype: torch.dtype,
+                 unit: tuple[int, ...], ndim: int, item_ndim: int | None):
+        self.owner, self.path, self.dtype, self.unit = owner, path, dtype, unit
+        self.ndim, self.item_ndim = ndim, item_ndim  # item_ndim: custom codecs only
+        self.gen = 0
+        self.used = 0
+        self.values: LazyMemmapStorage | None = None
+        self.index = owner._lms("/".join(("ragged", path, "index")), owner.max_size,
+                                owner.default_codec)
+
+    @property
+    def unit_numel(self) -> int:
+        return math.prod(self.unit)
+
+    def _new_values(self, capacity: int) -> LazyMemmapStorage:
+        self.gen += 1
+        return self.owner._lms(f"ragged/{self.path}/values-{self.gen}", capacity,
+                               self.owner.codec_of(self.path))
+
+    def write(self, rows: torch.Tensor, tensors: list[torch.Tensor],
+              item_shapes: list[tuple[int, ...]] | None = None) -> None:
+        """Append the items' values and point ``rows`` at them."""
+        if self.unit and any(tuple(t.shape[1:]) != self.unit for t in tensors):
+            self.regrow(0, unit=())
+        units = [t.numel() // max(1, self.unit_numel) for t in tensors]
+        total = sum(units)
+        if self.values is None or self.used + total > self.values.max_size:
+            self.regrow(total)
+        flat = torch.cat([t.reshape(-1, *self.unit) for t in tensors]) if tensors else None
+        starts = self.used + torch.tensor([0, *units[:-1]], dtype=torch.int64).cumsum(0)
+        if total:
+            self.values.set(torch.arange(self.used, self.used + total), flat)
+        self.used += total
+        self.index.set(rows, self._index_td(starts, [tuple(t.shape) for t in tensors], item_shapes))
+
+    def _index_td(self, starts, shapes, item_shapes) -> TensorDict:
+        def padded(shape_list, nd):
+            out = torch.zeros(len(shape_list), max(1, nd), dtype=torch.int64)
+            if nd:
+                out[:] = torch.tensor(shape_list, dtype=torch.int64).reshape(len(shape_list), nd)
+            return out
+        data = {"start": starts, "shape": padded(shapes, self.ndim)}
+        if self.item_ndim is not None:
+            data["item_shape"] = padded(item_shapes, self.item_ndim)
+        return TensorDict(data, batch_size=[len(starts)])
+
+    def read(self, rows: torch.Tensor) -> tuple[list[torch.Tensor], list[tuple[int, ...]] | None]:
+        """The stored tensors of ``rows`` (and the item shapes, for custom codecs)."""
+        index = self.index.table.read(rows)
+        starts, shapes = index["start"], index["shape"][:, : self.ndim]
+        lengths = shapes.prod(-1) // max(1, self.unit_numel)
+        if len(rows) and int(lengths.sum()):
+            take = torch.repeat_interleave(starts - lengths.cumsum(0) + lengths, lengths) \
+                + torch.arange(int(lengths.sum()))
+            flat = self.values.table.read(take)[SINGLE_TENSOR_KEY]
+        else:
+            flat = torch.empty((0, *self.unit), dtype=self.dtype)
+        parts = torch.split(flat, lengths.tolist())
+        out = [p.reshape(s) for p, s in zip(parts, shapes.tolist())]
+        item_shapes = None
+        if self.item_ndim is not None:
+            item_shapes = [tuple(s[: self.item_ndim]) for s in index["item_shape"].tolist()]
+        return out, item_shapes
+
+    def regrow(self, extra: int, unit: tuple[int, ...] | None = None) -> None:
+        """Copy the live items into a fresh ``values`` array (compacts; doubles the capacity)."""
+        n = len(self.owner)
+        live, item_shapes = self.read(torch.arange(n)) if n and self.values is not None else ([], [])
+        if unit is not None:
+            self.unit = unit
+        units = sum(t.numel() // max(1, self.unit_numel) for t in live)
+        old = self.values
+        self.values = self._new_values(max(2 * (units + extra), (1 << 20) // max(
+            1, self.unit_numel * self.dtype.itemsize), 64))
+        self.used = 0
+        if live:
+            self.write(torch.arange(n), live, item_shapes)
+        if old is not None:
+            old.cleanup()
+
+    def flush(self) -> None:
+        for part in (self.index, self.values):
+            if part is not None:
+                part.flush()
+
+    def cleanup(self) -> None:
+        for part in (self.index, self.values):
+            if part is not None:
+                part.cleanup()
+
+
+class CompressedListStorage(ListStorage):
+    """TorchRL's CompressedListStorage on compressed, chunked Zarr arrays at any URL.
+
+    Items (tensors, TensorDicts — nested, with their batch sizes — or
+    tensorclasses) are rows of compressed Zarr arrays; a key whose shape varies
+    between items is stored ragged (values + offsets). Reads gather a whole batch
+    at once through the hot-chunk cache.
+
+    Args:
+        max_size: capacity in items (required).
+        compression_fn, decompression_fn: TorchRL's custom codec pair
+            (``compression_fn(tensor) -> uint8 tensor``,
+            ``decompression_fn(payload, metadata) -> tensor``); payloads are stored
+            ragged, item by item. Default: Zarr codecs, whole chunks at a time.
+        compression_level: zstd level of the default codec.
+        device: where items are returned.
+        scratch_dir: where the arrays live (a path or any fsspec URL). Default: a
+            fresh ``memory://`` location owned by the storage, deleted with it.
+        storage_options: fsspec options for ``scratch_dir``.
+        codec: codec preset, or ``{key path: preset, "default": preset}``.
+            Default ``"zstd:<compression_level>+crc32c"`` (the checksum makes a
+            corrupted chunk raise :class:`~zstore.CorruptChunkError`).
+        chunks: items per chunk (an int or ``{key path: rows}``; default about
+            1 MiB of each key).
+        cache_bytes: byte budget of each table's hot-chunk cache.
+
+    >>> s = CompressedListStorage(100)
+    >>> s.set(0, TensorDict(obs=torch.zeros(3, 84, 84, dtype=torch.uint8), batch_size=[3]))
+    >>> s.get(0).batch_size
+    torch.Size([3])
+    """
+
+    _default_checkpointer = "CompressedListStorageCheckpointer"
+
+    def __init__(self, max_size: int, *, compression_fn: Callable | None = None,
+                 decompression_fn: Callable | None = None, compression_level: int = 3,
+                 device: Any = "cpu", compilable: bool = False, scratch_dir: Any = None,
+                 storage_options: Mapping[str, Any] | None = None, codec: Any = "default",
+                 chunks: int | Mapping[str, int] | None = None,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES):
+        super().__init__(max_size, compilable=compilable, device=device)
+        self.compression_level = compression_level
+        if (compression_fn is None) != (decompression_fn is None):
+            raise ValueError("pass both compression_fn and decompression_fn, or neither")
+        self.compression_fn, self.decompression_fn = compression_fn, decompression_fn
+        self.custom = compression_fn is not None
+        preset = f"zstd:{compression_level}+crc32c"
+        if codec == "default":
+            codec = preset
+        elif isinstance(codec, Mapping) and "default" not in codec:
+            codec = {"default": preset, **codec}
+        self.default_codec, self.key_codecs = parse_codecs(codec)
+        owned = scratch_dir is None
+        if owned:
+            scratch_dir = f"memory://zstore-compressed/{uuid.uuid4().hex}"
+        self.spec = StoreSpec.parse(scratch_dir, storage_options)
+        self.scratch_dir = self.spec.url
+        self.chunks = chunks
+        self.cache_bytes = int(cache_bytes)
+        self._finalizer = weakref.finalize(self, _delete_store, self.spec) if owned else None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._len = 0
+        self._kind: str | None = None          # "tensor" | "tensordict"
+        self._tensorclass: type | None = None
+        self._dtypes: dict[str, torch.dtype] = {}
+        self._fixed: dict[str, tuple[int, ...]] = {}   # key path -> item shape
+        self._ragged: dict[str, _Ragged] = {}
+        self._nodes: dict[str, int] = {}                # TensorDict node -> batch ndim (> 0)
+        self._table: LazyMemmapStorage | None = None
+        self._table_gen = 0
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def codec_of(self, path: str) -> CodecSpec:
+        """The codec preset of key ``path``."""
+        return self.key_codecs.get(path, self.default_codec)
+
+    def _lms(self, name: str, capacity: int, codec: CodecSpec) -> LazyMemmapStorage:
+        """An inner LazyMemmapStorage at ``<url>/<name>`` (ragged parts: default chunking)."""
+        return LazyMemmapStorage(capacity, scratch_dir=f"{self.spec.url}/{name}",
+                                 storage_options=self.spec.storage_options, codec=codec,
+                                 cache_bytes=self.cache_bytes, auto_cleanup=False)
+
+    def _new_table(self) -> LazyMemmapStorage | None:
+        columns = {p: True for p in self._fixed}
+        columns.update({_batch_column(node): True for node in self._nodes})
+        if not columns:
+            return None
+        self._table_gen += 1
+        chunks = self.chunks
+        return LazyMemmapStorage(
+            self.max_size, scratch_dir=f"{self.spec.url}/items-{self._table_gen}",
+            storage_options=self.spec.storage_options,
+            codec={"default": self.default_codec,
+                   **{p: c for p, c in self.key_codecs.items() if p in self._fixed}},
+            chunks={p: c for p, c in chunks.items() if p in self._fixed}
+            if isinstance(chunks, Mapping) else chunks,
+            cache_bytes=self.cache_bytes, auto_cleanup=False)
+
+    # -- items <-> columns ------------------------------------------------------------------
+    def _flatten(self, data: Any, lead: int) -> tuple[dict[str, torch.Tensor], dict[str, tuple]]:
+        """``({key path: tensor}, {node: batch dims after lead})`` of an item or a batch."""
+        if isinstance(data, torch.Tensor):
+            return {SINGLE_TENSOR_KEY: data}, {}
+        if not is_tensor_collection(data):
+            raise TypeError(f"{type(self).__name__} stores tensors, TensorDicts and tensorclasses; "
+                            f"got {type(data).__name__} (use ListStorage for arbitrary objects)")
+        td = data._tensordict if is_tensorclass(data) else data
+        leaves = _flat_leaves(td)
+        for path, value in leaves.items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"key {path!r}: {type(self).__name__} stores tensors only, got "
+                                f"{type(value).__name__}")
+            key_to_path(tuple(path.split("/")))
+        nodes = {_ROOT: tuple(td.batch_size[lead:])}
+        for key in td.keys(include_nested=True):
+            sub = td.get(key)
+            if is_tensor_collection(sub):
+                key = (key,) if isinstance(key, str) else key
+                nodes["/".join(key)] = tuple(sub.batch_size[lead:])
+        return leaves, {node: b for node, b in nodes.items() if b}
+
+    def _first(self, leaves: dict[str, torch.Tensor], nodes: dict[str, tuple], data: Any,
+               lead: int) -> None:
+        self._kind = "tensor" if isinstance(data, torch.Tensor) else "tensordict"
+        self._tensorclass = type(data) if is_tensorclass(data) else None
+        unknown = sorted(set(self.key_codecs) - set(leaves))
+        if unknown:
+            raise MissingKeyError(f"codec names key(s) {unknown} the data does not have "
+                                  f"(keys: {sorted(leaves)})")
+        self._dtypes = {p: v.dtype for p, v in leaves.items()}
+        self._nodes = {node: len(b) for node, b in nodes.items()}
+        if self.custom:
+            for path, value in leaves.items():
+                self._ragged[path] = None  # created with the first payload
+        else:
+            self._fixed = {p: tuple(v.shape[lead:]) for p, v in leaves.items()}
+        self._table = self._new_table()
+
+    def _check(self, leaves: dict[str, torch.Tensor], nodes: dict[str, tuple], lead: int) -> None:
+        if set(leaves) != set(self._dtypes):
+            missing, extra = set(self._dtypes) - set(leaves), set(leaves) - set(self._dtypes)
+            raise MissingKeyError(f"item keys differ from the storage's: missing {sorted(missing)}, "
+                                  f"unknown {sorted(extra)} (keys are fixed by the first item)")
+        for path, value in leaves.items():
+            if value.dtype != self._dtypes[path]:
+                raise SchemaError(f"key {tuple(path.split('/'))!r}: dtype {value.dtype} does not "
+                                  f"match the storage's {self._dtypes[path]}")
+        if {n: len(b) for n, b in nodes.items()} != self._nodes:
+            raise SchemaError(f"batch dims {nodes} differ in number from the storage's "
+                              f"{self._nodes} (TensorDict node -> batch ndim)")
+        for path, shape in list(self._fixed.items()):
+            value = leaves[path]
+            if tuple(value.shape[lead:]) != shape:
+                if value.ndim - lead != len(shape):
+                    raise SchemaError(f"key {tuple(path.split('/'))!r}: items with {len(shape)} "
+                                      f"dims cannot take one with {value.ndim - lead}")
+                self._make_ragged(path, tuple(value.shape[lead + 1:]) == shape[1:])
+        for path, ragged in self._ragged.items():
+            if ragged is not None and not self.custom and leaves[path].ndim - lead != ragged.ndim:
+                raise SchemaError(f"key {tuple(path.split('/'))!r}: items with {ragged.ndim} dims "
+                                  f"cannot take one with {leaves[path].ndim - lead}")
+
+    def _make_ragged(self, path: str, keep_trailing: bool) -> None:
+        """Move key ``path`` from the items table to the ragged layout (a one-off copy)."""
+        shape = self._fixed.pop(path)
+        n = self._len
+        old = self._table
+        ragged = _Ragged(self, path, self._dtypes[path], shape[1:] if keep_trailing else (),
+                         len(shape), None)
+        self._ragged[path] = ragged
+        self._table = self._new_table()
+        ragged.values = ragged._new_values(64)
+        for start in range(0, n, _PIECE):
+            rows = torch.arange(start, min(n, start + _PIECE))
+            columns = old.table.read(rows)
+            ragged.write(rows, list(columns.pop(path)))
+            if self._table is not None:
+                self._table.set(rows, self._table_td(columns, len(rows)))
+        if old is not None:
+            old.cleanup()
+
+    def _table_td(self, columns: Mapping[str, torch.Tensor], n: int) -> TensorDict:
+        return TensorDict({tuple(p.split("/")): v for p, v in columns.items()}, batch_size=[n])
+
+    def _write_batch(self, rows: torch.Tensor, data: Any, lead: int) -> None:
+        """Write a batch (``lead == 1``) or one item (``lead == 0``) at ``rows``."""
+        data = self._move(data)
+        leaves, nodes = self._flatten(data, lead)
+        if lead == 0:
+            leaves = {p: v.unsqueeze(0) for p, v in leaves.items()}
+        n = len(rows)
+        if self._kind is None:
+            self._first(leaves, nodes, data, 1)
+        else:
+            self._check(leaves, nodes, 1)
+        columns = {p: leaves[p] for p in self._fixed}
+        for node, batch in nodes.items():
+            columns[_batch_column(node)] = torch.tensor(batch, dtype=torch.int64).expand(n, -1)
+        for path in self._ragged:
+            items = list(leaves[path].unbind(0))
+            shapes = None
+            if self.custom:
+                shapes = [tuple(t.shape) for t in items]
+                items = [self.compression_fn(t).reshape(-1) for t in items]
+            ragged = self._ragged[path]
+            if ragged is None:
+                ragged = self._ragged[path] = _Ragged(self, path, items[0].dtype, (), 1,
+                                                      leaves[path].ndim - 1)
+            ragged.write(rows, items, shapes)
+        if self._table is not None:
+            self._table.set(rows, self._table_td(columns, n))
+
+    # -- reads --------------------------------------------------------------------------------
+    def _read(self, rows: torch.Tensor) -> ItemList:
+        n = len(rows)
+        columns = self._table.table.read(rows) if self._table is not None else {}
+        node_batches = {node: columns.pop(_batch_column(node)) for node in self._nodes}
+        same = all(bool((b == b[:1]).all()) for b in node_batches.values())
+        if not self._ragged and same:
+            batch = self._assemble(columns, {node: tuple(b[0].tolist()) if n else ()
+                                             for node, b in node_batches.items()}, (n,))
+            out = ItemList(batch.unbind(0) if n else [])
+            out.batch = batch
+            return out
+        ragged = {}
+        for path, rg in self._ragged.items():
+            values, item_shapes = rg.read(rows)
+            if self.custom:
+                values = [self.decompression_fn(v, {"type": "tensor", "shape": torch.Size(s),
+                                                     "dtype": self._dtypes[path],
+                                                     "device": torch.device("cpu")})
+                          for v, s in zip(values, item_shapes)]
+            ragged[path] = values
+        out = ItemList()
+        for k in range(n):
+            item = {p: c[k] for p, c in columns.items()}
+            item.update({p: v[k] for p, v in ragged.items()})
+            out.append(self._assemble(item, {node: tuple(b[k].tolist())
+                                             for node, b in node_batches.items()}, ()))
+        return out
+
+    def _assemble(self, leaves: Mapping[str, torch.Tensor], nodes: Mapping[str, tuple],
+                  lead: tuple[int, ...]) -> Any:
+        device = self.device if self.device not in (None, "auto") else None
+        if self._kind == "tensor":
+            value = leaves[SINGLE_TENSOR_KEY]
+            return value.to(device) if device is not None else value
+        tree: dict = {}
+        for path, value in leaves.items():
+            node = tree
+            parts = path.split("/")
+            for part in parts[:-1]:
+                node = node.setdefault(part, {})
+            node[parts[-1]] = value
+
+        def make(node: dict, prefix: str) -> TensorDict:
+            for key, value in node.items():
+                if isinstance(value, dict):
+                    node[key] = make(value, f"{prefix}{key}/")
+            batch = nodes.get(prefix.rstrip("/") or _ROOT, ())
+            return TensorDict._new_unsafe(node, batch_size=torch.Size((*lead, *batch)))
+
+        td = make(tree, "")
+        if device is not None:
+            td = td.to(device)
+        if self._tensorclass is not None:
+            return self._tensorclass.from_tensordict(td)
+        return td
+
+    def _rows(self, index: Any) -> torch.Tensor:
+        rows = torch.as_tensor(index if not isinstance(index, range) else list(index))
+        rows = rows.to("cpu", torch.int64).reshape(-1)
+        if rows.numel():
+            bad = (rows >= self._len) | (rows < -self._len)
+            if bool(bad.any()):
+                raise IndexError(f"Index {int(rows[bad][0])} out of bounds or not set")
+            rows = torch.remainder(rows, self._len)
+        return rows
+
+    # -- the contract ---------------------------------------------------------------------------
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        index = _as_int(cursor)
+        if index is not None:
+            self._write_positions([index], data, single=True)
+        elif isinstance(cursor, slice):
+            positions = list(range(*cursor.indices(self._len)))
+            items = data if isinstance(data, (list, tuple)) else \
+                [data[i] for i in range(min(len(positions), len(data)))]
+            for position, item in zip(positions, items):
+                self._write_positions([position], item, single=True, bump=False)
+            self._bump_mutation_revision()
+        else:
+            if not isinstance(data, (list, tuple, torch.Tensor, range, set, np.ndarray)) \
+                    and not is_tensor_collection(data):
+                raise TypeError(
+                    f"Cannot extend a {type(self)} with data of type {type(data)}. Provide a list, "
+                    "tuple, set, range, np.ndarray, tensor or tensordict subclass instead.")
+            if isinstance(cursor, (torch.Tensor, np.ndarray)):
+                cursor = cursor.reshape(-1).tolist()
+            cursor = list(cursor)
+            if isinstance(data, torch.Tensor) or is_tensor_collection(data):
+                if len(cursor) != len(data):
+                    raise ValueError(f"zip() argument 2 is longer or shorter than argument 1: "
+                                     f"{len(cursor)} cursors for {len(data)} items")
+                self._write_positions(cursor, data, single=False)
+            else:
+                for position, item in zip(cursor, data, strict=True):
+                    self._write_positions([position], item, single=True)
+
+    def _write_positions(self, positions: list, data: Any, single: bool, bump: bool = True) -> None:
+        """Check cursors as ListStorage does, then write; one revision per element."""
+        length = self._len
+        checked = []
+        for position in positions:
+            position = int(position)
+            if position > length:
+                raise RuntimeError(
+                    "Cannot append data located more than one item away from the storage size: "
+                    f"the storage size is {length} and the index of the item to be set is {position}.")
+            if position >= self.max_size:
+                raise RuntimeError(
+                    f"Cannot append data to the list storage: maximum capacity is {self.max_size} "
+                    f"and the index of the item to be set is {position}.")
+            if position < 0:
+                if position < -length:
+                    raise IndexError(f"Index {position} out of bounds or not set")
+                position += length
+            length += position == length
+            checked.append(position)
+        if not checked:
+            return
+        self._write_batch(torch.tensor(checked), data, 0 if single else 1)
+        self._len = length
+        if bump:
+            self._revision += len(checked)
+
+    def get(self, index: Any) -> Any:
+        if isinstance(index, tuple):
+            if len(index) != 1:
+                raise RuntimeError(f"{type(self).__name__} can only be indexed with one-length tuples.")
+            index = index[0]
+        as_int = _as_int(index)
+        if as_int is not None:
+            if not -self._len <= as_int < self._len:
+                raise IndexError(f"Index {as_int} out of bounds or not set")
+            return self._read(torch.tensor([as_int % self._len]))[0]
+        if isinstance(index, slice):
+            return self._read(torch.arange(self._len)[index])
+        return self._read(self._rows(index))
+
+    def __len__(self) -> int:
+        return self._len
+
+    def contains(self, item: Any) -> Any:
+        if isinstance(item, int) and not isinstance(item, bool):
+            return 0 <= item < self._len
+        if isinstance(item, torch.Tensor):
+            return (item >= 0) & (item < self._len)
+        raise NotImplementedError(f"type {type(item)} is not supported yet.")
+
+    def _empty(self) -> None:
+        self._drop_arrays()
+        self._reset()
+        self._bump_mutation_revision()
+
+    def _drop_arrays(self) -> None:
+        if self._table is not None:
+            self._table.cleanup()
+        for ragged in self._ragged.values():
+            if ragged is not None:
+                ragged.cleanup()
+
+    def cleanup(self) -> None:
+        """Delete every array of this storage (the storage is then empty)."""
+        self._empty()
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def flush(self) -> None:
+        """Store every written chunk and commit (so ``nbytes`` and other readers see them)."""
+        if self._table is not None:
+            self._table.flush()
+        for ragged in self._ragged.values():
+            if ragged is not None:
+                ragged.flush()
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"_storage": [items]}``: decoded items (tensors / TensorDicts)."""
+        items = self.get(slice(None)) if self._len else []
+        return {"_storage": [x.clone() for x in items]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Replace the content with the items of :meth:`state_dict`."""
+        items = state_dict["_storage"]
+        self._empty()
+        for item in items:
+            if isinstance(item, dict):
+                item = TensorDict(item, batch_size=[])
+            self._write_positions([self._len], item, single=True, bump=False)
+        self._bump_mutation_revision()
+
+    # -- sizes ----------------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        """Bytes stored (every object under the storage's URL, after a flush)."""
+        if self._kind is None:
+            return 0
+        self.flush()
+        return _stored_bytes(self.spec)
+
+    @property
+    def raw_nbytes(self) -> int:
+        """Bytes the items take uncompressed."""
+        total = 0
+        if self._table is not None:
+            total += self._len * sum(math.prod(s) * self._dtypes[p].itemsize
+                                     for p, s in self._fixed.items())
+        for path, ragged in self._ragged.items():
+            if ragged is not None and self._len:
+                index = ragged.index.table.read(torch.arange(self._len))
+                shapes = index["item_shape" if self.custom else "shape"]
+                nd = ragged.item_ndim if self.custom else ragged.ndim
+                total += int(shapes[:, :nd].prod(-1).sum()) * self._dtypes[path].itemsize
+        return total
+
+    @property
+    def compression_ratio(self) -> float:
+        """Raw item bytes / stored bytes (0.0 when empty)."""
+        stored = self.nbytes
+        return self.raw_nbytes / stored if stored else 0.0
+
+    def bytes(self) -> int:
+        """Stored bytes, as TorchRL's ``bytes()`` (warns and returns 0 when empty)."""
+        if not self._len:
+            warnings.warn("Compressed storage is empty, returning 0 bytes.")
+            return 0
+        return self.nbytes
+
+    @property
+    def cache_stats(self) -> CacheStats:
+        """Hot-chunk cache counters summed over the storage's tables."""
+        total = CacheStats()
+        parts = [self._table] + [p for r in self._ragged.values() if r is not None
+                                 for p in (r.index, r.values)]
+        for part in parts:
+            stats = part.cache_stats if part is not None and part.initialized else None
+            if stats is not None:
+                for name in vars(total):
+                    setattr(total, name, getattr(total, name) + getattr(stats, name))
+        return total
+
+    def __repr__(self) -> str:
+        if self._kind is None:
+            return f"{type(self).__name__}(url={self.spec.redacted()}, <empty>, max_size={self.max_size})"
+        keys = [f"{p}: {str(self._dtypes[p]).removeprefix('torch.')}{list(s)}"
+                for p, s in self._fixed.items()]
+        keys += [f"{p}: {str(self._dtypes[p]).removeprefix('torch.')} ragged"
+                 for p in self._ragged]
+        codecs = str(self.default_codec) if not self.custom else "custom compression_fn"
+        if self.key_codecs:
+            codecs += f" ({', '.join(f'{p}: {c}' for p, c in self.key_codecs.items())})"
+        stored = self.nbytes
+        return (f"{type(self).__name__}(\n    url={self.spec.redacted()},\n    keys=[{', '.join(keys)}],\n"
+                f"    len={len(self)}, max_size={self.max_size}, codec={codecs},\n"
+                f"    nbytes={stored}, compression_ratio={self.raw_nbytes / max(1, stored):.1f})")
