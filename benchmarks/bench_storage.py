@@ -238,7 +238,8 @@ class TorchRLBackend:
 class ZarrWriteBackend:
     """Plain zarr-python arrays written by slice assignment (local copy for the reads)."""
 
-    def __init__(self, name: str, root: str, example: TensorDict, capacity: int, chunk_rows: int):
+    def __init__(self, name: str, root: str, example: TensorDict, capacity: int,
+                 chunk_rows: dict[str, int]):
         self.name = name
         self.group = zarr.open_group(root, mode="w")
         self.paths = leaf_paths(example)
@@ -246,7 +247,7 @@ class ZarrWriteBackend:
         for path, key in self.paths.items():
             v = example[key]
             self.arrays[path] = self.group.create_array(
-                path, shape=(capacity, *v.shape[1:]), chunks=(chunk_rows, *v.shape[1:]),
+                path, shape=(capacity, *v.shape[1:]), chunks=(chunk_rows[path], *v.shape[1:]),
                 dtype=v.numpy().dtype, compressors=None, fill_value=0)
         self.cursor = 0
 
@@ -333,9 +334,10 @@ def make_writers(data: TensorDict, where: dict, s3: S3Server | None, tag: str, c
     ]
     if s3 is not None:
         kw: dict[str, Any] = {}
-        if s3_shard_rows is not None:
-            chunk_rows = zstore.codecs.default_chunk_rows(row_width(data), capacity)
-            kw = {"chunks": chunk_rows, "shards": s3_shard_rows or chunk_rows}
+        if s3_shard_rows is not None:  # 0: unsharded, with zstore's default chunk per key
+            chunk_rows = default_chunks(data, capacity)
+            kw = {"chunks": chunk_rows,
+                  "shards": s3_shard_rows or chunk_rows}
         out.append(ZStoreBackend("zstore s3", f"s3://{s3.bucket}/{tag}-{uuid.uuid4().hex[:6]}",
                                  s3.options, capacity, **kw))
     out += [
@@ -345,9 +347,16 @@ def make_writers(data: TensorDict, where: dict, s3: S3Server | None, tag: str, c
         TorchRLBackend("torchrl CompressedList", lambda: CompressedListStorage(capacity), capacity),
     ]
     if with_zarr:
-        chunk_rows = zstore.codecs.default_chunk_rows(row_width(data), capacity)
-        out.append(ZarrWriteBackend("zarr local", f"{local}/zarr-{tag}", data[:1], capacity, chunk_rows))
+        out.append(ZarrWriteBackend("zarr local", f"{local}/zarr-{tag}", data[:1], capacity,
+                                    default_chunks(data, capacity)))
     return out
+
+
+def default_chunks(td: TensorDict, capacity: int) -> dict[str, int]:
+    """zstore's default rows per chunk of every key (about 1 MiB of that key)."""
+    return {path: zstore.codecs.default_chunk_rows(td[key][0].numel() * td[key].element_size(),
+                                                   capacity)
+            for path, key in leaf_paths(td[:1]).items()}
 
 
 def row_width(td: TensorDict) -> int:
@@ -515,7 +524,10 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
     for w in writers:
         if isinstance(w, ZStoreBackend):
             meta = w.storage._meta
-            layout[w.name] = {"chunk_rows": meta.chunk_rows, "shard_rows": meta.shard_rows,
+            widest = max(meta.schema.leaves, key=lambda leaf: leaf.row_bytes).path
+            chunk_rows, shard_rows = meta.layout[widest]
+            layout[w.name] = {"chunk_rows": chunk_rows, "shard_rows": shard_rows,
+                              "per_key": {p: list(c) for p, c in meta.layout.items()},
                               "codec": str(meta.codec)}
     result["layout"] = layout
     trl_readers = {w.name: w.get for w in writers if isinstance(w, TorchRLBackend)}
@@ -645,7 +657,7 @@ def print_report(results: dict[str, Any]) -> None:
     print("per-op: median for reads, mean (total incl. final flush / ops) for extend and add")
     for wname, wl in results["workloads"].items():
         print(f"\n## {wname}: {wl['n']} transitions x {wl['row_bytes']} B = {wl['total_mb']:.0f} MB   "
-              f"layout: " + ", ".join(f"{k}: chunk {v['chunk_rows']} rows, shard {v['shard_rows']}"
+              f"layout (widest key): " + ", ".join(f"{k}: chunk {v['chunk_rows']} rows, shard {v['shard_rows']}"
                                       for k, v in wl["layout"].items()))
         head = f"{'operation':<16} {'backend':<24} {'per-op':>11} {'median':>11} {'p25-p75 (ms)':>17} " \
                f"{'items/s':>10} {'MB/s':>8} {'n':>4}"

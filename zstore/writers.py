@@ -8,7 +8,6 @@ never wrapping). :class:`ImmutableDatasetWriter` refuses every write.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 

@@ -17,7 +17,6 @@ import torch
 from tensordict import (
     LazyStackedTensorDict,
     TensorDict,
-    TensorDictBase,
     is_tensor_collection,
     is_tensorclass,
 )
