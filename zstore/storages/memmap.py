@@ -11,14 +11,12 @@ sees exactly the committed rows.
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import tempfile
 import time
 import weakref
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 from tensordict import is_tensor_collection, is_tensorclass
 
