@@ -1,0 +1,135 @@
+"""zstore CompressedListStorage vs TorchRL's CompressedListStorage on Atari-like frame stacks.
+
+Run (from the repository root, in the project's virtual environment)::
+
+    python benchmarks/bench_compressed.py              # 5000 transitions, ~2 min on 2 cores
+    python benchmarks/bench_compressed.py --n 2000 --repeats 5
+
+Both storages use their defaults. Data: ``make_atari`` from ``bench_storage.py``
+(4-frame stacks of a scrolling textured background with a bouncing ball and
+paddles, plus ``next/pixels``, action, reward, done flags). Measured, medians of
+``--repeats`` rounds: stored bytes (and the ratio to raw), extend in batches of
+1000 (``storage.set(range, batch)``), random sampling of 256 through
+``storage.get`` and, for TorchRL, through ``ReplayBuffer(batch_size=256).sample()``;
+for zstore through ``get`` + :func:`zstore.stack_items` (its collate). Also the
+flat case TorchRL compresses best: items that are plain ``pixels`` tensors.
+Writes benchmarks/results/compressed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import zstore  # noqa: E402
+from bench_storage import make_atari  # noqa: E402
+
+BATCH, EXTEND = 256, 1000
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def fill(storage, data) -> float:
+    """Extend in batches of EXTEND; mean seconds per batch."""
+    times = []
+    for start in range(0, len(data), EXTEND):
+        stop = min(len(data), start + EXTEND)
+        times.append(timed(lambda: storage.set(range(start, stop), data[start:stop])))
+    return statistics.mean(times)
+
+
+def stored_bytes(storage) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return storage.bytes()
+
+
+def run(kind: str, data, repeats: int, seed: int) -> dict:
+    from torchrl.data import CompressedListStorage as TorchRLCompressed
+    from torchrl.data import ReplayBuffer
+
+    leaves = [data] if isinstance(data, torch.Tensor) else data.values(True, True)
+    raw = sum(v.numel() * v.element_size() for v in leaves)
+    rows = {}
+    for name in ("torchrl", "zstore"):
+        extend, sizes = [], []
+        for _ in range(max(1, repeats // 3)):
+            cls = TorchRLCompressed if name == "torchrl" else zstore.CompressedListStorage
+            storage = cls(len(data))
+            extend.append(fill(storage, data))
+            sizes.append(stored_bytes(storage))
+        gen = torch.Generator().manual_seed(seed)
+        get_t, sample_t = [], []
+        rb = ReplayBuffer(storage=storage, batch_size=BATCH) if name == "torchrl" else None
+        for r in range(repeats + 1):
+            idx = torch.randint(0, len(data), (BATCH,), generator=gen)
+            if name == "torchrl":
+                t_get = timed(lambda: torch.stack(storage.get(idx)))
+                t_sample = timed(rb.sample)
+            else:
+                t_get = timed(lambda: zstore.stack_items(storage.get(idx)))
+                t_sample = t_get
+                if r == 0:
+                    got = zstore.stack_items(storage.get(idx))
+                    assert (got == data[idx]).all(), "zstore sample differs from the data"
+            if r:  # round 0 warms up
+                get_t.append(t_get)
+                sample_t.append(t_sample)
+        rows[name] = {"stored_bytes": statistics.median(sizes), "ratio_to_raw": raw / statistics.median(sizes),
+                      "extend_1000_s": statistics.median(extend), "get_256_s": statistics.median(get_t),
+                      "sample_256_s": statistics.median(sample_t),
+                      "sample_items_per_s": BATCH / statistics.median(sample_t)}
+    t, z = rows["torchrl"], rows["zstore"]
+    rows["zstore_vs_torchrl"] = {"size": t["stored_bytes"] / z["stored_bytes"],
+                                 "sample": t["sample_256_s"] / z["sample_256_s"],
+                                 "get": t["get_256_s"] / z["get_256_s"],
+                                 "extend": t["extend_1000_s"] / z["extend_1000_s"]}
+    rows["raw_bytes"] = raw
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=5000, help="transitions")
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=str(HERE / "results" / "compressed.json"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    td = make_atari(args.n, args.seed)
+    results = {"n": args.n, "repeats": args.repeats, "torch": torch.__version__,
+               "workloads": {"transitions (TensorDict)": run("td", td, args.repeats, args.seed),
+                             "flat pixels (tensor)": run("flat", td["pixels"], args.repeats, args.seed)}}
+    print(f"{'workload':26} {'backend':8} {'stored MB':>10} {'x raw':>7} {'extend 1000':>12} "
+          f"{'get 256':>9} {'sample 256':>11} {'items/s':>9}")
+    for workload, rows in results["workloads"].items():
+        for name in ("torchrl", "zstore"):
+            r = rows[name]
+            print(f"{workload:26} {name:8} {r['stored_bytes'] / 2**20:10.2f} {r['ratio_to_raw']:7.1f} "
+                  f"{r['extend_1000_s'] * 1e3:10.1f}ms {r['get_256_s'] * 1e3:7.1f}ms "
+                  f"{r['sample_256_s'] * 1e3:9.1f}ms {r['sample_items_per_s']:9.0f}")
+        ratio = rows["zstore_vs_torchrl"]
+        print(f"{workload:26} zstore/torchrl: {ratio['size']:.1f}x smaller, sample {ratio['sample']:.1f}x, "
+              f"get {ratio['get']:.1f}x, extend {ratio['extend']:.1f}x faster")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
