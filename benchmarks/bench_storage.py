@@ -458,7 +458,9 @@ def bench_cold(data: TensorDict, url: str, options: dict, label: str, cache_byte
                 check_equal(f"{op} / {label} cold", got, data, idx, paths, errors)
             s = storage.cache_stats
             stats.append({"loads": s.loads, "loaded_bytes": s.loaded_bytes, "misses": s.misses,
-                          "hits": s.hits, "resident_bytes": s.resident_bytes})
+                          "hits": s.hits, "resident_bytes": s.resident_bytes,
+                          "requests": s.requests, "fetched_bytes": s.fetched_bytes,
+                          "peak_in_flight": s.peak_in_flight})
             times.append(dt)
             opens.append(t_open)
             storage.close()
@@ -468,6 +470,10 @@ def bench_cold(data: TensorDict, url: str, options: dict, label: str, cache_byte
         med_bytes = statistics.median(x["loaded_bytes"] for x in stats)
         details[op] = {"open_s_median": statistics.median(opens), "loads_median": med_loads,
                        "loaded_bytes_median": med_bytes,
+                       "requests_median": statistics.median(x["requests"] for x in stats),
+                       "fetched_mb_per_s": statistics.median(x["fetched_bytes"] for x in stats)
+                       / MB / results[op]["median_s"],
+                       "peak_in_flight": max(x["peak_in_flight"] for x in stats),
                        "loaded_mb_per_s": med_bytes / MB / results[op]["median_s"], "per_repeat": stats}
     return results, details
 
@@ -531,10 +537,15 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
                               "codec": str(meta.codec)}
     result["layout"] = layout
     trl_readers = {w.name: w.get for w in writers if isinstance(w, TorchRLBackend)}
+    # like TorchRL's, zstore's local storage is sampled through the object that wrote it
+    # (its map is already faulted in); a fresh zstore.open of it is measured separately
+    local_writer = next(w for w in writers if w.name == "zstore local")
+    local_writer.storage.flush()
+    trl_readers["zstore local (mmap)"] = local_writer.storage.get
     for w in writers:
-        if isinstance(w, ZStoreBackend):
+        if isinstance(w, ZStoreBackend) and w is not local_writer:
             w.close()
-    keep = [w for w in writers if isinstance(w, TorchRLBackend)]
+    keep = [w for w in writers if isinstance(w, TorchRLBackend) or w is local_writer]
     del writers
     gc.collect()
 
@@ -552,9 +563,9 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
     fit = int(n * rb * 1.25) + 64 * MB
     readers: dict[str, Callable] = {}
     opened = {}
-    local = zstore.open(urls["zstore local"])
+    local = zstore.open(urls["zstore local"], mode="r")
     opened["zstore local"] = local
-    readers["zstore local (mmap)"] = local.get
+    readers["zstore local reopened"] = local.get
     warm_s, before = {}, {}
     for label, key, opts in (("memory://", "zstore memory://", {}),
                              ("s3", "zstore s3", s3.options if s3 else None)):
@@ -618,7 +629,8 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
 
 
 # ----------------------------------------------------------------------------- report
-ZSTORE_ROWS = ("zstore local", "zstore local (mmap)", "zstore memory://", "zstore memory:// warm",
+ZSTORE_ROWS = ("zstore local", "zstore local (mmap)", "zstore local reopened", "zstore memory://",
+               "zstore memory:// warm",
                "zstore memory:// cold", "zstore s3", "zstore s3 warm", "zstore s3 cold")
 ALTERNATIVES = ("torchrl LazyTensor", "torchrl LazyMemmap", "torchrl CompressedList",
                 "zarr local", "zarr memory://", "zarr s3")
@@ -682,7 +694,9 @@ def print_report(results: dict[str, Any]) -> None:
             for op, d in det.items():
                 print(f"cold {label:<9} {op:<14}: open {d['open_s_median'] * 1e3:.1f} ms, "
                       f"{d['loads_median']:.0f} chunk loads, {d['loaded_bytes_median'] / MB:.1f} MB "
-                      f"decoded, {d['loaded_mb_per_s']:.1f} MB/s")
+                      f"decoded, {d['loaded_mb_per_s']:.1f} MB/s; {d['requests_median']:.0f} "
+                      f"requests, up to {d['peak_in_flight']} in flight, "
+                      f"{d['fetched_mb_per_s']:.1f} MB/s fetched")
         for key, c in wl.get("warm_cache_stats", {}).items():
             print(f"warm cache {key}: {c['hits']} hits, {c['misses']} misses during sampling "
                   f"(hit rate {c['hit_rate']:.3f}), {c['resident_mb']:.0f} MB resident")

@@ -22,7 +22,7 @@ import zarr
 from zarr.core.sync import sync
 
 from .cache import ChunkCache
-from .chunkio import MAX_IN_FLIGHT, ColumnReader
+from .chunkio import MAX_IN_FLIGHT, ColumnReader, Throttle
 from .dtypes import compute_dtype, from_numpy, from_storage, storage_numpy_dtype, to_storage
 from .errors import CorruptChunkError
 from .group import checked_array
@@ -90,9 +90,10 @@ class BlockGroup:
             return await asyncio.gather(*[self.arrays[leaf.path].getitem(slice(*self._span(b)))
                                           for b in blocks])
 
+        throttle = Throttle(MAX_IN_FLIGHT)
+
         async def run():
-            limit = asyncio.Semaphore(MAX_IN_FLIGHT)
-            return await asyncio.gather(*[column(leaf, limit) for leaf in self.leaves],
+            return await asyncio.gather(*[column(leaf, throttle) for leaf in self.leaves],
                                         return_exceptions=True)
 
         out = {}
@@ -104,8 +105,12 @@ class BlockGroup:
                     f"cannot read chunks {blocks[:8]}{'...' if len(blocks) > 8 else ''} of key "
                     f"{leaf.path!r} in {self.where}: {type(result).__name__}: {result}") from result
             out[leaf.path] = result
-        self.cache.stats.loads += len(blocks)
-        self.cache.stats.loaded_bytes += len(blocks) * self.cache.block_bytes
+        stats = self.cache.stats
+        stats.loads += len(blocks)
+        stats.loaded_bytes += len(blocks) * self.cache.block_bytes
+        stats.requests += throttle.requests
+        stats.fetched_bytes += throttle.bytes
+        stats.peak_in_flight = max(stats.peak_in_flight, throttle.peak)
         return out
 
     def _store(self, spans: list[tuple[int, int]], data: dict[str, list[np.ndarray]]) -> None:
@@ -241,6 +246,38 @@ class BlockGroup:
         self.cache.mark_dirty(slots)
         self.high_water = max(self.high_water, int(urows[-1]) + 1)
         self._store_completed(urows)
+
+    def write_span(self, first: int, values: Mapping[str, torch.Tensor]) -> None:
+        """Write ``values[path][i]`` to row ``first + i`` (an extend): slice copies per block."""
+        n = len(next(iter(values.values())))
+        stop = first + n
+        first_block, last_block = first // self.R, (stop - 1) // self.R
+        blocks = torch.arange(first_block, last_block + 1)
+        if len(blocks) > self.cache.n_slots - self.cache.n_dirty:
+            self._persist(self.cache.dirty_blocks())
+            if len(blocks) > self.cache.n_slots:
+                rows = torch.arange(first, stop)
+                self._write_in_rounds(rows, torch.arange(n), values, blocks,
+                                      torch.div(rows, self.R, rounding_mode="floor") - first_block)
+                return
+        slots = self.cache.slot_of[blocks]
+        miss = slots < 0
+        if bool(miss.any()):
+            starts = torch.clamp(blocks * self.R, min=first)
+            ends = torch.clamp((blocks + 1) * self.R, max=min(stop, self.rows))
+            spans = torch.clamp(self.rows - blocks * self.R, max=self.R)
+            partial = (ends - starts) < spans
+            slots[miss] = self._load(blocks[miss], slots[~miss], partial[miss])
+        self.cache.touch(slots)
+        for leaf in self.leaves:
+            value = to_storage(values[leaf.path]).to(self.device)
+            slab = self.cache.slabs[leaf.path]
+            for block, slot in zip(range(first_block, last_block + 1), slots.tolist()):
+                lo, hi = max(first, block * self.R), min(stop, (block + 1) * self.R)
+                slab[slot, lo - block * self.R: hi - block * self.R].copy_(value[lo - first: hi - first])
+        self.cache.mark_dirty(slots)
+        self.high_water = max(self.high_water, stop)
+        self._store_completed(torch.arange(first, stop))
 
     def write_row(self, row: int, values: Mapping[str, torch.Tensor]) -> None:
         """One-row write (``add``): no sorting, one copy per key."""

@@ -89,7 +89,9 @@ class CacheStats:
 
     ``hits`` / ``misses`` count lookups (a row read from a cached block is a hit;
     a block that had to be loaded is a miss); ``loads`` and the byte counters
-    count blocks.
+    count blocks (``loaded_bytes`` decoded, ``fetched_bytes`` as stored);
+    ``requests`` counts store requests and ``peak_in_flight`` the most that
+    were in flight at once.
     """
 
     hits: int = 0
@@ -100,6 +102,9 @@ class CacheStats:
     loaded_bytes: int = 0
     resident_bytes: int = 0
     capacity_bytes: int = 0
+    requests: int = 0
+    fetched_bytes: int = 0
+    peak_in_flight: int = 0
 
     @property
     def hit_rate(self) -> float:

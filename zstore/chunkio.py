@@ -12,6 +12,7 @@ metadata names. Arrays whose codecs it does not know fall back to zarr.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from typing import Any, Callable
 
@@ -30,6 +31,29 @@ COALESCE_GAP = 1 << 20
 MAX_IN_FLIGHT = 64
 _EMPTY = np.uint64(2**64 - 1)
 _PROTOTYPE = default_buffer_prototype()
+
+
+class Throttle:
+    """At most ``limit`` requests in flight; counts requests, bytes and peak concurrency."""
+
+    def __init__(self, limit: int = MAX_IN_FLIGHT):
+        self._semaphore = asyncio.Semaphore(limit)
+        self.in_flight = 0
+        self.peak = 0
+        self.requests = 0
+        self.bytes = 0
+
+    @contextlib.asynccontextmanager
+    async def slot(self):
+        """Hold one of the ``limit`` request slots."""
+        async with self._semaphore:
+            self.in_flight += 1
+            self.requests += 1
+            self.peak = max(self.peak, self.in_flight)
+            try:
+                yield
+            finally:
+                self.in_flight -= 1
 
 
 def _checksum_stripper(where: Callable[[], str]) -> Callable[[bytes], bytes]:
@@ -140,10 +164,14 @@ class ColumnReader:
     def _key(self, chunk: int) -> str:
         return f"{self.path}/c/{chunk}{self.tail}"
 
-    async def _get(self, store: Store, key: str, byte_range, limit: asyncio.Semaphore):
-        async with limit:
+    async def _get(self, store: Store, key: str, byte_range, limit: "Throttle"):
+        async with limit.slot():
             buffer = await store.get(key, _PROTOTYPE, byte_range=byte_range)
-        return None if buffer is None else memoryview(buffer.as_numpy_array()).cast("B")
+        if buffer is None:
+            return None
+        payload = memoryview(buffer.as_numpy_array()).cast("B")
+        limit.bytes += len(payload)
+        return payload
 
     async def _shard_index(self, store: Store, shard: int, limit) -> np.ndarray | None:
         if shard not in self.indexes:
@@ -157,7 +185,7 @@ class ColumnReader:
             self.indexes[shard] = index
         return self.indexes[shard]
 
-    async def read(self, store: Store, blocks: list[int], limit: asyncio.Semaphore) -> list:
+    async def read(self, store: Store, blocks: list[int], limit: "Throttle") -> list:
         """Decoded ``[chunk_rows, ...]`` arrays for ``blocks`` (None where never written)."""
         if not self.sharded:
             payloads = await asyncio.gather(*[self._get(store, self._key(b), None, limit)

@@ -32,6 +32,16 @@ from .group import checked_array
 from .layout import Leaf
 
 
+def contiguous_start(rows: torch.Tensor) -> int | None:
+    """The first row if ``rows`` is ``first, first + 1, ...`` (an extend without wrap), else None."""
+    first = int(rows[0])
+    if int(rows[-1]) - first != len(rows) - 1:
+        return None
+    if len(rows) > 2 and not bool((rows[1:] - rows[:-1] == 1).all()):
+        return None
+    return first
+
+
 def _positions_of_last(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Unique rows and, for each, the position of its last occurrence (last write wins)."""
     uniq, inverse = torch.unique(rows, return_inverse=True)
@@ -133,7 +143,9 @@ class ChunkedTable(Table):
         total = CacheStats()
         for g in self.groups:
             for field in dataclasses.fields(CacheStats):
-                setattr(total, field.name, getattr(total, field.name) + getattr(g.cache.stats, field.name))
+                combine = max if field.name == "peak_in_flight" else int.__add__
+                setattr(total, field.name, combine(getattr(total, field.name),
+                                                   getattr(g.cache.stats, field.name)))
         return total
 
     def read(self, rows: torch.Tensor, lanes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -146,8 +158,14 @@ class ChunkedTable(Table):
 
     def write(self, rows: torch.Tensor, values: Mapping[str, torch.Tensor]) -> None:
         self._check_writable()
-        urows, last = _positions_of_last(rows.to("cpu", torch.int64))
+        rows = rows.to("cpu", torch.int64)
         with self.lock:
+            first = contiguous_start(rows)
+            if first is not None:
+                for g in self.groups:
+                    g.write_span(first, values)
+                return
+            urows, last = _positions_of_last(rows)
             for g in self.groups:
                 g.write(urows, last, values)
 
@@ -235,6 +253,12 @@ class MmapTable(Table):
     def write(self, rows: torch.Tensor, values: Mapping[str, torch.Tensor]) -> None:
         self._check_writable()
         rows = rows.to("cpu", torch.int64)
+        first = contiguous_start(rows)
+        if first is not None:
+            for leaf in self.leaves:
+                self.maps[leaf.path][first:first + len(rows)].copy_(to_storage(values[leaf.path]))
+            self.high_water = max(self.high_water, first + len(rows))
+            return
         urows, last = _positions_of_last(rows)
         for leaf in self.leaves:
             value = to_storage(values[leaf.path])
