@@ -364,34 +364,30 @@ def row_width(td: TensorDict) -> int:
     return max(v[0].numel() * v.element_size() for v in td.values(True, True))
 
 
-def bench_extend(data: TensorDict, backends: list[Any]) -> dict[str, dict]:
-    """Fill every backend in batches of EXTEND_BATCH, interleaved batch by batch."""
+def bench_writes(backends: list[Any], batches, size: int, rb: int, op: str) -> dict[str, dict]:
+    """Time ``backend.<op>(batch)`` for every batch, interleaved backend by backend; the
+    final flush is added to the total (writes are spiky when a chunk fills)."""
     times: dict[str, list[float]] = {b.name: [] for b in backends}
-    for start in range(0, len(data), EXTEND_BATCH):
-        batch = data[start:start + EXTEND_BATCH]
+    for batch in batches:
         for b in backends:
-            times[b.name].append(timed(lambda: b.extend(batch))[0])
-    rb = row_bytes(data)
+            write = getattr(b, op)
+            times[b.name].append(timed(lambda: write(batch))[0])
     out = {}
     for b in backends:
         flush_s = timed(b.finish)[0]
-        out[b.name] = summarize(times[b.name], EXTEND_BATCH, rb, amortized=True, extra_total=flush_s)
+        out[b.name] = summarize(times[b.name], size, rb, amortized=True, extra_total=flush_s)
     return out
+
+
+def bench_extend(data: TensorDict, backends: list[Any]) -> dict[str, dict]:
+    """Fill every backend in batches of EXTEND_BATCH."""
+    batches = (data[start:start + EXTEND_BATCH] for start in range(0, len(data), EXTEND_BATCH))
+    return bench_writes(backends, batches, EXTEND_BATCH, row_bytes(data), "extend")
 
 
 def bench_add(data: TensorDict, backends: list[Any], n_add: int) -> dict[str, dict]:
-    """Single-transition adds, interleaved item by item."""
-    times: dict[str, list[float]] = {b.name: [] for b in backends}
-    for i in range(n_add):
-        item = data[i]
-        for b in backends:
-            times[b.name].append(timed(lambda: b.add(item))[0])
-    rb = row_bytes(data)
-    out = {}
-    for b in backends:
-        flush_s = timed(b.finish)[0]
-        out[b.name] = summarize(times[b.name], 1, rb, amortized=True, extra_total=flush_s)
-    return out
+    """Single-transition adds."""
+    return bench_writes(backends, (data[i] for i in range(n_add)), 1, row_bytes(data), "add")
 
 
 def random_index(n: int, gen: torch.Generator) -> torch.Tensor:
