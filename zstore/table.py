@@ -3,10 +3,11 @@
 Two implementations share one small interface (``read``, ``write``, ``flush``,
 ``prefetch``):
 
-* :class:`ChunkedTable` — any store, any codec. Row blocks (Zarr chunks along
-  dim 0) are fetched concurrently, decoded once into the :class:`ChunkCache`,
-  and gathered with ``index_select``. Writes land in the cache's slots and are
-  encoded and stored once per block (per shard when sharded).
+* :class:`ChunkedTable` — any store, any codec. Keys are grouped by chunk
+  layout into :class:`~zstore.blocks.BlockGroup` s: row blocks (Zarr chunks
+  along dim 0) are fetched concurrently, decoded once into the hot-chunk
+  cache and gathered with ``index_select``; writes land in the cache's slots
+  and are encoded and stored once per write unit (a chunk, or a shard).
 * :class:`MmapTable` — local, uncompressed, one chunk per column: the chunk
   files are memory-mapped and read/written in place, as TorchRL's memmap does.
 """
