@@ -239,3 +239,19 @@ def test_non_tensor_items_are_refused():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         CompressedListStorage(4)
+
+
+def test_items_are_the_batch_rows():
+    g = torch.Generator().manual_seed(3)
+    storage = CompressedListStorage(20)
+    batch = torch.stack([transition(i, g) for i in range(10)])
+    batch["traj"] = TensorDict(obs=torch.randn(10, 4, 2, generator=g), batch_size=[10, 4])
+    storage.set(torch.arange(10), batch)
+    items = storage.get(torch.tensor([7, 2, 7]))
+    assert isinstance(items, list) and len(items) == 3
+    for item, i in zip(items, (7, 2, 7)):
+        assert_same(item, batch[i])
+        assert item.device == torch.device("cpu") and item["traj"].batch_size == (4,)
+    assert items[0]["pixels"].data_ptr() == items.batch["pixels"][0].data_ptr()  # views
+    assert stack_items(items) is items.batch and items.batch.batch_size == (3,)
+    assert storage.get(torch.tensor([], dtype=torch.long)) == []
