@@ -107,9 +107,9 @@ def test_trailing_shape_change_goes_flat():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_every_dtype(dtype):
+def test_every_dtype(location, dtype):
     g = torch.Generator().manual_seed(2)
-    storage = CompressedListStorage(8)
+    storage = make_storage(location, 8)
     ref = [random_bits(dtype, (3, 2), g) for _ in range(3)] + [random_bits(dtype, (5, 2), g)]
     for i, x in enumerate(ref):
         storage.set(i, TensorDict(x=x, batch_size=[]))
@@ -117,21 +117,32 @@ def test_every_dtype(dtype):
         assert_same(got["x"], x)
 
 
-def test_custom_codec_pair():
-    calls = []
+def zlib_compress(t):
+    return torch.frombuffer(bytearray(zlib.compress(t.numpy().tobytes())), dtype=torch.uint8)
 
-    def compress(t):
-        return torch.frombuffer(bytearray(zlib.compress(t.numpy().tobytes())), dtype=torch.uint8)
 
+def zlib_decompress(payload, meta):
+    raw = zlib.decompress(payload.numpy().tobytes())
+    return torch.frombuffer(bytearray(raw), dtype=meta["dtype"]).reshape(meta["shape"])
+
+
+def zlib_pair(calls=None):
     def decompress(payload, meta):
         calls.append(meta)
-        raw = zlib.decompress(payload.numpy().tobytes())
-        return torch.frombuffer(bytearray(raw), dtype=meta["dtype"]).reshape(meta["shape"])
+        return zlib_decompress(payload, meta)
 
-    storage = CompressedListStorage(10, compression_fn=compress, decompression_fn=decompress)
+    return zlib_compress, decompress if calls is not None else zlib_decompress
+
+
+def test_custom_codec_pair(location):
+    calls = []
+    compress, decompress = zlib_pair(calls)
+    storage = make_storage(location, 10, compression_fn=compress, decompression_fn=decompress)
     data = TensorDict(a=torch.randn(4, 5), b=torch.arange(4), batch_size=[4])
     storage.set(torch.arange(4), data)
+    storage.set(4, TensorDict(a=torch.randn(7), b=torch.tensor(9)))  # another shape
     assert_same(stack_items(storage.get(torch.arange(4))), data)
+    assert storage[4]["a"].shape == (7,) and storage[4]["b"].item() == 9
     assert calls[0]["type"] == "tensor" and calls[0]["dtype"] in (torch.float32, torch.int64)
 
 

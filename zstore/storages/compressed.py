@@ -36,7 +36,7 @@ from tensordict._td import _StringOnlyDict
 
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats
 from ..codecs import CodecSpec, parse_codecs
-from ..errors import MissingKeyError, SchemaError
+from ..errors import CorruptChunkError, MissingKeyError, SchemaError
 from ..layout import SINGLE_TENSOR_KEY, _flat_leaves, key_to_path
 from ..store import StoreSpec
 from .list import ListStorage, _as_int
@@ -164,13 +164,13 @@ class _Ragged:
 
     def read(self, rows: torch.Tensor) -> tuple[list[torch.Tensor], list[tuple[int, ...]] | None]:
         """The stored tensors of ``rows`` (and the item shapes, for custom codecs)."""
-        index = self.index.table.read(rows)
+        index = self._part_read(self.index, rows, "index")
         starts, shapes = index["start"], index["shape"][:, : self.ndim]
         lengths = shapes.prod(-1) // max(1, self.unit_numel)
         if len(rows) and int(lengths.sum()):
             take = torch.repeat_interleave(starts - lengths.cumsum(0) + lengths, lengths) \
                 + torch.arange(int(lengths.sum()))
-            flat = self.values.table.read(take)[SINGLE_TENSOR_KEY]
+            flat = self._part_read(self.values, take, "values")[SINGLE_TENSOR_KEY]
         else:
             flat = torch.empty((0, *self.unit), dtype=self.dtype)
         parts = torch.split(flat, lengths.tolist())
@@ -179,6 +179,12 @@ class _Ragged:
         if self.item_ndim is not None:
             item_shapes = [tuple(s[: self.item_ndim]) for s in index["item_shape"].tolist()]
         return out, item_shapes
+
+    def _part_read(self, part: LazyMemmapStorage, rows: torch.Tensor, name: str) -> dict:
+        try:
+            return part.table.read(rows)
+        except CorruptChunkError as exc:  # name the user's key, not the inner array's
+            raise CorruptChunkError(f"key {self.path!r} ({name}): {exc}") from exc
 
     def regrow(self, extra: int, unit: tuple[int, ...] | None = None) -> None:
         """Copy the live items into a fresh ``values`` array (compacts; doubles the capacity)."""
@@ -380,7 +386,7 @@ class CompressedListStorage(ListStorage):
                          len(shape), None)
         self._ragged[path] = ragged
         self._table = self._new_table()
-        ragged.values = ragged._new_values(64)
+        ragged.values = ragged._new_values(max(64, 2 * n * math.prod(shape) // max(1, ragged.unit_numel)))
         for start in range(0, n, _PIECE):
             rows = torch.arange(start, min(n, start + _PIECE))
             columns = old.table.read(rows)
