@@ -3,6 +3,8 @@ items, nested keys, every dtype, on memory:// / local / S3; errors; codecs; corr
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import pickle
 import warnings
 import zlib
 from pathlib import Path
@@ -14,6 +16,7 @@ from tensordict import TensorDict
 
 import zstore
 from zstore import CompressedListStorage, stack_items
+from zstore.layout import SINGLE_TENSOR_KEY
 
 from test_interop import DTYPES, bits, random_bits
 
@@ -206,19 +209,37 @@ def test_default_codec_and_sizes():
     assert "compression_ratio=" in repr(storage)
 
 
+def flip_a_byte(chunk: Path) -> None:
+    payload = bytearray(chunk.read_bytes())
+    payload[len(payload) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(payload))
+
+
 def test_corrupted_chunk_names_key_and_chunk(tmp_path):
     url = tmp_path / "rb"
     storage = CompressedListStorage(64, scratch_dir=str(url), chunks=8, cache_bytes=1 << 20)
     storage.set(torch.arange(32), TensorDict(pixels=torch.arange(32 * 64, dtype=torch.uint8)
                                              .reshape(32, 64), batch_size=[32]))
     storage.flush()
-    chunk = Path(url, "items-1", "pixels", "c", "1", "0")
-    payload = bytearray(chunk.read_bytes())
-    payload[len(payload) // 2] ^= 0xFF
-    chunk.write_bytes(bytes(payload))
+    flip_a_byte(Path(url, "items-1", "pixels", "c", "1", "0"))
     fresh = zstore.open(f"{url}/items-1", mode="r")
     with pytest.raises(zstore.CorruptChunkError, match=r"'pixels'.*chunk 1"):
         fresh.get(torch.tensor([9]))
+    with pytest.raises(zstore.CorruptChunkError, match=r"'pixels'.*chunk 1"):
+        zstore.open(str(url)).get(torch.tensor([3, 9]))  # through the storage, cold cache
+    assert storage.get(2)["pixels"].shape == (64,)  # chunk 0 is intact
+
+
+def test_corrupted_ragged_values_chunk_names_key_and_chunk(tmp_path):
+    url = tmp_path / "rb"
+    storage = CompressedListStorage(64, scratch_dir=str(url))
+    for i in range(6):  # token lists of varying length: the ragged layout
+        storage.set(i, TensorDict(tokens=torch.arange(50 * i, 50 * i + 10 + i)))
+    storage.flush()
+    values = Path(url, "ragged", "tokens", f"values-{storage._ragged['tokens'].gen}")
+    flip_a_byte(values / SINGLE_TENSOR_KEY / "c" / "0")
+    with pytest.raises(zstore.CorruptChunkError, match=r"key 'tokens' \(values\).*chunk 0"):
+        zstore.open(str(url)).get(3)
 
 
 def test_cache_serves_repeated_samples():
@@ -266,3 +287,74 @@ def test_items_are_the_batch_rows():
     assert items[0]["pixels"].data_ptr() == items.batch["pixels"][0].data_ptr()  # views
     assert stack_items(items) is items.batch and items.batch.batch_size == (3,)
     assert storage.get(torch.tensor([], dtype=torch.long)) == []
+
+
+def test_reopen_with_zstore_open(location):
+    g = torch.Generator().manual_seed(4)
+    url = location.new()
+    storage = CompressedListStorage(30, scratch_dir=url, storage_options=location.options)
+    ref = [transition(i, g) for i in range(6)]
+    storage.set(torch.arange(6), torch.stack(ref))
+    for i in (6, 2):  # "next/reward" turns ragged: a new items table and ragged generations
+        item = transition(i, g)
+        item["next", "reward"] = torch.rand(3, generator=g)
+        ref[i:i + 1] = [item]
+        storage.set(i, item)
+    storage.flush()
+    again = zstore.open(url, location.options)
+    assert type(again) is CompressedListStorage and len(again) == 7 and again.max_size == 30
+    check_against(again, ref)
+    again.set(7, ref[0])  # keeps writing, then commits
+    again.flush()
+    reader = zstore.open(url, location.options, mode="r")
+    assert len(reader) == 8 and "ragged" in repr(reader)
+    assert_same(reader[7], ref[0])
+    with pytest.raises(zstore.ReadOnlyError):
+        reader.set(8, ref[0])
+    with pytest.raises(zstore.StoreExistsError, match="zstore.open"):
+        CompressedListStorage(30, scratch_dir=url, storage_options=location.options)
+    again.cleanup()
+    with pytest.raises(zstore.StoreNotFoundError):
+        zstore.open(url, location.options)
+
+
+def test_reopen_refuses_custom_codecs_without_their_functions(tmp_path):
+    compress, decompress = zlib_pair()
+    storage = CompressedListStorage(4, scratch_dir=str(tmp_path / "rb"), compression_fn=compress,
+                                    decompression_fn=decompress)
+    storage.set(0, torch.arange(5))
+    storage.flush()
+    with pytest.raises(zstore.NotAZStoreError, match="compression_fn"):
+        zstore.open(str(tmp_path / "rb"))
+
+
+def test_pickle_memory_storage_copies_the_stored_chunks():
+    storage = CompressedListStorage(10)
+    storage.set(torch.arange(3), TensorDict(x=torch.zeros(3, 1000), batch_size=[3]))
+    storage.set(3, TensorDict(x=torch.ones(7)))  # ragged
+    payload = pickle.dumps(storage)
+    assert len(payload) < 3 * 1000 * 4  # compressed chunks, not decoded items
+    copy = pickle.loads(payload)
+    assert copy.spec.url != storage.spec.url and len(copy) == 4
+    copy.set(0, TensorDict(x=torch.full((5,), 2.0)))
+    assert storage[0]["x"].shape == (1000,) and copy[0]["x"].tolist() == [2.0] * 5
+    assert copy[3]["x"].tolist() == [1.0] * 7
+    assert len(pickle.loads(pickle.dumps(CompressedListStorage(4)))) == 0
+
+
+def read_items(storage) -> list:
+    """Run in a spawned process: the storage arrives pickled."""
+    return [item["x"].tolist() for item in storage[:]]
+
+
+def test_url_storage_pickles_as_its_spec_and_reopens_in_another_process(tmp_path):
+    compress, decompress = zlib_pair()
+    for kwargs in ({}, {"compression_fn": compress, "decompression_fn": decompress}):
+        url = str(tmp_path / f"rb{len(kwargs)}")
+        storage = CompressedListStorage(10, scratch_dir=url, **kwargs)
+        storage.set(torch.arange(2), TensorDict(x=torch.arange(4.0).reshape(2, 2), batch_size=[2]))
+        storage.set(2, TensorDict(x=torch.arange(3.0)))
+        payload = pickle.dumps(storage)
+        assert url.encode() in payload and b"zarr" not in payload and len(payload) < 2000
+        with mp.get_context("spawn").Pool(1) as pool:
+            assert pool.apply(read_items, (storage,)) == [[0, 1], [2, 3], [0, 1, 2]]

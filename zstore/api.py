@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from .cache import DEFAULT_CACHE_BYTES
 from .errors import NotAZStoreError
-from .group import open_group
+from .group import ZSTORE_ATTR, open_zarr_group, read_meta
 from .store import StoreSpec
 
 
@@ -31,7 +31,13 @@ def open(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = Non
     from .storages import PERSISTENT_CLASSES
 
     spec = StoreSpec.parse(url, storage_options, read_only=mode == "r")
-    group, meta = open_group(spec)
+    group = open_zarr_group(spec)
+    block = group.attrs.get(ZSTORE_ATTR)
+    name = block.get("storage_class") if isinstance(block, Mapping) else None
+    if hasattr(PERSISTENT_CLASSES.get(name), "_from_group"):  # a container of buffers
+        return PERSISTENT_CLASSES[name]._from_group(spec, group, dict(block), cache_bytes=cache_bytes,
+                                                    cache=cache, device=device)
+    meta = read_meta(group, spec.redacted())
     try:
         cls = PERSISTENT_CLASSES[meta.storage_class]
     except KeyError:

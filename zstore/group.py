@@ -36,6 +36,12 @@ def read_meta(group: zarr.Group, where: str) -> StoreMeta:
 
 def open_group(spec: StoreSpec) -> tuple[zarr.Group, StoreMeta]:
     """Open the buffer at ``spec``; errors name the URL and say what is wrong."""
+    group = open_zarr_group(spec)
+    return group, read_meta(group, spec.redacted())
+
+
+def open_zarr_group(spec: StoreSpec) -> zarr.Group:
+    """The Zarr group of the buffer at ``spec``, its ``zstore`` block not yet read."""
     if not spec.exists():
         raise StoreNotFoundError(
             f"no zstore buffer at {spec.redacted()}: the location does not exist"
@@ -53,7 +59,7 @@ def open_group(spec: StoreSpec) -> tuple[zarr.Group, StoreMeta]:
         raise NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: {exc}") from exc
     if group.attrs.get(_INCOMPLETE_ATTR):
         raise NotAZStoreError(f"{spec.redacted()} holds a buffer whose creation never finished")
-    return group, read_meta(group, spec.redacted())
+    return group
 
 
 def existing_meta(spec: StoreSpec) -> StoreMeta | None:

@@ -130,6 +130,14 @@ class StoreSpec:
         fs, path = self.filesystem()
         return fs.exists(path)
 
+    def stored_bytes(self) -> int:
+        """Bytes of every object at or below this location (0 when nothing is there)."""
+        fs, path = self.filesystem()
+        try:
+            return int(fs.du(path, total=True))
+        except FileNotFoundError:
+            return 0
+
     def is_empty(self) -> bool:
         """Whether nothing is stored at (or below) this location."""
         if self.is_local:

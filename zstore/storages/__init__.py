@@ -7,7 +7,8 @@ from .memmap import LazyMemmapStorage
 from .tensor import LazyTensorStorage, TensorStorage
 
 #: Storage classes that can be reopened from a store, by the name recorded in its metadata.
-PERSISTENT_CLASSES = {"LazyMemmapStorage": LazyMemmapStorage}
+PERSISTENT_CLASSES = {"LazyMemmapStorage": LazyMemmapStorage,
+                      "CompressedListStorage": CompressedListStorage}
 
 __all__ = ["Storage", "ListStorage", "LazyStackStorage", "TensorStorage", "LazyTensorStorage",
            "LazyMemmapStorage", "CompressedListStorage", "ItemList", "stack_items",

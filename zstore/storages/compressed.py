@@ -16,6 +16,7 @@ TensorDict batch sizes. Here items are rows of compressed Zarr arrays:
 
 Store layout under the storage's URL (every array is plain Zarr v3)::
 
+    zarr.json                  root group; its JSON ``zstore`` block (written by flush) reopens it
     items-<g>/                 LazyMemmapStorage group: fixed keys + __zstore__/batch/<node>
     ragged/<key>/index-<g>/    LazyMemmapStorage group: start, shape [, item_shape]
     ragged/<key>/values-<g>/   LazyMemmapStorage group: _-single-tensor-_ [capacity, *unit]
@@ -31,13 +32,18 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
+import zarr
 from tensordict import TensorDict, is_tensor_collection, is_tensorclass, lazy_stack
 from tensordict._td import _StringOnlyDict
+from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats
 from ..codecs import CodecSpec, parse_codecs
-from ..errors import CorruptChunkError, MissingKeyError, SchemaError
-from ..layout import SINGLE_TENSOR_KEY, _flat_leaves, key_to_path
+from ..dtypes import torch_dtype_from_name, torch_dtype_name
+from ..errors import (CorruptChunkError, FormatVersionError, MissingKeyError, NotAZStoreError, SchemaError,
+                      StoreExistsError, ZStoreError)
+from ..group import ZSTORE_ATTR, open_group
+from ..layout import FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, key_to_path
 from ..store import StoreSpec
 from .list import ListStorage, _as_int
 from .memmap import LazyMemmapStorage, _delete_store
@@ -105,12 +111,34 @@ def _new_td(source: dict, batch_size: torch.Size, device: torch.device | None) -
     return td
 
 
-def _stored_bytes(spec: StoreSpec) -> int:
-    fs, path = spec.filesystem()
+def _open_root(spec: StoreSpec):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return zarr.open_group(spec.open(), mode="r" if spec.read_only else "r+",
+                               use_consolidated=False)
+
+
+def _root_block(spec: StoreSpec) -> dict[str, Any] | None:
+    """The ``zstore`` block of a committed CompressedListStorage at ``spec``, else ``None``."""
+    if not spec.exists():
+        return None
     try:
-        return int(fs.du(path, total=True))
-    except FileNotFoundError:
-        return 0
+        block = _open_root(spec).attrs.get(ZSTORE_ATTR)
+    except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError):
+        return None
+    if isinstance(block, Mapping) and block.get("storage_class") == "CompressedListStorage":
+        return dict(block)
+    return None
+
+
+def _check_version(block: Mapping[str, Any], where: str) -> None:
+    version = block.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise NotAZStoreError(f"{where}: the 'zstore' block has no valid format_version "
+                              f"(got {version!r})")
+    if version > FORMAT_VERSION:
+        raise FormatVersionError(f"{where} was written in zstore format v{version}; this zstore "
+                                 f"reads up to v{FORMAT_VERSION}: upgrade zstore")
 
 
 class _Ragged:
@@ -123,8 +151,32 @@ class _Ragged:
         self.gen = 0
         self.used = 0
         self.values: LazyMemmapStorage | None = None
-        self.index = owner._lms("/".join(("ragged", path, "index")), owner.max_size,
-                                owner.default_codec)
+        self.index = owner._lms(f"ragged/{path}/index", owner.max_size, owner.default_codec)
+
+    def to_json(self) -> dict[str, Any]:
+        """What the root ``zstore`` block records to reopen this key."""
+        return {"dtype": torch_dtype_name(self.dtype), "unit": list(self.unit), "ndim": self.ndim,
+                "item_ndim": self.item_ndim, "values": self.gen, "used": self.used,
+                "capacity": self.values.max_size if self.values is not None else None,
+                "written": self.values is not None and self.values.initialized}
+
+    @classmethod
+    def reopen(cls, owner: "CompressedListStorage", path: str, data: Mapping[str, Any]) -> "_Ragged":
+        """The key as recorded by :meth:`to_json`, its arrays reopened."""
+        self = cls.__new__(cls)
+        self.owner, self.path = owner, path
+        self.dtype = torch_dtype_from_name(data["dtype"])
+        self.unit, self.ndim = tuple(int(u) for u in data["unit"]), int(data["ndim"])
+        self.item_ndim = None if data["item_ndim"] is None else int(data["item_ndim"])
+        self.gen, self.used = int(data["values"]), int(data["used"])
+        self.index = owner._reopen(f"ragged/{path}/index")
+        name = f"ragged/{path}/values-{self.gen}"
+        self.values = None
+        if data["written"]:
+            self.values = owner._reopen(name)
+        elif data["capacity"] is not None:
+            self.values = owner._lms(name, int(data["capacity"]), owner.codec_of(path))
+        return self
 
     @property
     def unit_numel(self) -> int:
@@ -239,6 +291,10 @@ class CompressedListStorage(ListStorage):
             1 MiB of each key).
         cache_bytes: byte budget of each table's hot-chunk cache.
 
+    ``flush()`` commits; a storage at a URL then reopens with ``zstore.open(url)``
+    and pickles as its spec (the copy shares the arrays). A ``memory://`` storage
+    pickles its compressed chunks, unpickled into a fresh location of its own.
+
     >>> s = CompressedListStorage(100)
     >>> s.set(0, TensorDict(obs=torch.zeros(3, 84, 84, dtype=torch.uint8), batch_size=[3]))
     >>> s.get(0).batch_size
@@ -254,6 +310,19 @@ class CompressedListStorage(ListStorage):
                  chunks: int | Mapping[str, int] | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES):
         super().__init__(max_size, compilable=compilable, device=device)
+        owned = scratch_dir is None
+        if owned:
+            scratch_dir = f"memory://zstore-compressed/{uuid.uuid4().hex}"
+        self._configure(StoreSpec.parse(scratch_dir, storage_options), owned, compression_fn,
+                        decompression_fn, compression_level, codec, chunks, cache_bytes)
+        if not owned and _root_block(self.spec) is not None:
+            raise StoreExistsError(f"{self.spec.redacted()} already holds a {type(self).__name__}; "
+                                   "reopen it with zstore.open(url), or choose another location")
+        self._reset()
+
+    def _configure(self, spec: StoreSpec, owned: bool, compression_fn: Callable | None,
+                   decompression_fn: Callable | None, compression_level: int, codec: Any,
+                   chunks: Any, cache_bytes: int) -> None:
         self.compression_level = compression_level
         if (compression_fn is None) != (decompression_fn is None):
             raise ValueError("pass both compression_fn and decompression_fn, or neither")
@@ -265,15 +334,13 @@ class CompressedListStorage(ListStorage):
         elif isinstance(codec, Mapping) and "default" not in codec:
             codec = {"default": preset, **codec}
         self.default_codec, self.key_codecs = parse_codecs(codec)
-        owned = scratch_dir is None
-        if owned:
-            scratch_dir = f"memory://zstore-compressed/{uuid.uuid4().hex}"
-        self.spec = StoreSpec.parse(scratch_dir, storage_options)
-        self.scratch_dir = self.spec.url
+        self.spec = spec
+        self.scratch_dir = spec.url
         self.chunks = chunks
         self.cache_bytes = int(cache_bytes)
-        self._finalizer = weakref.finalize(self, _delete_store, self.spec) if owned else None
-        self._reset()
+        self._owned = owned
+        self._root = None  # the root Zarr group, once committed
+        self._finalizer = weakref.finalize(self, _delete_store, spec) if owned else None
 
     def _reset(self) -> None:
         self._len = 0
@@ -296,6 +363,14 @@ class CompressedListStorage(ListStorage):
         return LazyMemmapStorage(capacity, scratch_dir=f"{self.spec.url}/{name}",
                                  storage_options=self.spec.storage_options, codec=codec,
                                  cache_bytes=self.cache_bytes, auto_cleanup=False)
+
+    def _reopen(self, name: str) -> LazyMemmapStorage:
+        """The committed inner LazyMemmapStorage ``name``."""
+        spec = StoreSpec.parse(f"{self.spec.url}/{name}", self.spec.storage_options,
+                               self.spec.read_only)
+        group, meta = open_group(spec)
+        return LazyMemmapStorage._from_store(spec, group, meta, cache_bytes=self.cache_bytes,
+                                             cache="host")
 
     def _new_table(self) -> LazyMemmapStorage | None:
         columns = {p: True for p in self._fixed}
@@ -570,6 +645,7 @@ class CompressedListStorage(ListStorage):
             checked.append(position)
         if not checked:
             return
+        self.spec.require_writable("write")
         self._write_batch(torch.tensor(checked), data, 0 if single else 1)
         self._len = length
         if bump:
@@ -600,9 +676,12 @@ class CompressedListStorage(ListStorage):
         raise NotImplementedError(f"type {type(item)} is not supported yet.")
 
     def _empty(self) -> None:
+        self.spec.require_writable("empty the storage")
         self._drop_arrays()
         self._reset()
         self._bump_mutation_revision()
+        if self._root is not None:
+            self._commit()
 
     def _drop_arrays(self) -> None:
         if self._table is not None:
@@ -612,18 +691,142 @@ class CompressedListStorage(ListStorage):
                 ragged.cleanup()
 
     def cleanup(self) -> None:
-        """Delete every array of this storage (the storage is then empty)."""
-        self._empty()
+        """Delete every array of this storage and its metadata (the storage is then empty)."""
+        self.spec.require_writable("delete the store")
+        self._drop_arrays()
+        self._reset()
+        self._bump_mutation_revision()
+        self._root = None
         if self._finalizer is not None:
             self._finalizer()
+        else:
+            _delete_store(self.spec)
 
     def flush(self) -> None:
-        """Store every written chunk and commit (so ``nbytes`` and other readers see them)."""
+        """Store every written chunk, then commit the root metadata (what ``zstore.open``,
+        other processes and ``nbytes`` see)."""
+        if self.spec.read_only:
+            return
         if self._table is not None:
             self._table.flush()
         for ragged in self._ragged.values():
             if ragged is not None:
                 ragged.flush()
+        if self._kind is not None or self._root is not None:
+            self._commit()
+
+    # -- persistence: a JSON block in the root group; never pickles into the store -------------
+    def _block(self) -> dict[str, Any]:
+        """The root ``zstore`` block: what reopening needs (format.md §9)."""
+        from .. import __version__
+
+        return {
+            "format_version": FORMAT_VERSION, "storage_class": type(self).__name__,
+            "max_size": self.max_size, "length": self._len, "kind": self._kind,
+            "class_name": None if self._tensorclass is None else
+            f"{self._tensorclass.__module__}.{self._tensorclass.__qualname__}",
+            "custom_codec": self.custom, "compression_level": self.compression_level,
+            "codec": self.default_codec.to_json(),
+            "codecs": {p: c.to_json() for p, c in self.key_codecs.items()},
+            "chunks": dict(self.chunks) if isinstance(self.chunks, Mapping) else self.chunks,
+            "dtypes": {p: torch_dtype_name(d) for p, d in self._dtypes.items()},
+            "fixed": {p: list(s) for p, s in self._fixed.items()},
+            "nodes": dict(self._nodes),
+            "items": self._table_gen if self._table is not None else None,
+            "ragged": {p: r.to_json() for p, r in self._ragged.items() if r is not None},
+            "created": {"zstore_version": __version__},
+        }
+
+    def _commit(self) -> None:
+        if self._root is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._root = zarr.open_group(self.spec.open(), mode="a", use_consolidated=False)
+        self._root.attrs.put({ZSTORE_ATTR: self._block()})
+
+    def _restore(self, block: Mapping[str, Any]) -> None:
+        """Adopt the state recorded in a root block (arrays reopened, nothing read yet)."""
+        where = self.spec.redacted()
+        try:
+            self._reset()
+            if block["kind"] is None:
+                return
+            self._len = int(block["length"])
+            self._kind = "tensor" if block["kind"] == "tensor" else "tensordict"
+            self._dtypes = {p: torch_dtype_from_name(d) for p, d in block["dtypes"].items()}
+            self._fixed = {p: tuple(int(x) for x in s) for p, s in block["fixed"].items()}
+            self._nodes = {n: int(d) for n, d in block["nodes"].items()}
+            if block["items"] is not None:
+                self._table_gen = int(block["items"])
+                self._table = self._reopen(f"items-{self._table_gen}")
+            self._ragged = {p: _Ragged.reopen(self, p, r) for p, r in block["ragged"].items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, ZStoreError):
+                raise
+            raise NotAZStoreError(f"{where}: malformed {type(self).__name__} block ({exc!r})") from None
+
+    @classmethod
+    def _from_group(cls, spec: StoreSpec, group, block: Mapping[str, Any], *,
+                    cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host", device: Any = None,
+                    compression_fn: Callable | None = None,
+                    decompression_fn: Callable | None = None) -> "CompressedListStorage":
+        """Reopen a committed storage (used by :func:`zstore.open` and unpickling)."""
+        _check_version(block, spec.redacted())
+        if cache != "host":
+            raise ValueError(f"{cls.__name__} caches chunks on the host only (cache={cache!r})")
+        if block.get("custom_codec") and compression_fn is None:
+            raise NotAZStoreError(
+                f"{spec.redacted()} was written with a custom compression_fn / decompression_fn, "
+                "which are not stored; unpickle the storage object instead of zstore.open(url)")
+        self = cls.__new__(cls)
+        ListStorage.__init__(self, int(block["max_size"]), device="cpu" if device is None else device)
+        codec = {"default": block["codec"], **block.get("codecs", {})}
+        self._configure(spec, False, compression_fn, decompression_fn,
+                        int(block.get("compression_level", 3)), codec, block.get("chunks"),
+                        cache_bytes)
+        self._root = group
+        self._restore(block)
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A URL storage pickles as its spec (the copy reopens the same arrays, after a
+        flush); a ``memory://`` one as its stored chunks, copied into a fresh location."""
+        self.flush()
+        state = {"max_size": self.max_size, "device": None if self.device is None else str(self.device),
+                 "compression_fn": self.compression_fn, "decompression_fn": self.decompression_fn,
+                 "compression_level": self.compression_level,
+                 "codec": {"default": self.default_codec.to_json(),
+                           **{p: c.to_json() for p, c in self.key_codecs.items()}},
+                 "chunks": self.chunks, "cache_bytes": self.cache_bytes, "revision": self._revision}
+        if self.spec.protocol == "memory":
+            fs, root = self.spec.filesystem()
+            files = fs.find(root) if self._root is not None else []
+            state["files"] = {f[len(root):].lstrip("/"): fs.cat_file(f) for f in files}
+        else:
+            state["spec"] = self.spec.to_json()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "files" in state:
+            spec = StoreSpec.parse(f"memory://zstore-compressed/{uuid.uuid4().hex}")
+            fs, root = spec.filesystem()
+            for name, data in state["files"].items():
+                fs.pipe_file(f"{root}/{name}", data)
+            owned = True
+        else:
+            spec, owned = StoreSpec.from_json(state["spec"]), False
+        ListStorage.__init__(self, state["max_size"], device=state["device"])
+        self._configure(spec, owned, state["compression_fn"], state["decompression_fn"],
+                        state["compression_level"], state["codec"], state["chunks"],
+                        state["cache_bytes"])
+        block = _root_block(spec)
+        if block is None:
+            self._reset()
+        else:
+            _check_version(block, spec.redacted())
+            self._root = _open_root(spec)
+            self._restore(block)
+        self._revision = state["revision"]
 
     def state_dict(self) -> dict[str, Any]:
         """``{"_storage": [items]}``: decoded items (tensors / TensorDicts)."""
@@ -647,7 +850,7 @@ class CompressedListStorage(ListStorage):
         if self._kind is None:
             return 0
         self.flush()
-        return _stored_bytes(self.spec)
+        return self.spec.stored_bytes()
 
     @property
     def raw_nbytes(self) -> int:
