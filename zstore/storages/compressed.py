@@ -104,7 +104,7 @@ def _new_td(source: dict, batch_size: torch.Size, device: torch.device | None) -
     """``TensorDict._new_unsafe(source, batch_size, device, nested=False)`` without its
     per-call checks (a few µs each, the bulk of splitting a batch into items)."""
     td = _TD_NEW(TensorDict)
-    td._tensordict = _StringOnlyDict(source)
+    td._tensordict = source if type(source) is _StringOnlyDict else _StringOnlyDict(source)
     td._batch_size = batch_size
     td._device = device
     td._td_dim_names = None
@@ -559,7 +559,8 @@ class CompressedListStorage(ListStorage):
             parts = [items(v, f"{prefix}{k}/") if isinstance(v, dict) else v.unbind(0)
                      for k, v in node.items()]
             batch = torch.Size(nodes.get(prefix.rstrip("/") or _ROOT, ()))
-            return [_new_td(dict(zip(keys, values)), batch, device) for values in zip(*parts)]
+            return [_new_td(_StringOnlyDict(zip(keys, values)), batch, device)
+                    for values in zip(*parts)]
 
         out = items(tree, "")
         if self._tensorclass is not None:
