@@ -52,7 +52,7 @@ class BlockGroup:
 
     def __init__(self, group: zarr.Group, leaves: tuple[Leaf, ...], rows: int, chunk_rows: int,
                  shard_rows: int | None, high_water: int, *, cache_bytes: int, cache_tier: str,
-                 lock: threading.RLock, where: str):
+                 lock: threading.RLock, where: str, read_only: bool = False):
         self.leaves = leaves
         self.rows = rows
         self.R = chunk_rows
@@ -66,6 +66,9 @@ class BlockGroup:
                   for leaf in leaves}
         self.arrays = {path: array._async_array for path, array in arrays.items()}
         self.readers = {path: ColumnReader.for_array(array, where) for path, array in arrays.items()}
+        # a writer owns its store and may keep shard indexes; a reader must not: the
+        # writer may rewrite a shard (and move its chunks) at any time
+        self.keep_indexes = not read_only
         self.cache = ChunkCache(
             self.n_blocks, chunk_rows,
             {leaf.path: (compute_dtype(leaf.dtype), leaf.shape) for leaf in leaves},
@@ -91,6 +94,10 @@ class BlockGroup:
                                           for b in blocks])
 
         throttle = Throttle(MAX_IN_FLIGHT)
+        if not self.keep_indexes:
+            for reader in self.readers.values():
+                if reader is not None:
+                    reader.indexes.clear()
 
         async def run():
             return await asyncio.gather(*[column(leaf, throttle) for leaf in self.leaves],

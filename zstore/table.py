@@ -125,7 +125,7 @@ class ChunkedTable(Table):
         self.groups = [
             BlockGroup(group, tuple(members), rows, chunk_rows, shard_rows, high_water,
                        cache_bytes=cache_bytes * sum(m.row_bytes for m in members) // total,
-                       cache_tier=cache_tier, lock=self.lock, where=where)
+                       cache_tier=cache_tier, lock=self.lock, where=where, read_only=read_only)
             for (chunk_rows, shard_rows), members in by_layout.items()]
         self.device = self.groups[0].device
         self._executor: ThreadPoolExecutor | None = None

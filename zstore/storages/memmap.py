@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import atexit
 import os
+from concurrent.futures import Future
 import tempfile
 import time
 import weakref
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 from tensordict import is_tensor_collection, is_tensorclass
 
@@ -66,6 +68,23 @@ def _arange(span: range) -> torch.Tensor:
     return torch.arange(span.start, span.stop, span.step)
 
 
+def _is_negative(cursor: Any) -> bool:
+    """Whether an int cursor (or the last element of a tensor cursor) is negative."""
+    if _is_int(cursor):
+        return int(cursor) < 0
+    if isinstance(cursor, torch.Tensor) and cursor.numel():
+        return int(cursor.reshape(-1)[-1]) < 0
+    return False
+
+
+def _as_index_tensor(index: Any) -> Any:
+    """Lists, ranges and arrays inside a tuple index become tensors (so they pair up)."""
+    if isinstance(index, (list, range, np.ndarray)):
+        return torch.as_tensor(list(index) if isinstance(index, range) else index,
+                               dtype=torch.int64 if len(index) == 0 else None)
+    return index
+
+
 def _rows_of(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...], bool]:
     """Row indices (checked against ``n`` rows), the result's leading shape, and whether
     the leading dim is dropped (int index)."""
@@ -78,6 +97,8 @@ def _rows_of(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...], bool]:
         return _arange(range(*index.indices(n))), None, False
     if index is Ellipsis or index is None:
         return torch.arange(n), None, False
+    if isinstance(index, (list, range)) and len(index) == 0:
+        return torch.empty(0, dtype=torch.int64), (0,), False
     rows = torch.as_tensor(index if not isinstance(index, range) else list(index))
     if rows.dtype == torch.bool:
         if rows.shape[0] != n:
@@ -231,6 +252,9 @@ class LazyMemmapStorage(LazyTensorStorage):
             # parent's cache and file handles are not ours; reopen what is committed
             self._pid = os.getpid()
             self._attach(*open_group(self.spec))
+        if self._table is None:
+            raise RuntimeError(f"this storage of {self.spec.redacted()} was closed; reopen it "
+                               "with zstore.open(url)")
         return self._table
 
     def _init(self, example: Any) -> None:
@@ -267,6 +291,11 @@ class LazyMemmapStorage(LazyTensorStorage):
 
     def _adopt(self, schema: Schema) -> None:
         group, meta = open_group(self.spec)
+        if meta.ndim != self.ndim or meta.schema.lane_shape != schema.lane_shape:
+            raise SchemaError(
+                f"cannot adopt {self.spec.redacted()}: it was written with ndim={meta.ndim} "
+                f"and lanes {list(meta.schema.lane_shape)}, this storage has ndim={self.ndim} "
+                f"and the data lanes {list(schema.lane_shape)}")
         if meta.schema.leaves != schema.leaves or meta.schema.kind != schema.kind:
             raise SchemaError(
                 f"cannot adopt {self.spec.redacted()}: its keys/dtypes/shapes "
@@ -292,6 +321,10 @@ class LazyMemmapStorage(LazyTensorStorage):
 
     def _read(self, index: Any) -> Any:
         n = self._len_along_dim0
+        if isinstance(index, torch.Tensor) and index.dtype == torch.bool and index.ndim > 1:
+            index = index.nonzero(as_tuple=True)  # a [rows, *lanes] mask selects cells
+        if isinstance(index, tuple):
+            index = tuple(_as_index_tensor(i) for i in index)
         first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
         rows, lead, squeeze = _rows_of(first, n)
         if lead is None:
@@ -323,6 +356,11 @@ class LazyMemmapStorage(LazyTensorStorage):
             columns = {p: c.reshape(*lead, *c.shape[1:]) for p, c in columns.items()}
         return self._schema.build(columns, (*lead, *lanes), self.device)
 
+    def _set_last_cursor(self, cursor: Any) -> None:
+        super()._set_last_cursor(cursor)
+        if self._last_cursor_value < -1 or (self._last_cursor_value == -1 and _is_negative(cursor)):
+            self._last_cursor_value %= self._meta.rows  # a negative index counts from the end
+
     def _write(self, cursor: Any, data: Any) -> None:
         self.spec.require_writable("write")
         table = self.table
@@ -341,6 +379,14 @@ class LazyMemmapStorage(LazyTensorStorage):
             lead = 1
         else:
             rows = torch.as_tensor(cursor if not isinstance(cursor, range) else list(cursor))
+            if rows.dtype == torch.bool:
+                if rows.ndim > 1:  # a [rows, *lanes] mask addresses cells
+                    self._write_cells(rows.nonzero(as_tuple=True), data)
+                    return
+                if len(rows) != self._meta.rows:
+                    raise IndexError(f"boolean cursor of length {len(rows)} does not match "
+                                     f"{self._meta.rows} rows")
+                rows = rows.nonzero().squeeze(-1)
             rows = rows.to("cpu", torch.int64)
             lead = max(rows.ndim, 1)
             rows = rows.reshape(-1)
@@ -444,10 +490,14 @@ class LazyMemmapStorage(LazyTensorStorage):
         With ``background=True`` (e.g. the next batch's indices, drawn early)
         the load overlaps with the caller's work; a ``Future`` is returned.
         """
+        future = None
         if self.initialized:
             rows, _, _ = _rows_of(index, self._len_along_dim0)
-            return self.table.prefetch(rows, background=background)
-        return None
+            future = self.table.prefetch(rows, background=background)
+        if background and future is None:  # nothing to load (memory-mapped, or empty)
+            future = Future()
+            future.set_result(None)
+        return future
 
     def _container_for_state(self) -> Any:
         if not self.initialized:
