@@ -499,6 +499,26 @@ class LazyMemmapStorage(LazyTensorStorage):
             future.set_result(None)
         return future
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the buffer occupies in its store (written rows are stored first)."""
+        if not self.initialized:
+            return 0
+        if not (self.spec.read_only or self._meta.read_only):
+            self.table.flush()
+        return self.spec.stored_bytes()
+
+    @property
+    def raw_nbytes(self) -> int:
+        """Bytes of the filled rows, uncompressed."""
+        return self._len_along_dim0 * self._schema.row_bytes if self.initialized else 0
+
+    @property
+    def compression_ratio(self) -> float:
+        """Raw bytes over stored bytes (0.0 when nothing is stored)."""
+        stored = self.nbytes
+        return self.raw_nbytes / stored if stored else 0.0
+
     def _container_for_state(self) -> Any:
         if not self.initialized:
             return None
@@ -580,7 +600,14 @@ class LazyMemmapStorage(LazyTensorStorage):
                          for leaf in self._schema.leaves)
         return (f"{type(self).__name__}(\n    url={self.spec.redacted()},\n    keys=[{keys}],\n"
                 f"    shape={self.shape}, len={len(self)}, max_size={self.max_size},\n"
-                f"    codec={self._codec_text()}, cache={self.cache})")
+                f"    codec={self._codec_text()}, cache={self.cache}{self._size_note()})")
+
+    def _size_note(self) -> str:
+        # sizing an object store means listing it, which can take long: local / memory only
+        if self.spec.protocol not in ("file", "memory"):
+            return ""
+        stored = self.nbytes
+        return f",\n    nbytes={stored}, compression_ratio={self.raw_nbytes / max(1, stored):.1f}"
 
     def _codec_text(self) -> str:
         if not self.key_codecs:
