@@ -33,3 +33,8 @@ def test_bucket_example_runs(s3_server, capsys):
         fs.mkdir("my-bucket")
     exec(compile(source, "README bucket example", "exec"), {})
     assert capsys.readouterr().out.strip() == "torch.Size([2, 64]) 1"
+
+
+def test_compressed_example_runs(capsys):
+    exec(compile(python_blocks()[2], "README compressed example", "exec"), {})
+    assert capsys.readouterr().out.strip() == "torch.Size([32, 4, 84, 84]) True"
