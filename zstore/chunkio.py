@@ -20,7 +20,7 @@ import google_crc32c
 import numcodecs
 import numpy as np
 import zarr
-from zarr.abc.store import RangeByteRequest, Store, SuffixByteRequest
+from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import default_buffer_prototype
 
 from .errors import CorruptChunkError
@@ -31,6 +31,7 @@ COALESCE_GAP = 1 << 20
 MAX_IN_FLIGHT = 64
 _EMPTY = np.uint64(2**64 - 1)
 _PROTOTYPE = default_buffer_prototype()
+_WHOLE = OffsetByteRequest(0)
 
 
 class Throttle:
@@ -188,7 +189,9 @@ class ColumnReader:
     async def read(self, store: Store, blocks: list[int], limit: "Throttle") -> list:
         """Decoded ``[chunk_rows, ...]`` arrays for ``blocks`` (None where never written)."""
         if not self.sharded:
-            payloads = await asyncio.gather(*[self._get(store, self._key(b), None, limit)
+            # a ranged read of the whole object: s3fs sends a plain GET after a HEAD, a
+            # ranged one alone (measured: twice the throughput on the loopback server)
+            payloads = await asyncio.gather(*[self._get(store, self._key(b), _WHOLE, limit)
                                               for b in blocks])
             return [None if p is None else self._decode(p, b) for p, b in zip(payloads, blocks)]
         by_shard: dict[int, list[int]] = {}
