@@ -365,11 +365,14 @@ def row_width(td: TensorDict) -> int:
 
 
 def bench_writes(backends: list[Any], batches, size: int, rb: int, op: str) -> dict[str, dict]:
-    """Time ``backend.<op>(batch)`` for every batch, interleaved backend by backend; the
-    final flush is added to the total (writes are spiky when a chunk fills)."""
+    """Time ``backend.<op>(batch)`` for every batch, interleaved backend by backend, the
+    order rotating each batch (whoever writes first after another's writes pays the
+    kernel's page reclaim); the final flush is added to the total (writes are spiky
+    when a chunk fills)."""
     times: dict[str, list[float]] = {b.name: [] for b in backends}
-    for batch in batches:
-        for b in backends:
+    for i, batch in enumerate(batches):
+        shift = i % len(backends)
+        for b in backends[shift:] + backends[:shift]:
             write = getattr(b, op)
             times[b.name].append(timed(lambda: write(batch))[0])
     out = {}
@@ -730,10 +733,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-add", type=int, default=None, help="single adds per backend (default 2000)")
     p.add_argument("--workloads", default="atari,proprio", help="comma-separated subset")
     p.add_argument("--no-s3", action="store_true", help="skip the moto S3 backends")
-    p.add_argument("--s3-shard-rows", type=int, default=0,
-                   help="rows per S3 shard object: 0 = unsharded (one object per chunk, the "
-                        "default here because moto's ranged GET costs O(object size)); "
-                        "-1 = zstore's default (about 32 MiB shards); N = N rows")
+    p.add_argument("--s3-shard-rows", type=int, default=-1,
+                   help="rows per S3 shard object: -1 = zstore's default (about 32 MiB shards "
+                        "per key), 0 = unsharded (one object per chunk), N = N rows")
     p.add_argument("--ceiling-mb", type=float, default=256, help="bytes fetched for the S3 ceiling")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tmpdir", default=None, help="where local stores go (default: system temp)")
