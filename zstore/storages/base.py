@@ -180,6 +180,16 @@ class Storage:
         return state
 
 
+class CompressionRatio:
+    """Mixin for storages with ``nbytes`` (stored) and ``raw_nbytes`` (uncompressed)."""
+
+    @property
+    def compression_ratio(self) -> float:
+        """Raw bytes over stored bytes (0.0 when nothing is stored)."""
+        stored = self.nbytes
+        return self.raw_nbytes / stored if stored else 0.0
+
+
 def _last_time_index(cursor: Any, max_size: int) -> int:
     """The last time index a cursor writes, ``-1`` when unknown (SPEC §1.6)."""
     if cursor is None:

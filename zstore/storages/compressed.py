@@ -45,6 +45,7 @@ from ..errors import (CorruptChunkError, FormatVersionError, MissingKeyError, No
 from ..group import ZSTORE_ATTR, open_group
 from ..layout import FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, key_to_path
 from ..store import StoreSpec
+from .base import CompressionRatio
 from .list import ListStorage, _as_int
 from .memmap import LazyMemmapStorage, _delete_store
 
@@ -265,7 +266,7 @@ class _Ragged:
                 part.cleanup()
 
 
-class CompressedListStorage(ListStorage):
+class CompressedListStorage(CompressionRatio, ListStorage):
     """TorchRL's CompressedListStorage on compressed, chunked Zarr arrays at any URL.
 
     Items (tensors, TensorDicts — nested, with their batch sizes — or
@@ -867,12 +868,6 @@ class CompressedListStorage(ListStorage):
                 nd = ragged.item_ndim if self.custom else ragged.ndim
                 total += int(shapes[:, :nd].prod(-1).sum()) * self._dtypes[path].itemsize
         return total
-
-    @property
-    def compression_ratio(self) -> float:
-        """Raw item bytes / stored bytes (0.0 when empty)."""
-        stored = self.nbytes
-        return self.raw_nbytes / stored if stored else 0.0
 
     def bytes(self) -> int:
         """Stored bytes, as TorchRL's ``bytes()`` (warns and returns 0 when empty)."""

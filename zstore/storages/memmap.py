@@ -29,6 +29,7 @@ from ..group import commit, create_group, existing_meta, open_group
 from ..layout import Schema, StoreMeta
 from ..store import StoreSpec
 from ..table import ChunkedTable, MmapTable, Table
+from .base import CompressionRatio
 from .tensor import LazyTensorStorage, TensorStorage, _is_int
 
 _LIVE: "weakref.WeakSet[LazyMemmapStorage]" = weakref.WeakSet()
@@ -119,7 +120,7 @@ def _rows_of(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...], bool]:
     return rows, shape, False
 
 
-class LazyMemmapStorage(LazyTensorStorage):
+class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
     """A tensor storage on a Zarr store at any URL, created at the first write.
 
     Args:
@@ -512,12 +513,6 @@ class LazyMemmapStorage(LazyTensorStorage):
     def raw_nbytes(self) -> int:
         """Bytes of the filled rows, uncompressed."""
         return self._len_along_dim0 * self._schema.row_bytes if self.initialized else 0
-
-    @property
-    def compression_ratio(self) -> float:
-        """Raw bytes over stored bytes (0.0 when nothing is stored)."""
-        stored = self.nbytes
-        return self.raw_nbytes / stored if stored else 0.0
 
     def _container_for_state(self) -> Any:
         if not self.initialized:
