@@ -368,35 +368,23 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         if isinstance(cursor, tuple):
             self._write_cells(cursor, data)
             return
-        if _is_int(cursor):
+        if _is_int(cursor):  # add(): the hot path, no tensor round trip
             row = int(cursor)
             if not -self._meta.rows <= row < self._meta.rows:
-                raise IndexError(f"cannot write row {row}: the buffer has {self._meta.rows} rows")
+                raise IndexError(f"index {row} is out of bounds for dimension 0 with size "
+                                 f"{self._meta.rows}")
             table.write_row(row % self._meta.rows, self._schema.columns(data, 0))
             self._uncommitted = True
             return
-        if isinstance(cursor, slice):
-            rows = _arange(range(*cursor.indices(self._meta.rows)))
-            lead = 1
-        else:
-            rows = torch.as_tensor(cursor if not isinstance(cursor, range) else list(cursor))
-            if rows.dtype == torch.bool:
-                if rows.ndim > 1:  # a [rows, *lanes] mask addresses cells
-                    self._write_cells(rows.nonzero(as_tuple=True), data)
-                    return
-                if len(rows) != self._meta.rows:
-                    raise IndexError(f"boolean cursor of length {len(rows)} does not match "
-                                     f"{self._meta.rows} rows")
-                rows = rows.nonzero().squeeze(-1)
-            rows = rows.to("cpu", torch.int64)
-            lead = max(rows.ndim, 1)
-            rows = rows.reshape(-1)
+        if not isinstance(cursor, (slice, range)):
+            probe = cursor if isinstance(cursor, torch.Tensor) else torch.as_tensor(cursor)
+            if probe.dtype == torch.bool and probe.ndim > 1:  # a [rows, *lanes] mask: cells
+                self._write_cells(probe.nonzero(as_tuple=True), data)
+                return
+        rows, shape, _ = _rows_of(cursor, self._meta.rows)
         if rows.numel() == 0:
             return
-        if int(rows.max()) >= self._meta.rows or int(rows.min()) < -self._meta.rows:
-            raise IndexError(f"cannot write row {int(rows.max())}: the buffer has "
-                             f"{self._meta.rows} rows")
-        rows = torch.remainder(rows, self._meta.rows)
+        lead = 1 if shape is None else len(shape)
         columns = self._schema.columns(data, lead)
         if lead != 1:
             columns = {p: c.reshape(-1, *c.shape[lead:]) for p, c in columns.items()}
