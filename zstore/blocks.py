@@ -230,21 +230,32 @@ class BlockGroup:
             self.slots_for_read(blocks)
 
     # -- writes ---------------------------------------------------------------------------
+    def _slots_for_write(self, blocks: torch.Tensor, written: torch.Tensor) -> torch.Tensor | None:
+        """Slots for unique ``blocks`` about to get ``written[i]`` rows each.
+
+        A block only partly overwritten is first filled with its stored rows.
+        None when the blocks outnumber the cache's slots (write in rounds).
+        """
+        if len(blocks) > self.cache.n_slots - self.cache.n_dirty:
+            self._persist(self.cache.dirty_blocks())
+            if len(blocks) > self.cache.n_slots:
+                return None
+        slots = self.cache.slot_of[blocks]
+        miss = slots < 0
+        if bool(miss.any()):
+            spans = torch.clamp(self.rows - blocks[miss] * self.R, max=self.R)
+            slots[miss] = self._load(blocks[miss], slots[~miss], written[miss] < spans)
+        self.cache.touch(slots)
+        return slots
+
     def write(self, urows: torch.Tensor, last: torch.Tensor, values: Mapping[str, torch.Tensor]) -> None:
         """Write ``values[path][last[i]]`` to unique sorted row ``urows[i]``."""
         blocks = torch.div(urows, self.R, rounding_mode="floor")
         ublocks, inverse, counts = torch.unique(blocks, return_inverse=True, return_counts=True)
-        if len(ublocks) > self.cache.n_slots - self.cache.n_dirty:
-            self._persist(self.cache.dirty_blocks())
-            if len(ublocks) > self.cache.n_slots:
-                self._write_in_rounds(urows, last, values, ublocks, inverse)
-                return
-        slots = self.cache.slot_of[ublocks]
-        miss = slots < 0
-        if bool(miss.any()):
-            spans = torch.clamp(self.rows - ublocks[miss] * self.R, max=self.R)
-            slots[miss] = self._load(ublocks[miss], slots[~miss], counts[miss] < spans)
-        self.cache.touch(slots)
+        slots = self._slots_for_write(ublocks, counts)
+        if slots is None:
+            self._write_in_rounds(urows, last, values, ublocks, inverse)
+            return
         pos = (slots[inverse] * self.R + (urows - blocks * self.R)).to(self.device)
         for leaf in self.leaves:
             value = values[leaf.path]
@@ -260,22 +271,14 @@ class BlockGroup:
         stop = first + n
         first_block, last_block = first // self.R, (stop - 1) // self.R
         blocks = torch.arange(first_block, last_block + 1)
-        if len(blocks) > self.cache.n_slots - self.cache.n_dirty:
-            self._persist(self.cache.dirty_blocks())
-            if len(blocks) > self.cache.n_slots:
-                rows = torch.arange(first, stop)
-                self._write_in_rounds(rows, torch.arange(n), values, blocks,
-                                      torch.div(rows, self.R, rounding_mode="floor") - first_block)
-                return
-        slots = self.cache.slot_of[blocks]
-        miss = slots < 0
-        if bool(miss.any()):
-            starts = torch.clamp(blocks * self.R, min=first)
-            ends = torch.clamp((blocks + 1) * self.R, max=min(stop, self.rows))
-            spans = torch.clamp(self.rows - blocks * self.R, max=self.R)
-            partial = (ends - starts) < spans
-            slots[miss] = self._load(blocks[miss], slots[~miss], partial[miss])
-        self.cache.touch(slots)
+        written = (torch.clamp((blocks + 1) * self.R, max=stop)
+                   - torch.clamp(blocks * self.R, min=first))
+        slots = self._slots_for_write(blocks, written)
+        if slots is None:
+            rows = torch.arange(first, stop)
+            self._write_in_rounds(rows, torch.arange(n), values, blocks,
+                                  torch.div(rows, self.R, rounding_mode="floor") - first_block)
+            return
         for leaf in self.leaves:
             value = to_storage(values[leaf.path]).to(self.device)
             slab = self.cache.slabs[leaf.path]
