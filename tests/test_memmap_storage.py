@@ -185,6 +185,7 @@ def random_index(rng: random.Random, n: int):
     return rows if choice == 2 else torch.tensor(rows)
 
 
+@pytest.mark.all_s3_servers
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_random_ops_match_model(location, config):
     kind, ndim, lanes, max_size, codec, chunks, shards, cache_bytes = CONFIGS[config]
@@ -283,6 +284,7 @@ def td_rows(start: int, n: int) -> TensorDict:
                       nested=TensorDict(i=values, batch_size=[n]), batch_size=[n])
 
 
+@pytest.mark.all_s3_servers
 @pytest.mark.parametrize("codec", [None, "zstd"])
 def test_ring_wraparound_survives_reopen(location, codec):
     url = location.new()
