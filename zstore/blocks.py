@@ -27,6 +27,7 @@ from .dtypes import compute_dtype, from_numpy, from_storage, storage_numpy_dtype
 from .errors import CorruptChunkError
 from .group import checked_array
 from .layout import Leaf
+from .writeback import WriteBehind
 
 
 def _ravel(lanes: torch.Tensor, lane_shape) -> torch.Tensor:
@@ -62,6 +63,7 @@ class BlockGroup:
         self.lock = lock
         self.n_blocks = -(-rows // chunk_rows)
         self.store = group.store
+        self.writes = WriteBehind(where)
         arrays = {leaf.path: checked_array(group, leaf, rows, (chunk_rows, shard_rows), where)
                   for leaf in leaves}
         self.arrays = {path: array._async_array for path, array in arrays.items()}
@@ -86,6 +88,7 @@ class BlockGroup:
 
     def _fetch(self, blocks: list[int]) -> dict[str, list[np.ndarray | None]]:
         """Decoded ``blocks`` of every key, all requests in flight at once (None: never stored)."""
+        self.writes.drain()  # read what was written, never what was there before
         async def column(leaf, limit):
             reader = self.readers[leaf.path]
             if reader is not None:
@@ -121,21 +124,30 @@ class BlockGroup:
         return out
 
     def _store(self, spans: list[tuple[int, int]], data: dict[str, list[np.ndarray]]) -> None:
-        jobs = [(leaf.path, i) for leaf in self.leaves for i in range(len(spans))]
+        """Start storing ``data[path][i]`` at rows ``spans[i]`` (write-behind; see ``flush``).
 
-        async def run():
-            return await asyncio.gather(
-                *[self.arrays[path].setitem(slice(*spans[i]), data[path][i]) for path, i in jobs],
+        ``data`` must not alias the cache: the caller goes on writing slots meanwhile.
+        """
+        async def put(path: str, i: int) -> None:
+            try:
+                await self.arrays[path].setitem(slice(*spans[i]), data[path][i])
+            except Exception as exc:
+                raise OSError(f"cannot write rows {spans[i]} of key {path!r} to {self.where}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+
+        async def run() -> None:
+            results = await asyncio.gather(
+                *[put(leaf.path, i) for leaf in self.leaves for i in range(len(spans))],
                 return_exceptions=True)
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:
+                raise failures[0]
 
-        results = sync(run())
         for reader in self.readers.values():
             if reader is not None:
                 reader.forget([start // self.R for start, _ in spans])
-        for (path, i), result in zip(jobs, results):
-            if isinstance(result, BaseException):
-                raise OSError(f"cannot write rows {spans[i]} of key {path!r} to {self.where}: "
-                              f"{type(result).__name__}: {result}") from result
+        nbytes = sum(array.nbytes for arrays in data.values() for array in arrays)
+        self.writes.submit(run(), nbytes, frozenset(start // (self.R * self.k) for start, _ in spans))
 
     # -- filling the cache ----------------------------------------------------------------
     def _copy_in(self, leaf: Leaf, slot: int, array: np.ndarray | None) -> None:
@@ -356,12 +368,13 @@ class BlockGroup:
             for leaf in self.leaves:
                 parts = [self._block_rows(leaf, block, slot, fetched, where)
                          for block, slot in zip(members[shard], slots.tolist())]
-                rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
+                rows = np.concatenate(parts)  # a copy: stored while the slots change
                 data[leaf.path].append(rows[: stop - start])
             stored.append(slots[slots >= 0])
         self._store(spans, data)
         self.cache.mark_clean(torch.cat(stored))
 
     def flush(self) -> None:
-        """Store every dirty block."""
+        """Store every dirty block and wait until every write has landed."""
         self._persist(self.cache.dirty_blocks())
+        self.writes.drain()

@@ -14,6 +14,7 @@ Two implementations share one small interface (``read``, ``write``, ``flush``,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
@@ -199,6 +200,9 @@ class ChunkedTable(Table):
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        for g in self.groups:  # nothing may land after close (e.g. after a cleanup's delete)
+            with contextlib.suppress(OSError):  # a failure was raised by flush already
+                g.writes.drain()
 
 
 class MmapTable(Table):
