@@ -14,7 +14,7 @@ of user data (keys, URLs, item reprs) is HTML-escaped.
 >>> print(render_text(Summary("Example", length=2, capacity=8,
 ...                           rows=(KeyRow("obs", (4,), "float32"),))))
 Example(
-    len=2, max_size=8,
+    len=2, max_size=8
     keys:
         obs  [4]  float32
 )
@@ -75,7 +75,7 @@ class Summary:
     length: int
     capacity: int | None
     cursor: int | None = None
-    spec: StoreSpec | None = None
+    spec: StoreSpec | None = dataclasses.field(default=None, repr=False)  # repr: credentials
     rows: tuple[KeyRow, ...] = ()
     stored_bytes: int | None = None
     raw_bytes: int | None = None
@@ -84,7 +84,7 @@ class Summary:
     cache_budget: int | None = None
     cache_stats: CacheStats | None = None
     facts: tuple[tuple[str, str], ...] = ()
-    parts: tuple["Summary", ...] = ()
+    parts: tuple[Summary, ...] = ()
 
     @property
     def url(self) -> str | None:
