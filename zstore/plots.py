@@ -18,6 +18,7 @@ environments interleaved in one buffer are attributed to the right episode.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ REWARD_KEY = ("next", "reward")
 def _matplotlib():
     """The ``matplotlib.figure`` module, or an ImportError saying how to install it."""
     try:
-        from matplotlib import figure
+        figure = importlib.import_module("matplotlib.figure")
     except ImportError as exc:
         raise ImportError("zstore.plots needs matplotlib: pip install 'zstore[notebooks]' "
                           "(or pip install matplotlib)") from exc
@@ -50,6 +51,8 @@ def _figure(width: float = 6.4, height: float = 3.6):
 
 def time_ordered(data: Storage | TensorDictBase) -> TensorDictBase:
     """The rows of a storage oldest first (a wrapped ring buffer is rotated), or ``data`` itself.
+
+    List storages record no cursor (as in TorchRL), so they are read in index order.
 
     The whole storage is read: for a large buffer, pass a TensorDict of the keys to plot.
     """
@@ -75,8 +78,12 @@ def _read(storage: Storage, rows: torch.Tensor) -> TensorDictBase:
     return out
 
 
+def _has(td: TensorDictBase, key: Any) -> bool:
+    return isinstance(td.get(key, None), torch.Tensor)
+
+
 def _get(td: TensorDictBase, key: Any) -> torch.Tensor:
-    if key not in td.keys(include_nested=True, leaves_only=True):
+    if not _has(td, key):
         keys = sorted(str(k) for k in td.keys(include_nested=True, leaves_only=True))
         raise MissingKeyError(f"the data has no key {key!r} (keys: {keys})")
     return td.get(key)
@@ -115,8 +122,7 @@ def episode_bounds(done: torch.Tensor, *, partial: bool = False) -> tuple[torch.
 def _traj_key(td: TensorDictBase, traj_key: Any) -> Any:
     if traj_key != "auto":
         return traj_key
-    keys = set(td.keys(include_nested=True, leaves_only=True))
-    return next((k for k in TRAJ_KEYS if k in keys), None)
+    return next((k for k in TRAJ_KEYS if _has(td, k)), None)
 
 
 def episode_stats(data: Storage | TensorDictBase, *, reward_key: Any = REWARD_KEY,
@@ -200,8 +206,7 @@ def reward_done_timeline(data: Storage | TensorDictBase, *, start: int = 0, stop
     fig = _figure(8.0, 3.2)
     ax = fig.add_subplot()
     ax.plot(steps.numpy(), reward.numpy(), linewidth=0.8, label="reward")
-    keys = set(td.keys(include_nested=True, leaves_only=True))
-    if terminated_key in keys and truncated_key in keys:
+    if _has(td, terminated_key) and _has(td, truncated_key):
         ends = [(terminated_key, "terminated", "v"), (truncated_key, "truncated", "x")]
     else:
         ends = [(done_key, "done", "v")]
