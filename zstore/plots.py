@@ -86,7 +86,7 @@ def _get(td: TensorDictBase, key: Any) -> torch.Tensor:
     if not _has(td, key):
         keys = sorted(str(k) for k in td.keys(include_nested=True, leaves_only=True))
         raise MissingKeyError(f"the data has no key {key!r} (keys: {keys})")
-    return td.get(key)
+    return td.get(key).cpu()  # samples of a cache="cuda" storage live on the GPU
 
 
 def _flag(td: TensorDictBase, key: Any) -> torch.Tensor:
@@ -305,7 +305,7 @@ def action_hist(data: Storage | TensorDictBase | torch.Tensor, *, key: Any = "ac
                 bins: int = 30):
     """Action distribution: a bar per action for discrete actions (indices or one-hot),
     else one histogram per action dimension."""
-    actions = data if isinstance(data, torch.Tensor) else _get(time_ordered(data), key)
+    actions = data.cpu() if isinstance(data, torch.Tensor) else _get(time_ordered(data), key)
     index = _discrete(actions)
     if index is not None:
         fig = _figure()

@@ -370,13 +370,10 @@ class TensorStorage(Storage):
 
     def _episodes_ended(self) -> int | None:
         """How many ``("next", "done")`` flags are set in the filled cells (in-RAM TED data only)."""
-        container = self._storage
-        if not is_tensor_collection(container) or ("next", "done") not in \
-                container.keys(include_nested=True, leaves_only=True):
-            return None
-        if self.ndim > 1 and not self._is_full:
-            return None  # the last row is partly filled; its other cells hold no data
-        return int(container.get(("next", "done"))[: self._len_along_dim0].sum())
+        done = self._storage.get(("next", "done"), None) if is_tensor_collection(self._storage) else None
+        if not isinstance(done, torch.Tensor) or (self.ndim > 1 and not self._is_full):
+            return None  # not TED data; or the last row is partly filled (its other cells hold no data)
+        return int(done[: self._len_along_dim0].sum())
 
 
 def _apply(container: Any, fn) -> Any:
