@@ -182,7 +182,7 @@ def test_no_dumps_loads(tmp_path, method):
 
 def test_repr():
     s = ListStorage(3)
-    assert repr(s) == "ListStorage()"
+    assert "len=0, max_size=3" in repr(s) and "<empty>" in repr(s)
     s.set(0, "first")
     assert "first" in repr(s)
 

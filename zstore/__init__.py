@@ -10,6 +10,7 @@ torch.Size([2, 4])
 
 __version__ = "0.1.0"
 
+from . import display, plots
 from .api import open
 from .cache import CacheStats, cache_tier
 from .codecs import CodecSpec
@@ -45,5 +46,5 @@ __all__ = [
     "ImmutableDatasetWriter", "StoreSpec", "CodecSpec", "CacheStats", "cache_tier",
     "ZStoreError", "BackendNotInstalledError", "StoreNotFoundError", "NotAZStoreError",
     "FormatVersionError", "ReadOnlyError", "SchemaError", "MissingKeyError", "InvalidKeyError",
-    "CorruptChunkError", "StoreExistsError",
+    "CorruptChunkError", "StoreExistsError", "display", "plots",
 ]

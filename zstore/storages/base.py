@@ -15,6 +15,8 @@ from typing import Any, Iterator
 import torch
 
 from .._registry import make_checkpointer
+from ..display import Summary, render_html, render_text
+from ..store import StoreSpec
 
 
 class Storage:
@@ -174,6 +176,24 @@ class Storage:
         return torch.randint(0, len(self), (batch_size,), generator=self._rng,
                              device=getattr(self, "device", None))
 
+    # -- display -------------------------------------------------------------------------
+    def summary(self) -> Summary:
+        """What this storage shows about itself (fill, cursor, keys, bytes); see :mod:`zstore.display`.
+
+        Subclasses extend it with their keys, sizes and store; ``episodes`` comes
+        from a ``num_episodes`` attribute where a storage has one (never computed here).
+        """
+        unbounded = self.max_size >= torch.iinfo(torch.int64).max
+        return Summary(type(self).__name__, len(self), None if unbounded else self.max_size,
+                       cursor=self._last_cursor_index,
+                       episodes=getattr(self, "num_episodes", None))
+
+    def __repr__(self) -> str:
+        return render_text(self.summary())
+
+    def _repr_html_(self) -> str:
+        return render_html(self.summary())
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_rng", None)
@@ -217,6 +237,24 @@ def _last_time_index(cursor: Any, max_size: int) -> int:
     except ImportError:  # pragma: no cover
         pass
     return int(cursor)
+
+
+def sizes_listed(spec: StoreSpec) -> bool:
+    """Whether a summary lists stored bytes: only local and ``memory://`` stores (listing an
+    object store can take long; ``nbytes`` does it on request)."""
+    return spec.protocol in ("file", "memory")
+
+
+def unlisted_sizes_fact(spec: StoreSpec) -> tuple[tuple[str, str], ...]:
+    """The summary fact saying why stored bytes are missing (empty when they are listed)."""
+    if sizes_listed(spec):
+        return ()
+    return (("stored", f"not listed on {spec.protocol}:// (storage.nbytes lists it)"),)
+
+
+def stored_bytes_under(spec: StoreSpec, path: str) -> int:
+    """Bytes stored under ``path`` inside ``spec``'s location (one key's objects)."""
+    return StoreSpec.parse(f"{spec.url}/{path}", spec.storage_options).stored_bytes()
 
 
 def cells(shape: tuple[int, ...]) -> int:

@@ -24,6 +24,7 @@ Store layout under the storage's URL (every array is plain Zarr v3)::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import uuid
 import warnings
@@ -39,13 +40,14 @@ from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats
 from ..codecs import CodecSpec, parse_codecs
+from ..display import KeyRow, Summary, dtype_name
 from ..dtypes import torch_dtype_from_name, torch_dtype_name
 from ..errors import (CorruptChunkError, FormatVersionError, MissingKeyError, NotAZStoreError, SchemaError,
                       StoreExistsError, ZStoreError)
 from ..group import ZSTORE_ATTR, open_group
 from ..layout import FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, key_to_path
 from ..store import StoreSpec
-from .base import CompressionRatio
+from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .list import ListStorage, _as_int
 from .memmap import LazyMemmapStorage, _delete_store
 
@@ -857,17 +859,19 @@ class CompressedListStorage(CompressionRatio, ListStorage):
     @property
     def raw_nbytes(self) -> int:
         """Bytes the items take uncompressed."""
-        total = 0
-        if self._table is not None:
-            total += self._len * sum(math.prod(s) * self._dtypes[p].itemsize
-                                     for p, s in self._fixed.items())
-        for path, ragged in self._ragged.items():
-            if ragged is not None and self._len:
-                index = ragged.index.table.read(torch.arange(self._len))
-                shapes = index["item_shape" if self.custom else "shape"]
-                nd = ragged.item_ndim if self.custom else ragged.ndim
-                total += int(shapes[:, :nd].prod(-1).sum()) * self._dtypes[path].itemsize
-        return total
+        return sum(self._raw_bytes_of(path) for path in self._dtypes)
+
+    def _raw_bytes_of(self, path: str) -> int:
+        """Bytes key ``path`` takes uncompressed over all items."""
+        if path in self._fixed:
+            return self._len * math.prod(self._fixed[path]) * self._dtypes[path].itemsize
+        ragged = self._ragged.get(path)
+        if ragged is None or not self._len:
+            return 0
+        index = ragged.index.table.read(torch.arange(self._len))
+        shapes = index["item_shape" if self.custom else "shape"]
+        nd = ragged.item_ndim if self.custom else ragged.ndim
+        return int(shapes[:, :nd].prod(-1).sum()) * self._dtypes[path].itemsize
 
     def bytes(self) -> int:
         """Stored bytes, as TorchRL's ``bytes()`` (warns and returns 0 when empty)."""
@@ -889,17 +893,28 @@ class CompressedListStorage(CompressionRatio, ListStorage):
                     setattr(total, name, getattr(total, name) + getattr(stats, name))
         return total
 
-    def __repr__(self) -> str:
+    def summary(self) -> Summary:
+        """Fill, store URL (redacted), cache and, per key, shape (or ``ragged``), dtype, codec, bytes.
+
+        Stored bytes are listed only on local and ``memory://`` stores.
+        """
+        base = dataclasses.replace(super().summary(), spec=self.spec)
         if self._kind is None:
-            return f"{type(self).__name__}(url={self.spec.redacted()}, <empty>, max_size={self.max_size})"
-        keys = [f"{p}: {str(self._dtypes[p]).removeprefix('torch.')}{list(s)}"
-                for p, s in self._fixed.items()]
-        keys += [f"{p}: {str(self._dtypes[p]).removeprefix('torch.')} ragged"
-                 for p in self._ragged]
-        codecs = str(self.default_codec) if not self.custom else "custom compression_fn"
-        if self.key_codecs:
-            codecs += f" ({', '.join(f'{p}: {c}' for p, c in self.key_codecs.items())})"
-        stored = self.nbytes
-        return (f"{type(self).__name__}(\n    url={self.spec.redacted()},\n    keys=[{', '.join(keys)}],\n"
-                f"    len={len(self)}, max_size={self.max_size}, codec={codecs},\n"
-                f"    nbytes={stored}, compression_ratio={self.raw_nbytes / max(1, stored):.1f})")
+            return base
+        listed = sizes_listed(self.spec)
+        if listed:
+            self.flush()
+        codec = "custom compression_fn" if self.custom else None
+        rows = []
+        for path, dtype in self._dtypes.items():
+            ragged = path in self._ragged
+            where = f"ragged/{path}" if ragged else f"items-{self._table_gen}/{path}"
+            shape = "ragged" if ragged else self._fixed[path]
+            rows.append(KeyRow("(tensor)" if path == SINGLE_TENSOR_KEY else path, shape,
+                               dtype_name(dtype), codec=codec or str(self.codec_of(path)),
+                               stored_bytes=stored_bytes_under(self.spec, where) if listed else None,
+                               raw_bytes=self._raw_bytes_of(path)))
+        return dataclasses.replace(
+            base, rows=tuple(rows), facts=unlisted_sizes_fact(self.spec), stored_bytes=self.spec.stored_bytes() if listed else None,
+            raw_bytes=sum(row.raw_bytes for row in rows), cache_tier="host", cache_budget=self.cache_bytes,
+            cache_stats=self.cache_stats)

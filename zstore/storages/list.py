@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection, lazy_stack
 from torch.utils._pytree import tree_map
 
+from ..display import KeyRow, Summary, dtype_name, item_note, tensor_leaves
 from .base import Storage
 
 _INT_TYPES = (int, np.integer)
@@ -136,10 +138,18 @@ class ListStorage(Storage):
         self._storage = items
         self._bump_mutation_revision()
 
-    def __repr__(self) -> str:
+    def summary(self) -> Summary:
+        """Fill, and the keys / shapes / dtypes of the first item (items may differ)."""
+        base = super().summary()
         if not self._storage:
-            return f"{type(self).__name__}()"
-        return f"{type(self).__name__}(\n    items=[{self._storage[0]!r}, ...],\n    len={len(self)})"
+            return base
+        first = self._storage[0]
+        leaves = tensor_leaves(first)
+        facts = () if self.device is None else (("device", str(self.device)),)
+        if not leaves:
+            return dataclasses.replace(base, facts=facts + (("item 0", item_note(first)),))
+        rows = tuple(KeyRow(key, tuple(value.shape), dtype_name(value.dtype)) for key, value in leaves)
+        return dataclasses.replace(base, rows=rows, facts=facts + (("items", "keys and shapes of item 0"),))
 
 
 class LazyStackStorage(ListStorage):

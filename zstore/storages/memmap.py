@@ -11,6 +11,7 @@ sees exactly the committed rows.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 from concurrent.futures import Future
 import tempfile
@@ -25,11 +26,12 @@ from tensordict import is_tensor_collection, is_tensorclass
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats, cache_tier
 from ..codecs import choose_layout, parse_codecs
 from ..errors import MissingKeyError, ReadOnlyError, SchemaError, StoreExistsError
+from ..display import KeyRow, Summary, dtype_name
 from ..group import commit, create_group, existing_meta, open_group
-from ..layout import Schema, StoreMeta
+from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta
 from ..store import StoreSpec
 from ..table import ChunkedTable, MmapTable, Table
-from .base import CompressionRatio
+from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .tensor import LazyTensorStorage, TensorStorage, _is_int
 
 _LIVE: "weakref.WeakSet[LazyMemmapStorage]" = weakref.WeakSet()
@@ -576,23 +578,41 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         _LIVE.add(self)
         _LIVE.discard(other)
 
-    def __repr__(self) -> str:
-        if not self.initialized:
-            return f"{type(self).__name__}(url={self.spec.redacted()}, <empty>, max_size={self.max_size})"
-        keys = ", ".join(f"{leaf.path}: {str(leaf.dtype).removeprefix('torch.')}{list(leaf.shape)}"
-                         for leaf in self._schema.leaves)
-        return (f"{type(self).__name__}(\n    url={self.spec.redacted()},\n    keys=[{keys}],\n"
-                f"    shape={self.shape}, len={len(self)}, max_size={self.max_size},\n"
-                f"    codec={self._codec_text()}, cache={self.cache}{self._size_note()})")
+    # -- display ------------------------------------------------------------------------
+    def summary(self) -> Summary:
+        """Fill, cursor, store URL (redacted), cache, and per key: shape, dtype, codec, bytes.
 
-    def _size_note(self) -> str:
-        # sizing an object store means listing it, which can take long: local / memory only
-        if self.spec.protocol not in ("file", "memory"):
-            return ""
-        stored = self.nbytes
-        return f",\n    nbytes={stored}, compression_ratio={self.raw_nbytes / max(1, stored):.1f}"
+        Stored bytes are listed only on local and ``memory://`` stores: sizing an
+        object store means listing it (``nbytes`` does that on request).
+        """
+        return dataclasses.replace(super().summary(), spec=self.spec)
 
-    def _codec_text(self) -> str:
-        if not self.key_codecs:
-            return str(self.codec)
-        return f"{self.codec} ({', '.join(f'{p}: {c}' for p, c in self.key_codecs.items())})"
+    def _summary_details(self, base: Summary) -> dict[str, Any]:
+        listed = sizes_listed(self.spec)
+        if listed and self._table is not None and not (self.spec.read_only or self._meta.read_only):
+            self._table.flush()  # written rows count as stored
+        filled = self._len_along_dim0
+        lanes = len(self._schema.lane_shape)
+        rows = tuple(
+            KeyRow("(tensor)" if leaf.path == SINGLE_TENSOR_KEY else leaf.path, leaf.shape[lanes:],
+                   dtype_name(leaf.dtype), codec=str(self.key_codecs.get(leaf.path, self.codec)),
+                   stored_bytes=stored_bytes_under(self.spec, leaf.path) if listed else None,
+                   raw_bytes=filled * leaf.row_bytes)
+            for leaf in self._schema.leaves)
+        facts = self._summary_facts()
+        if self.spec.read_only or self._meta.read_only:
+            facts += (("mode", "read-only"),)
+        if self._table is None:
+            facts += (("state", "closed (reopen with zstore.open(url))"),)
+        else:
+            facts += unlisted_sizes_fact(self.spec)
+        return {"rows": rows, "facts": facts,
+                "stored_bytes": self.spec.stored_bytes() if listed else None,
+                "raw_bytes": filled * self._schema.row_bytes, "episodes": base.episodes,
+                "cache_tier": self.cache if self._table is not None else None,
+                "cache_budget": self.cache_bytes,
+                "cache_stats": self.cache_stats if self._table is not None else None}
+
+    def _summary_facts(self) -> tuple[tuple[str, str], ...]:
+        return (("shape", str(list(self._total_shape))),) + \
+            ((("ndim", str(self.ndim)),) if self.ndim > 1 else ())

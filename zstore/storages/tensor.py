@@ -9,6 +9,7 @@ classes implement here and :class:`~zstore.LazyMemmapStorage` implements on Zarr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -22,6 +23,7 @@ from tensordict import (
 )
 from torch.utils import _pytree as pytree
 
+from ..display import KeyRow, Summary, dtype_name, tensor_leaves
 from .base import Storage
 
 
@@ -343,13 +345,35 @@ class TensorStorage(Storage):
         self._write(index, current)
         self._bump_mutation_revision()
 
-    def __repr__(self) -> str:
-        if not self.initialized:
-            data = "<empty>"
-        else:
-            data = repr(self._storage).replace("\n", "\n    ")
-        return (f"{type(self).__name__}(\n    data={data}, \n    shape={self.shape}, \n    "
-                f"len={len(self)}, \n    max_size={self.max_size})")
+    # -- display ---------------------------------------------------------------------------
+    def summary(self) -> Summary:
+        """Fill, cursor and, per key, feature shape, dtype, bytes allocated (``stored``) and filled (``raw``)."""
+        base = super().summary()
+        return dataclasses.replace(base, **self._summary_details(base)) if self.initialized else base
+
+    def _summary_details(self, base: Summary) -> dict[str, Any]:
+        """The :class:`Summary` fields an initialised storage adds to the base ones."""
+        filled = self._len_along_dim0
+        rows = []
+        for key, value in tensor_leaves(self._storage):
+            row_bytes = math.prod(value.shape[1:]) * value.element_size()
+            rows.append(KeyRow(key, tuple(value.shape[self.ndim:]), dtype_name(value.dtype),
+                               stored_bytes=value.shape[0] * row_bytes, raw_bytes=filled * row_bytes))
+        return {"rows": tuple(rows), "facts": self._summary_facts(),
+                "stored_bytes": sum(r.stored_bytes for r in rows),
+                "raw_bytes": sum(r.raw_bytes for r in rows),
+                "episodes": base.episodes if base.episodes is not None else self._episodes_ended()}
+
+    def _summary_facts(self) -> tuple[tuple[str, str], ...]:
+        facts = (("shape", str(list(self._total_shape))), ("device", str(self.device)))
+        return facts + ((("ndim", str(self.ndim)),) if self.ndim > 1 else ())
+
+    def _episodes_ended(self) -> int | None:
+        """How many ``("next", "done")`` flags are set in the filled cells (in-RAM TED data only)."""
+        done = self._storage.get(("next", "done"), None) if is_tensor_collection(self._storage) else None
+        if not isinstance(done, torch.Tensor) or (self.ndim > 1 and not self._is_full):
+            return None  # not TED data; or the last row is partly filled (its other cells hold no data)
+        return int(done[: self._len_along_dim0].sum())
 
 
 def _apply(container: Any, fn) -> Any:
