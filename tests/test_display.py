@@ -234,6 +234,7 @@ def test_credentials_never_shown(s3_server, s3_bucket, cls):
         assert SECRET not in text and KEY_ID not in text
         assert url in text and "***" in text and s3_server in text
     assert SECRET not in repr(s.summary()) and KEY_ID not in repr(s.summary())
+    assert SECRET not in repr(s.spec) and KEY_ID not in repr(s.spec) and url in repr(s.spec)
     reader = zstore.open(url, storage_options=options, mode="r")
     assert SECRET not in repr(reader) + reader._repr_html_()
     assert KEY_ID not in repr(reader) + reader._repr_html_()

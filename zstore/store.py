@@ -45,7 +45,7 @@ def _redact(options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class StoreSpec:
     """Where a buffer lives: a URL, fsspec ``storage_options`` and a read-only flag.
 
@@ -91,6 +91,10 @@ class StoreSpec:
         if not self.storage_options:
             return self.url
         return f"{self.url} {_redact(self.storage_options)}"
+
+    def __repr__(self) -> str:  # never the credentials
+        return (f"StoreSpec(url={self.url!r}, storage_options={_redact(self.storage_options)!r}, "
+                f"read_only={self.read_only})")
 
     def as_read_only(self) -> "StoreSpec":
         """The same location, opened read-only (a new value; this one is unchanged)."""
