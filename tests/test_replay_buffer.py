@@ -109,6 +109,18 @@ def _random_batches_match(storage) -> None:
     assert_equal(rb[model.cursor], single)
 
 
+def test_random_cells_of_an_ndim2_storage(location):
+    storage = zstore.LazyMemmapStorage(30, ndim=2, scratch_dir=location.new(),
+                                       storage_options=location.options)
+    rb = ReplayBuffer(storage, batch_size=64)
+    rollout = TensorDict(obs=torch.arange(18.0).reshape(6, 3), batch_size=[6, 3])  # [time, env]
+    rb.extend(rollout)
+    batch, info = rb.sample(generator=torch.Generator().manual_seed(0), return_info=True)
+    time, env = info["index"]
+    assert int(time.max()) < 6 and int(env.max()) < 3 and len(set(env.tolist())) == 3
+    assert torch.equal(batch["obs"], rollout["obs"][time, env])
+
+
 def test_random_sampler_refuses_empty_and_needs_a_batch_size():
     rb = ReplayBuffer(zstore.LazyTensorStorage(10))
     with pytest.raises(ValueError, match="batch_size was given neither"):

@@ -43,16 +43,20 @@ def _require_rows(storage: Any) -> int:
 class RandomSampler(Sampler):
     """Uniform sampling with replacement: ``torch.randint(len(storage), (batch_size,))``.
 
+    For ``ndim > 1`` storages, one index tensor per dim of ``storage.shape`` (the
+    filled rows and every lane), as TorchRL's tensor storages draw them.
+
     >>> RandomSampler().sample(zstore.TensorStorage(torch.zeros(10)), 4).shape
     torch.Size([4])
     """
 
     def sample(self, storage: Any, batch_size: int,
-               generator: torch.Generator | None = None) -> torch.Tensor:
+               generator: torch.Generator | None = None) -> torch.Tensor | tuple[torch.Tensor, ...]:
         n = _require_rows(storage)
-        if getattr(storage, "ndim", 1) != 1:
-            raise ValueError(f"RandomSampler samples 1-D storages; this one has ndim={storage.ndim}")
-        return torch.randint(0, n, (batch_size,), generator=generator)
+        if getattr(storage, "ndim", 1) == 1:
+            return torch.randint(0, n, (batch_size,), generator=generator)
+        return tuple(torch.randint(0, dim, (batch_size,), generator=generator)
+                     for dim in storage.shape)
 
     def __repr__(self) -> str:
         return "RandomSampler()"
