@@ -454,3 +454,17 @@ def test_docs_examples_run(number, capsys):
     expected = [line.split("# ")[-1] for line in blocks[number].splitlines() if "print(" in line]
     exec(compile(blocks[number], f"docs/torchrl.md example {number}", "exec"), {})  # noqa: S102
     assert capsys.readouterr().out.strip().splitlines()[-1] == expected[-1].strip()
+
+
+@pytest.mark.parametrize("kind_", [*IN_MEMORY, "CompressedListStorage"])
+def test_in_memory_buffers_pickle_twice(kind_, tmp_path):
+    """TorchRL's Storage.__setstate__ would add multiprocessing counters that refuse a second
+    pickling; zstore's state comes back as it was."""
+    storage, _ = make_pair(kind_, _memory_location(), tmp_path)
+    rb = T.TensorDictReplayBuffer(storage=storage, batch_size=BATCH)
+    if kind_ != "TensorStorage":
+        fill(rb)
+    copy = pickle.loads(pickle.dumps(pickle.loads(pickle.dumps(rb))))
+    assert type(copy.storage) is type(storage)
+    assert not hasattr(copy.storage, "_mutation_revision_value")
+    assert_same_samples(copy, rb)
