@@ -25,8 +25,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from torchrl.data.replay_buffers import storages as _trl
-from torchrl.data.replay_buffers import writers as _trl_writers
+try:
+    from torchrl.data.replay_buffers import storages as _trl
+    from torchrl.data.replay_buffers import writers as _trl_writers
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(f"zstore.torchrl needs TorchRL (pip install torchrl): {exc}") from exc
 
 from . import storages as _z
 from .api import open as _open
