@@ -193,6 +193,20 @@ def test_slice_sampler_sees_writes_that_bypass_the_buffer():
     assert set(rb.sample(generator=torch.Generator().manual_seed(3))["step"].tolist()) <= set(range(6))
 
 
+@pytest.mark.parametrize("kind", ["LazyStackStorage", "ListStorage", "CompressedListStorage"])
+def test_slices_of_list_storages(kind):
+    storage = zstore.CompressedListStorage(100) if kind == "CompressedListStorage" \
+        else getattr(zstore, kind)()  # unbounded
+    rb = ReplayBuffer(storage, sampler=SliceSampler(slice_len=3), batch_size=6)
+    model = RingModel(10**6)
+    for lengths in ([4, 5], [2], [6, -3]):  # the newest episode is unfinished
+        data = episodes(lengths, first_episode=model.written, first_step=model.written)
+        rb.extend(list(data.unbind(0)))
+        model.extend(data)
+        check_windows(rb.sample(generator=torch.Generator().manual_seed(len(rb))), 2, 3, model)
+    assert len(rb) == 20
+
+
 def test_slice_sampler_arguments_and_errors():
     with pytest.raises(TypeError, match="exactly one of num_slices and slice_len"):
         SliceSampler()
@@ -210,8 +224,8 @@ def test_slice_sampler_arguments_and_errors():
     with pytest.raises(KeyError, match="traj_key 'run' is not in the data"):
         other.sample(4)
     listed = ReplayBuffer(zstore.ListStorage(10), sampler=SliceSampler(slice_len=2))
-    listed.extend(list(episodes([4]).unbind(0)))
-    with pytest.raises(TypeError, match="not a list"):
+    listed.extend(["a", "b", "c"])
+    with pytest.raises(TypeError, match="reads its key from TensorDicts; this storage holds other"):
         listed.sample(4)
 
 

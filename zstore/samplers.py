@@ -15,6 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from tensordict import is_tensor_collection
+
+from .storages import stack_items
 
 #: Rows read at a time when a sampler scans a storage's end flags or trajectory ids.
 SCAN_ROWS = 1 << 16
@@ -108,9 +111,11 @@ class SliceSampler(Sampler):
         return self.end_key if self.traj_key is None else self.traj_key
 
     def _marks_of(self, data: Any, rows: int) -> torch.Tensor:
-        if isinstance(data, list):
-            raise TypeError("SliceSampler needs a storage that reads slices as TensorDicts "
-                            "(a tensor storage or LazyStackStorage), not a list")
+        if isinstance(data, (list, tuple)):  # items of a list storage, or a list written
+            if not all(is_tensor_collection(x) for x in data):
+                raise TypeError("SliceSampler reads its key from TensorDicts; this storage "
+                                "holds other items")
+            data = stack_items(list(data) if isinstance(data, tuple) else data)
         try:
             value = data.get(self._key)
         except (KeyError, AttributeError):
@@ -126,9 +131,9 @@ class SliceSampler(Sampler):
         if self._marks is None or self._revision != revision:
             return  # not up to date before this write: the next sample scans the storage
         index = torch.as_tensor(index).reshape(-1).cpu()
-        if self._marks.shape[0] < storage.max_size:
-            self._marks = torch.cat([self._marks, self._marks.new_zeros(
-                storage.max_size - self._marks.shape[0])])
+        grow = int(index.max()) + 1 - self._marks.shape[0] if index.numel() else 0
+        if grow > 0:  # the rows written so far, never the capacity (unbounded list storages)
+            self._marks = torch.cat([self._marks, self._marks.new_zeros(grow)])
         self._marks[index] = self._marks_of(data, len(index))
         self._revision = storage._mutation_revision
 
