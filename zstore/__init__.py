@@ -37,13 +37,16 @@ from .storages import (
     TensorStorage,
     stack_items,
 )
+from .replay_buffer import ReplayBuffer
+from .samplers import RandomSampler, Sampler, SliceSampler
 from .store import StoreSpec
 from .writers import ImmutableDatasetWriter, RoundRobinWriter, TensorDictRoundRobinWriter, Writer
 
 __all__ = [
     "open", "Storage", "ListStorage", "LazyStackStorage", "TensorStorage", "LazyTensorStorage",
     "LazyMemmapStorage", "CompressedListStorage", "stack_items", "Writer", "RoundRobinWriter", "TensorDictRoundRobinWriter",
-    "ImmutableDatasetWriter", "StoreSpec", "CodecSpec", "CacheStats", "cache_tier",
+    "ImmutableDatasetWriter", "ReplayBuffer", "Sampler", "RandomSampler", "SliceSampler",
+    "StoreSpec", "CodecSpec", "CacheStats", "cache_tier",
     "ZStoreError", "BackendNotInstalledError", "StoreNotFoundError", "NotAZStoreError",
     "FormatVersionError", "ReadOnlyError", "SchemaError", "MissingKeyError", "InvalidKeyError",
     "CorruptChunkError", "StoreExistsError", "display", "plots",

@@ -8,7 +8,9 @@
    on a moto server on loopback, then flushed (data first, commit last).
 3. A new Python process (``python -m zstore.demo --reader``) reopens the buffer
    with ``zstore.open(url, mode="r")``, checks its length, cursor and contents,
-   samples random batches and trajectory slices, and reports back as JSON.
+   samples random batches and trajectory slices through a
+   :class:`~zstore.ReplayBuffer` (:class:`~zstore.RandomSampler`,
+   :class:`~zstore.SliceSampler`), and reports back as JSON.
 4. A short report: what was written, how long each step took.
 """
 
@@ -231,16 +233,6 @@ def _stored_bytes(url: str, options: Mapping[str, Any], names: list[str]) -> dic
 
 # -- the reader (runs in another process) ---------------------------------------------------
 
-def _runs(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Starts and lengths of the maximal runs of equal consecutive values."""
-    if ids.numel() == 0:
-        return ids, ids
-    starts = torch.cat([torch.zeros(1, dtype=torch.int64),
-                        torch.nonzero(ids[1:] != ids[:-1]).squeeze(-1) + 1])
-    lengths = torch.diff(torch.cat([starts, torch.tensor([ids.numel()])]))
-    return starts, lengths
-
-
 def read_back(url: str, storage_options: Mapping[str, Any] | None, *, length: int, cursor: int,
               schema: list[list[Any]], sums: Mapping[str, float], seed: int = 0) -> dict[str, Any]:
     """Reopen the buffer read-only, check it, sample it, and return what was seen and timed.
@@ -261,11 +253,12 @@ def read_back(url: str, storage_options: Mapping[str, Any] | None, *, length: in
             problems.append(f"cursor {last}, the writer committed {cursor}")
         if n == 0:
             return {"problems": problems or ["the buffer is empty"]}
+        rb = zstore.ReplayBuffer(storage, sampler=zstore.RandomSampler(),
+                                 writer=zstore.ImmutableDatasetWriter(), batch_size=BATCH_SIZE)
 
         def sample() -> tuple[TensorDict, float]:
-            index = torch.randint(n, (BATCH_SIZE,), generator=gen)
             start = time.perf_counter()
-            batch = storage.get(index)
+            batch = rb.sample(generator=gen)
             return batch, time.perf_counter() - start
 
         first, t_first = sample()
@@ -285,21 +278,25 @@ def read_back(url: str, storage_options: Mapping[str, Any] | None, *, length: in
         problems += [f"contents of {k!r} differ: checksum {got.get(k)} != written {sums[k]}"
                      for k in bad]
 
-        starts, lengths = _runs(everything[_TRAJ_KEY])
-        long_enough = torch.nonzero(lengths >= SLICE_LEN).squeeze(-1)
+        slicer = zstore.ReplayBuffer(
+            storage, sampler=zstore.SliceSampler(slice_len=SLICE_LEN, traj_key=_TRAJ_KEY),
+            writer=zstore.ImmutableDatasetWriter())
+        try:
+            pieces, info = slicer.sample(SLICES * SLICE_LEN, generator=gen, return_info=True)
+        except ValueError:  # no trajectory of SLICE_LEN consecutive rows
+            pieces, info = None, {"index": torch.empty(0, SLICE_LEN, dtype=torch.int64)}
         slices = []
-        for pick in long_enough[torch.randperm(len(long_enough), generator=gen)[:SLICES]]:
-            room = int(lengths[pick]) - SLICE_LEN
-            lo = int(starts[pick]) + int(torch.randint(room + 1, (1,), generator=gen))
-            piece = storage.get(torch.arange(lo, lo + SLICE_LEN))
+        for i, rows in enumerate(info["index"].reshape(-1, SLICE_LEN)):
+            piece = pieces[i * SLICE_LEN:(i + 1) * SLICE_LEN]
+            lo, hi = int(rows[0]), int(rows[-1])
             ids = piece[_TRAJ_KEY]
             chained = torch.equal(piece["next", "observation"][:-1], piece["observation"][1:])
             early_end = bool(piece["next", "done"][:-1].any())
             if not (chained and bool((ids == ids[0]).all()) and not early_end):
-                problems.append(f"slice {lo}..{lo + SLICE_LEN - 1} is not one trajectory")
+                problems.append(f"slice {lo}..{hi} is not one trajectory")
             end = piece["next"][-1]
             slices.append({
-                "traj": int(ids[0]), "rows": [lo, lo + SLICE_LEN - 1],
+                "traj": int(ids[0]), "rows": [lo, hi],
                 "return": float(piece["next", "reward"].sum()), "chained": chained,
                 "end": "terminated" if bool(end["terminated"]) else
                        "truncated" if bool(end["truncated"]) else "",

@@ -130,8 +130,8 @@ class ListStorage(Storage):
         for item in state_dict["_storage"]:
             if isinstance(item, torch.Tensor):
                 items.append(item.clone())
-            elif isinstance(item, dict):
-                items.append(TensorDict(dict(item), batch_size=[]).clone())
+            elif isinstance(item, dict):  # TensorDict.state_dict: nested keys are "a.b"
+                items.append(TensorDict().load_state_dict(item, strict=False).clone())
             else:
                 raise TypeError(f"Objects of type {type(item)} are not supported by "
                                 "ListStorage.load_state_dict")

@@ -1,0 +1,151 @@
+"""zstore's storages as drop-in storages for TorchRL's replay buffers.
+
+TorchRL's ``ReplayBuffer`` accepts only instances of its own ``Storage``, picks
+its default collate function by class, and its ``SliceSampler`` takes a fast
+path for ``isinstance(storage, TensorStorage)``. Each class here therefore
+subclasses **both** the zstore storage and the TorchRL storage of the same
+name, with zstore first in the method resolution order::
+
+    LazyMemmapStorage -> zstore.LazyMemmapStorage ... zstore.Storage
+                      -> (gap fillers) -> torchrl LazyMemmapStorage ... torchrl Storage
+
+so every method zstore defines is zstore's (Zarr stores at any URL, 64-bit
+counters, specific errors), and TorchRL's classes only make the ``isinstance``
+checks pass. Switching is one import line::
+
+    from zstore.torchrl import LazyMemmapStorage   # was: from torchrl.data import ...
+    rb = TensorDictReplayBuffer(storage=LazyMemmapStorage(1_000_000, scratch_dir="s3://b/rb"))
+
+This module imports TorchRL; ``import zstore`` never imports this module.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+try:
+    from torchrl.data.replay_buffers import storages as _trl
+    from torchrl.data.replay_buffers import writers as _trl_writers
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(f"zstore.torchrl needs TorchRL (pip install torchrl): {exc}") from exc
+
+from . import storages as _z
+from .api import open as _open
+from .cache import DEFAULT_CACHE_BYTES
+
+__all__ = [
+    "CompressedListStorage",
+    "LazyMemmapStorage",
+    "LazyStackStorage",
+    "LazyTensorStorage",
+    "ListStorage",
+    "RoundRobinWriter",
+    "TensorDictRoundRobinWriter",
+    "TensorStorage",
+    "open",
+    "torchrl_class",
+]
+
+
+class _GapFiller:
+    """Placed after the zstore classes and before TorchRL's in every MRO below.
+
+    It only supplies what zstore does not define and TorchRL's version would get
+    wrong on a zstore object. TorchRL's ``Storage.__setstate__`` rebuilds its
+    ``multiprocessing.Value`` counters, which zstore does not use (and which a
+    second pickling would refuse); a plain state restore is what zstore needs.
+    """
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+class ListStorage(_z.ListStorage, _GapFiller, _trl.ListStorage):
+    """:class:`zstore.ListStorage` that TorchRL's replay buffers accept."""
+
+
+class LazyStackStorage(_z.LazyStackStorage, ListStorage, _trl.LazyStackStorage):
+    """:class:`zstore.LazyStackStorage` that TorchRL's replay buffers accept."""
+
+
+class CompressedListStorage(_z.CompressedListStorage, ListStorage, _trl.CompressedListStorage):
+    """:class:`zstore.CompressedListStorage` that TorchRL's replay buffers accept.
+
+    TorchRL collates its samples with ``lazy_stack``; pass
+    ``collate_fn=zstore.stack_items`` to get the pre-stacked batch instead.
+    """
+
+
+class TensorStorage(_z.TensorStorage, _GapFiller, _trl.TensorStorage):
+    """:class:`zstore.TensorStorage` that TorchRL's replay buffers accept."""
+
+
+class LazyTensorStorage(_z.LazyTensorStorage, TensorStorage, _trl.LazyTensorStorage):
+    """:class:`zstore.LazyTensorStorage` that TorchRL's replay buffers accept."""
+
+
+class LazyMemmapStorage(_z.LazyMemmapStorage, LazyTensorStorage, _trl.LazyMemmapStorage):
+    """:class:`zstore.LazyMemmapStorage` (Zarr at any URL) that TorchRL's replay buffers accept."""
+
+
+_TWINS: dict[type, type] = {
+    _z.ListStorage: ListStorage, _z.LazyStackStorage: LazyStackStorage,
+    _z.CompressedListStorage: CompressedListStorage, _z.TensorStorage: TensorStorage,
+    _z.LazyTensorStorage: LazyTensorStorage, _z.LazyMemmapStorage: LazyMemmapStorage,
+}
+
+
+def torchrl_class(cls: type) -> type:
+    """The TorchRL-compatible class of a zstore storage class (built once for subclasses).
+
+    >>> torchrl_class(zstore.LazyMemmapStorage) is LazyMemmapStorage
+    True
+    """
+    if cls in _TWINS.values():
+        return cls
+    if cls not in _TWINS:
+        base = next((c for c in cls.__mro__ if c in _TWINS), None)
+        if base is None:
+            raise TypeError(f"{cls.__name__} is not a zstore storage class")
+        _TWINS[cls] = type(cls.__name__, (cls, _TWINS[base]),
+                           {"__module__": __name__, "__doc__": cls.__doc__})
+    return _TWINS[cls]
+
+
+def open(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None, *,
+         mode: str = "r+", cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host",
+         device: Any = None):
+    """:func:`zstore.open`, returning the storage as its TorchRL-compatible class.
+
+    >>> storage = zstore.torchrl.open("s3://bucket/rb", mode="r")  # doctest: +SKIP
+    >>> rb = TensorDictReplayBuffer(storage=storage, writer=ImmutableDatasetWriter())  # doctest: +SKIP
+    """
+    storage = _open(url, storage_options, mode=mode, cache_bytes=cache_bytes, cache=cache,
+                    device=device)
+    storage.__class__ = torchrl_class(type(storage))  # adds no state: only isinstance changes
+    return storage
+
+
+class _Resuming:
+    """On ``register_storage``, a fresh writer continues after a reopened storage's last cursor.
+
+    TorchRL's writers always start at cursor 0, so a buffer built over a storage
+    reopened with :func:`open` would overwrite its oldest rows from row 0 on.
+    """
+
+    def register_storage(self, storage: Any) -> None:
+        super().register_storage(storage)
+        last = getattr(storage, "_last_cursor_index", None)
+        if last is not None and len(storage) and self._cursor == 0 and self._write_count == 0:
+            self._cursor = (last + 1) % storage._max_size_along_dim0()
+            self._write_count = len(storage)
+
+
+class RoundRobinWriter(_Resuming, _trl_writers.RoundRobinWriter):
+    """TorchRL's RoundRobinWriter that resumes a reopened storage (see :func:`open`)."""
+
+
+class TensorDictRoundRobinWriter(_Resuming, _trl_writers.TensorDictRoundRobinWriter):
+    """TorchRL's TensorDictRoundRobinWriter that resumes a reopened storage (see :func:`open`)."""
