@@ -427,6 +427,18 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self._uncommitted = False
         self._last_commit = time.monotonic()
 
+    def seal(self) -> int:
+        """Publish this buffer as a read-only dataset; returns its number of episodes.
+
+        Flushes, stores the episode index computed from the TED done flags,
+        consolidates the metadata and commits ``sealed``/``read_only`` last.
+        The storage is read-only afterwards; reopen it with
+        :func:`zstore.open_dataset`. See :mod:`zstore.dataset.seal`.
+        """
+        from ..dataset.seal import seal_storage  # the dataset layer sits above the storages
+
+        return seal_storage(self)
+
     def close(self) -> None:
         """Flush and release the table; the storage can be reopened with :func:`zstore.open`."""
         if self._table is not None and not self._cleaned:

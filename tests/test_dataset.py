@@ -1,0 +1,247 @@
+"""Sealed datasets: the episode index against a plain-Python model, sampling, opening cost."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import zstore
+from zstore.dataset import open_dataset
+
+
+def _transitions(n: int, seed: int = 0, lanes: tuple[int, ...] = ()) -> TensorDict:
+    """TED steps whose ("collector", "traj_ids") and obs let a test check episode membership."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (n, *lanes)
+    term = torch.rand(*shape, 1, generator=g) < 0.06
+    trunc = (torch.rand(*shape, 1, generator=g) < 0.04) & ~term
+    done = term | trunc
+    # trajectory ids: a new id after every done step, per lane
+    ids = torch.cumsum(torch.cat([torch.zeros(1, *lanes, 1, dtype=torch.long),
+                                  done[:-1].long()]), 0).squeeze(-1)
+    return TensorDict({
+        "obs": torch.arange(n * max(1, int(torch.tensor(lanes).prod()) if lanes else 1),
+                            dtype=torch.float32).reshape(*shape, 1),
+        "action": torch.randn(*shape, 2, generator=g),
+        ("collector", "traj_ids"): ids,
+        ("next", "reward"): torch.randn(*shape, 1, generator=g),
+        ("next", "done"): done, ("next", "terminated"): term, ("next", "truncated"): trunc,
+    }, batch_size=list(shape))
+
+
+def _model_episodes(td: TensorDict) -> list[dict]:
+    """Reference index of a 1-D chronological TD: a plain loop over the done flags."""
+    out, start = [], 0
+    for t in range(td.shape[0]):
+        if bool(td["next", "done"][t]) or t == td.shape[0] - 1:
+            out.append({"start": start, "length": t - start + 1,
+                        "return": float(td["next", "reward"][start:t + 1].double().sum()),
+                        "terminated": bool(td["next", "terminated"][t]),
+                        "truncated": bool(td["next", "truncated"][t])})
+            start = t + 1
+    return out
+
+
+def _as_rows(index: TensorDict) -> list[dict]:
+    return [{"start": int(e["start"]), "length": int(e["length"]),
+             "return": pytest.approx(float(e["return"][0])),
+             "terminated": bool(e["terminated"]), "truncated": bool(e["truncated"])}
+            for e in index]
+
+
+def _sealed(location, td: TensorDict, capacity: int | None = None, **kw) -> str:
+    url = location.new("ds")
+    storage = zstore.LazyMemmapStorage(capacity or td.shape[0], scratch_dir=url,
+                                       storage_options=location.options, **kw)
+    writer = zstore.RoundRobinWriter()
+    writer.register_storage(storage)
+    writer.extend(td)
+    assert storage.seal() > 0
+    storage.close()
+    return url
+
+
+def test_episode_index_matches_a_python_model(location):
+    td = _transitions(300)
+    td["next", "done"][-1] = td["next", "terminated"][-1] = td["next", "truncated"][-1] = False
+    ds = open_dataset(_sealed(location, td, codec="zstd", chunks=32), location.options)
+    model = _model_episodes(td)
+    assert ds.num_episodes == len(model) > 5
+    assert _as_rows(ds.episodes) == model
+    assert (ds.episodes["stop"] == ds.episodes["start"] + ds.episodes["length"]).all()
+    assert not ds.episodes["terminated"][-1] and not ds.episodes["truncated"][-1]  # open
+    for i in (0, 3, -1):
+        entry = model[i]
+        assert (ds.episode(i) == td[entry["start"]: entry["start"] + entry["length"]]).all()
+    with pytest.raises(IndexError, match=f"episode {len(model)} is out of range.*{len(model)} episodes"):
+        ds.episode(len(model))
+    assert f"episodes={len(model)}" in repr(ds)
+    ds.close()
+
+
+def test_wrapped_ring_is_indexed_in_chronological_order(tmp_path):
+    td = _transitions(130, seed=3)
+    url = str(tmp_path / "ring")
+    storage = zstore.LazyMemmapStorage(100, scratch_dir=url, codec="zstd", chunks=16)
+    writer = zstore.RoundRobinWriter()
+    writer.register_storage(storage)
+    writer.extend(td[:70])
+    writer.extend(td[70:])  # rows 0..29 overwritten: the oldest row is 30
+    storage.seal()
+    ds = open_dataset(url)
+    kept = td[30:]
+    model = _model_episodes(kept)
+    got = _as_rows(ds.episodes)
+    assert [g["length"] for g in got] == [m["length"] for m in model]
+    assert [g["start"] for g in got] == [(m["start"] + 30) % 100 for m in model]
+    crossing = [i for i, g in enumerate(got) if g["start"] + g["length"] > 100]
+    for i in range(len(model)):  # includes an episode running past row 99 into row 0, if any
+        m = model[i]
+        assert (ds.episode(i) == kept[m["start"]: m["start"] + m["length"]]).all()
+    assert len(crossing) <= 1
+
+
+def test_ndim2_episodes_per_lane(tmp_path):
+    td = _transitions(60, seed=5, lanes=(3,))
+    url = str(tmp_path / "lanes")
+    storage = zstore.LazyMemmapStorage(180, scratch_dir=url, ndim=2, codec="zstd", chunks=8)
+    storage.set(torch.arange(60), td)
+    storage.seal()
+    ds = open_dataset(url)
+    index = ds.episodes
+    expected = []
+    for lane in range(3):
+        expected += [{**m, "lane": lane} for m in _model_episodes(td[:, lane])]
+    assert index["lane"].tolist() == [m["lane"] for m in expected]
+    assert _as_rows(index) == [{k: v for k, v in m.items() if k != "lane"} for m in expected]
+    for i in (0, len(expected) // 2, -1):
+        m = expected[i]
+        assert (ds.episode(i) == td[m["start"]: m["start"] + m["length"], m["lane"]]).all()
+    sl = ds.sample_slices(16, 3, generator=torch.Generator().manual_seed(0))
+    assert sl.batch_size == (16, 3)
+    ids = sl["collector", "traj_ids"]
+    assert (ids == ids[:, :1]).all()
+    assert torch.equal(sl["obs"][:, 1:], sl["obs"][:, :-1] + 3)  # next step of the same lane
+    assert ds.sample(10)["obs"].shape == (10, 1)
+
+
+def test_sample_slices_stay_inside_episodes(location):
+    td = _transitions(400, seed=1)
+    ds = open_dataset(_sealed(location, td, codec="zstd", chunks=40), location.options,
+                      cache_bytes=1 << 12)
+    g = torch.Generator().manual_seed(7)
+    sl = ds.sample_slices(64, 5, generator=g)
+    assert sl.batch_size == (64, 5)
+    ids = sl["collector", "traj_ids"]
+    assert (ids == ids[:, :1]).all()  # one trajectory per window
+    assert torch.equal(sl["obs"][:, 1:], sl["obs"][:, :-1] + 1)  # consecutive steps
+    assert not sl["next", "done"][:, :-1].any()  # only the last step may end an episode
+    for window in sl:
+        row = int(window["obs"][0])
+        assert (window == td[row: row + 5]).all()
+    # every window that fits can be drawn: their starts cover them all after enough draws
+    lengths = ds.episodes["length"]
+    fits = int((lengths - 5 + 1).clamp(min=0).sum())
+    starts = set(ds.sample_slices(4000, 5, generator=g)["obs"][:, 0, 0].long().tolist())
+    assert len(starts) == fits
+    assert ds.cache_stats.loads > 0  # read through the hot-chunk cache
+    longest = int(lengths.max())
+    with pytest.raises(ValueError, match=f"slice_len={longest + 1}.*longest has {longest}"):
+        ds.sample_slices(2, longest + 1)
+    batch = ds.sample(32, generator=torch.Generator().manual_seed(0))
+    rows = batch["obs"][:, 0].long()
+    assert (batch == td[rows]).all()
+    ds.close()
+
+
+class _CountingHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, fmt, *args):  # one entry per request, instead of stderr
+        self.server.requests.append((self.command, self.path))
+
+
+@pytest.fixture
+def http_root(tmp_path):
+    """A directory served over HTTP on 127.0.0.1 by an in-process server that logs requests."""
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_CountingHandler, directory=str(tmp_path)))
+    server.requests = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield tmp_path, f"http://127.0.0.1:{server.server_address[1]}", server.requests
+    server.shutdown()
+    thread.join()
+
+
+def test_opening_over_http_is_one_request(http_root):
+    root, base, requests = http_root
+    td = _transitions(500, seed=2)
+    storage = zstore.LazyMemmapStorage(500, scratch_dir=str(root / "ds"), codec="zstd", chunks=64)
+    storage.set(torch.arange(500), td)
+    storage.seal()
+    requests.clear()
+    ds = open_dataset(f"{base}/ds")
+    assert requests == [("GET", "/ds/zarr.json")]
+    assert (ds.sample_slices(8, 4)["collector", "traj_ids"].diff(dim=1) == 0).all()
+    assert (ds[:] == td).all()
+    ds.close()
+
+
+@pytest.mark.s3
+def test_opening_on_s3_is_one_request(s3_bucket, s3_options, monkeypatch):
+    import s3fs
+
+    url = f"s3://{s3_bucket}/one-request"
+    storage = zstore.LazyMemmapStorage(200, scratch_dir=url, storage_options=s3_options)
+    storage.set(torch.arange(200), _transitions(200))
+    storage.seal()
+    calls = []
+    real = s3fs.S3FileSystem._call_s3
+
+    async def counted(self, method, *args, **kwargs):
+        calls.append((method, kwargs.get("Key")))
+        return await real(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    ds = open_dataset(url, s3_options)
+    assert calls == [("get_object", "one-request/zarr.json")]
+    assert len(ds.sample(16)) == 16
+    ds.close()
+
+
+def test_open_dataset_refuses_what_is_not_a_sealed_dataset(tmp_path):
+    url = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(10, scratch_dir=url)
+    td = _transitions(40)
+    storage.set(torch.arange(40), td)
+    storage.flush()
+    with pytest.raises(zstore.NotAZStoreError, match=f"{url} is not a sealed dataset.*zstore seal"):
+        open_dataset(url)
+    with pytest.raises(zstore.StoreNotFoundError, match="nope"):
+        open_dataset(str(tmp_path / "nope"))
+    assert zstore.seal(url) == len(_model_episodes(td))
+    storage.close()
+    ds = open_dataset(url)
+    assert len(ds) == 40 and _as_rows(ds.episodes) == _model_episodes(td)
+    with pytest.raises(zstore.NotAZStoreError, match="nothing was written"):
+        zstore.LazyMemmapStorage(5, scratch_dir=str(tmp_path / "empty")).seal()
+
+
+def test_a_sealed_local_dataset_stays_readable_by_plain_zarr_and_tensordict(tmp_path):
+    url = str(tmp_path / "ds")
+    td = _transitions(50)
+    storage = zstore.LazyMemmapStorage(50, scratch_dir=url)
+    storage.set(torch.arange(50), td)
+    storage.seal()
+    full = TensorDict.from_zarr(url)
+    assert torch.equal(full["obs"][:50], td["obs"])
+    assert full["__episodes__", "length"][: len(_model_episodes(td))].tolist() == \
+        [m["length"] for m in _model_episodes(td)]
+    reopened = zstore.open(url, mode="r+")  # the block says read-only: writes are refused
+    with pytest.raises(zstore.ReadOnlyError):
+        reopened.set(0, td[0])
+    reopened.close()
