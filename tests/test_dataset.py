@@ -215,7 +215,7 @@ def test_opening_on_s3_is_one_request(s3_bucket, s3_options, monkeypatch):
 
 def test_open_dataset_refuses_what_is_not_a_sealed_dataset(tmp_path):
     url = str(tmp_path / "rb")
-    storage = zstore.LazyMemmapStorage(10, scratch_dir=url)
+    storage = zstore.LazyMemmapStorage(50, scratch_dir=url)
     td = _transitions(40)
     storage.set(torch.arange(40), td)
     storage.flush()

@@ -234,7 +234,9 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self._last_cursor_value = meta.last_cursor
         self._committed = (meta.length, meta.last_cursor)
         self.initialized = True
-        read_only = self.spec.read_only or meta.read_only
+        if meta.read_only and not self.spec.read_only:  # a sealed dataset: refuse writes up front
+            self.spec = self.spec.as_read_only()
+        read_only = self.spec.read_only
         if MmapTable.supported(self.spec.is_local, meta.all_raw, meta.rows, meta.layout) \
                 and self.cache == "host":
             self._table = MmapTable(self.spec.url, group, meta.schema.leaves, meta.rows,
