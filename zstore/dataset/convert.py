@@ -58,7 +58,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike,
                 target.set(torch.arange(start, stop), source.get(slice(start, stop)))
                 bar.update(stop - start)
         except BaseException:
-            target.cleanup()
+            if target.initialized:  # created by this copy (existsok=False): remove it
+                target.cleanup()
             raise
         finally:
             bar.close()

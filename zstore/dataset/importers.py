@@ -96,7 +96,7 @@ class _Writer:
         if kind is None:
             self.storage.seal()
             self.storage.close()
-        else:
+        elif self.storage.initialized:  # created by this import (existsok=False): remove it
             self.storage.cleanup()
 
 
