@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import TensorDict
+from test_importers import _write_d4rl, _write_minari
 
 import zstore
 from zstore.cli import main
 from zstore.dataset import open_dataset
-
-from test_importers import _write_d4rl, _write_minari
 
 COMMANDS = ("info", "ls", "convert", "import", "seal", "demo")
 
