@@ -20,25 +20,27 @@ ROOT = Path(__file__).resolve().parents[1]
 
 _READER = r"""
 import json, sys, torch, zstore
-request = json.loads(sys.argv[1])
-ds = zstore.open_dataset(request["url"], request["options"], cache_bytes=1 << 14)
-batch = ds.sample(64, generator=torch.Generator().manual_seed(1))
-slices = ds.sample_slices(8, 4, generator=torch.Generator().manual_seed(2))
-try:
-    ds.set(0, batch[0])
-    refused = None
-except zstore.ReadOnlyError as exc:
-    refused = str(exc)
-fs, root = zstore.StoreSpec.parse(request["url"], request["options"]).filesystem()
-try:  # straight to the store, past zstore: the server must refuse it
-    fs.pipe_file(root + "/intruder", b"x")
-    store_refused = False
-except Exception:  # noqa: BLE001 - S3 says PermissionError, HTTP servers say 4xx/5xx
-    store_refused = True
-print(json.dumps({"store_refused": store_refused, "len": len(ds), "episodes": ds.num_episodes,
-                  "obs": batch["obs"].flatten().tolist(),
-                  "slices": slices["obs"].flatten().tolist(),
-                  "ids": slices["traj"].tolist(), "refused": refused}))
+answers = []
+for request in json.loads(sys.argv[1]):
+    ds = zstore.open_dataset(request["url"], request["options"], cache_bytes=1 << 14)
+    batch = ds.sample(64, generator=torch.Generator().manual_seed(1))
+    slices = ds.sample_slices(8, 4, generator=torch.Generator().manual_seed(2))
+    try:
+        ds.set(0, batch[0])
+        refused = None
+    except zstore.ReadOnlyError as exc:
+        refused = str(exc)
+    fs, root = zstore.StoreSpec.parse(request["url"], request["options"]).filesystem()
+    try:  # straight to the store, past zstore
+        fs.pipe_file(root + "/intruder", b"x")
+        store_refused = False
+    except Exception:  # noqa: BLE001 - S3 says PermissionError, HTTP servers say 4xx/5xx
+        store_refused = True
+    answers.append({"store_refused": store_refused, "len": len(ds), "episodes": ds.num_episodes,
+                    "obs": batch["obs"].flatten().tolist(),
+                    "slices": slices["obs"].flatten().tolist(),
+                    "ids": slices["traj"].tolist(), "refused": refused})
+print(json.dumps(answers))
 """
 
 
@@ -59,11 +61,10 @@ def _publish(url: str, options: dict) -> None:
     storage.close()
 
 
-def _read_in_another_process(url: str, options: dict) -> dict:
+def _read_in_another_process(requests: list[dict]) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # no credentials
-    proc = subprocess.run([sys.executable, "-c", _READER, json.dumps({"url": url, "options": options})],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
-                          check=False)
+    proc = subprocess.run([sys.executable, "-c", _READER, json.dumps(requests)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=env, check=False)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -82,30 +83,32 @@ def _check(answer: dict, url: str, options: dict, store_refuses: bool) -> None:
     here.close()
 
 
+@pytest.fixture
+def http_server(tmp_path):
+    """``python -m http.server`` in a subprocess on 127.0.0.1 (free port), serving ``tmp_path``."""
+    server = subprocess.Popen(
+        [sys.executable, "-u", "-m", "http.server", "--bind", "127.0.0.1", "--directory",
+         str(tmp_path), "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (http://...) ..."
+    yield tmp_path, f"http://127.0.0.1:{int(line.split(' port ')[1].split()[0])}"
+    server.terminate()
+    server.wait(timeout=30)
+
+
 @pytest.mark.s3
-def test_s3_dataset_read_by_another_process(s3_options):
+def test_s3_and_http_datasets_read_by_another_process(s3_options, http_server):
     import s3fs
 
     bucket = f"zstore-public-{os.getpid()}"
     s3fs.S3FileSystem(**s3_options, skip_instance_cache=True).mkdir(bucket)
-    url = f"s3://{bucket}/published"
-    _publish(url, {**s3_options, "s3_additional_kwargs": {"ACL": "public-read"}})
-    # the reader has no credentials: anonymous, unsigned requests. moto does not refuse
-    # anonymous writes as S3 would, so only zstore's refusal is checked here
-    reader_options = {"endpoint_url": s3_options["endpoint_url"], "anon": True}
-    _check(_read_in_another_process(url, reader_options), url, s3_options, store_refuses=False)
-
-
-def test_http_dataset_read_by_another_process(tmp_path):
-    _publish(str(tmp_path / "published"), {})
-    server = subprocess.Popen(
-        [sys.executable, "-u", "-m", "http.server", "--bind", "127.0.0.1", "--directory",
-         str(tmp_path), "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (http://...) ..."
-        port = int(line.split(" port ")[1].split()[0])
-        url = f"http://127.0.0.1:{port}/published"
-        _check(_read_in_another_process(url, {}), url, {}, store_refuses=True)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    s3_url = f"s3://{bucket}/published"
+    _publish(s3_url, {**s3_options, "s3_additional_kwargs": {"ACL": "public-read"}})
+    root, base = http_server
+    _publish(str(root / "published"), {})
+    # the S3 reader has no credentials (anonymous, unsigned requests); HTTP is read-only
+    s3_reader = {"endpoint_url": s3_options["endpoint_url"], "anon": True}
+    s3_answer, http_answer = _read_in_another_process([
+        {"url": s3_url, "options": s3_reader}, {"url": f"{base}/published", "options": {}}])
+    # moto does not refuse anonymous writes as S3 would: only zstore's refusal is checked there
+    _check(s3_answer, s3_url, s3_options, store_refuses=False)
+    _check(http_answer, f"{base}/published", {}, store_refuses=True)
