@@ -245,3 +245,9 @@ def test_a_sealed_local_dataset_stays_readable_by_plain_zarr_and_tensordict(tmp_
     with pytest.raises(zstore.ReadOnlyError):
         reopened.set(0, td[0])
     reopened.close()
+
+
+def test_a_dataset_is_opened_not_created(tmp_path):
+    with pytest.raises(TypeError, match="zstore.open_dataset"):
+        zstore.Dataset(10, scratch_dir=str(tmp_path / "x"))
+    assert not (tmp_path / "x").exists()

@@ -33,6 +33,7 @@ import zarr
 from tensordict import TensorDict
 
 from ..dtypes import from_numpy
+from ..group import TENSORDICT_ATTR
 from ..layout import StoreMeta
 
 #: Sub-group of the dataset group holding the episode index.
@@ -94,10 +95,10 @@ def compute_index(group: zarr.Group, meta: StoreMeta, length: int,
     if reward is None:
         ret = torch.full((len(lane),), float("nan"), dtype=torch.float64)
     else:
-        csum = reward.to(torch.float64).cumsum(1)
+        csum = reward.to(torch.float64).cumsum(1)  # [lanes, steps, reward elements]
         before = torch.where((t_start > 0).unsqueeze(-1), csum[lane, (t_start - 1).clamp(min=0)], 0.0)
-        ret = (csum[lane, t_end] - before).reshape(len(lane), *meta.schema.by_path[REWARD_KEY].shape[
-            len(meta.schema.lane_shape):])
+        feature = meta.schema.by_path[REWARD_KEY].shape[len(meta.schema.lane_shape):]
+        ret = (csum[lane, t_end] - before).reshape(len(lane), *feature)
 
     def at_end(values: torch.Tensor) -> torch.Tensor:
         return values.any(-1)[lane, t_end]
@@ -119,8 +120,6 @@ def compute_index(group: zarr.Group, meta: StoreMeta, length: int,
 
 def write_index(group: zarr.Group, meta: StoreMeta, index: TensorDict, codec) -> None:
     """Store ``index`` under :data:`INDEX_PATH` (arrays shaped ``[rows, *lanes, ...]``)."""
-    from ..group import TENSORDICT_ATTR
-
     lanes = math.prod(meta.schema.lane_shape)
     lead = (meta.rows, *meta.schema.lane_shape)
     sub = group.create_group(INDEX_PATH, overwrite=True, attributes={

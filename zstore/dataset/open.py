@@ -31,10 +31,11 @@ from ..errors import NotAZStoreError, ReadOnlyError, StoreNotFoundError
 from ..group import read_meta
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
+from ..writers import ImmutableDatasetWriter
 from .episodes import read_index
 
 #: TorchRL's ImmutableDatasetWriter message, kept in every refusal (SPEC §5.1).
-WRITING_ERR = "This dataset doesn't allow writing."
+WRITING_ERR = ImmutableDatasetWriter.WRITING_ERR
 
 
 class Dataset(LazyMemmapStorage):
@@ -50,6 +51,10 @@ class Dataset(LazyMemmapStorage):
     ``__setitem__``, conditional patches, ``loads``, ``load_state_dict``,
     ``flush``, ``seal`` and ``cleanup``.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        raise TypeError("a Dataset is opened, not created: zstore.open_dataset(url); publish a "
+                        "LazyMemmapStorage with storage.seal() first")
 
     def _setup_runtime(self) -> None:
         super()._setup_runtime()
