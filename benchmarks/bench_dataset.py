@@ -42,8 +42,8 @@ from tensordict import TensorDict
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-import zstore  # noqa: E402
-from zstore.demo import fmt_bytes, fmt_time, loopback_s3  # noqa: E402
+import zstore
+from zstore.demo import fmt_bytes, fmt_time, loopback_s3
 
 BATCH, SLICES, SLICE_LEN = 256, 32, 16
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -67,6 +69,9 @@ def test_import_info_ls_convert_seal(capsys, datasets, tmp_path):
     terminated, truncated = int(index["terminated"].sum()), int(index["truncated"].sum())
     assert (f"episodes {ds.num_episodes}: {terminated} terminated, {truncated} truncated, "
             f"{ds.num_episodes - terminated - truncated} open") in out
+    block = json.loads(_run(capsys, "info", str(root / "hopper"), "--json"))
+    assert block["sealed"] and block["read_only"] and block["length"] == 200
+    assert block["extra"]["episodes"] == {"count": ds.num_episodes, "path": "__episodes__"}
     out = _run(capsys, "ls", str(tmp_path))
     assert out.splitlines() == [
         f"{root / 'hopper'}\tLazyMemmapStorage\tdataset\t200/200, {ds.num_episodes} episodes",

@@ -86,12 +86,14 @@ def test_episode_index_matches_a_python_model(location):
 
 def test_wrapped_ring_is_indexed_in_chronological_order(tmp_path):
     td = _transitions(130, seed=3)
+    for key in ("done", "terminated", "truncated"):
+        td["next", key][92:108] = False  # one episode runs from row 9x over the end into row 0x
     url = str(tmp_path / "ring")
     storage = zstore.LazyMemmapStorage(100, scratch_dir=url, codec="zstd", chunks=16)
     writer = zstore.RoundRobinWriter()
     writer.register_storage(storage)
     writer.extend(td[:70])
-    writer.extend(td[70:])  # rows 0..29 overwritten: the oldest row is 30
+    writer.extend(td[70:])  # transitions 100..129 overwrote rows 0..29: the oldest row is 30
     storage.seal()
     ds = open_dataset(url)
     kept = td[30:]
@@ -99,11 +101,15 @@ def test_wrapped_ring_is_indexed_in_chronological_order(tmp_path):
     got = _as_rows(ds.episodes)
     assert [g["length"] for g in got] == [m["length"] for m in model]
     assert [g["start"] for g in got] == [(m["start"] + 30) % 100 for m in model]
+    assert [g["return"] for g in got] == [m["return"] for m in model]
     crossing = [i for i, g in enumerate(got) if g["start"] + g["length"] > 100]
-    for i in range(len(model)):  # includes an episode running past row 99 into row 0, if any
-        m = model[i]
+    assert len(crossing) == 1
+    assert int(ds.episodes["stop"][crossing[0]]) > 100
+    for i, m in enumerate(model):
         assert (ds.episode(i) == kept[m["start"]: m["start"] + m["length"]]).all()
-    assert len(crossing) <= 1
+    windows = ds.sample_slices(200, 12, generator=torch.Generator().manual_seed(0))
+    obs = windows["obs"][..., 0]
+    assert torch.equal(obs[:, 1:], obs[:, :-1] + 1)  # consecutive transitions, across row 99 -> 0
 
 
 def test_ndim2_episodes_per_lane(tmp_path):
