@@ -257,3 +257,24 @@ def test_a_dataset_is_opened_not_created(tmp_path):
     with pytest.raises(TypeError, match="zstore.open_dataset"):
         zstore.Dataset(10, scratch_dir=str(tmp_path / "x"))
     assert not (tmp_path / "x").exists()
+
+
+def test_convert_keeps_ring_order_and_seals_the_copy(tmp_path):
+    from zstore.dataset.convert import convert
+
+    td = _transitions(150, seed=9)
+    url = str(tmp_path / "ring")
+    storage = zstore.LazyMemmapStorage(100, scratch_dir=url, codec="zstd", chunks=16)
+    writer = zstore.RoundRobinWriter()
+    writer.register_storage(storage)
+    writer.extend(td[:80])
+    writer.extend(td[80:])  # wraps: the oldest row is 50
+    storage.flush()
+    copy = convert(url, str(tmp_path / "copy"), codec="lz4", chunks=8, seal=True, progress=False)
+    storage.seal()
+    a, b = open_dataset(url), open_dataset(tmp_path / "copy")
+    assert (len(a), a._last_cursor_index) == (len(b), b._last_cursor_index) == (100, 49)
+    assert (a[:] == b[:]).all() and (a.episodes == b.episodes).all()
+    assert _as_rows(b.episodes) == [{**m, "start": (m["start"] + 50) % 100}
+                                    for m in _model_episodes(td[50:])]
+    assert str(copy.codec) == "lz4:5" and b._meta.layout["obs"] == (8, None)

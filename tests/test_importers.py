@@ -151,3 +151,12 @@ def test_bad_files_name_the_culprit(tmp_path):
                        match="episode_0: 'observations' has 3 rows, expected 4 \\(rewards: 3\\)"):
         import_minari(path, str(tmp_path / "y"), progress=False)
     assert not (tmp_path / "y").exists()
+
+
+def test_d4rl_infos_of_another_length_are_refused(tmp_path):
+    path = _write_d4rl(tmp_path / "d.hdf5")
+    with h5py.File(path, "a") as f:
+        f["infos/short"] = np.zeros(199)
+    with pytest.raises(zstore.SchemaError, match="'infos/short' has 199 rows, observations 200"):
+        import_d4rl(path, str(tmp_path / "x"), progress=False)
+    assert not (tmp_path / "x").exists()

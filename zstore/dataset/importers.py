@@ -123,8 +123,11 @@ def import_d4rl(h5_path: str | os.PathLike, url: str | os.PathLike,
                 raise SchemaError(f"{where}: {name!r} has {len(f[name])} rows, observations {steps}")
         has_next = "next_observations" in f
         total = steps if has_next else steps - 1
-        infos = [name for name, node in _datasets(f["infos"]) if len(node) == steps] \
-            if "infos" in f else []
+        infos = [name for name, _ in _datasets(f["infos"])] if "infos" in f else []
+        for name in infos:
+            if len(f["infos"][name]) != steps:
+                raise SchemaError(f"{where}: 'infos/{name}' has {len(f['infos'][name])} rows, "
+                                  f"observations {steps}")
         with _Writer(url, total, storage_options, codec, chunks, "import d4rl", progress) as sink:
             _copy_d4rl(f, sink, total, has_next, infos)
     return open_dataset(url, storage_options)
