@@ -160,3 +160,13 @@ def test_d4rl_infos_of_another_length_are_refused(tmp_path):
     with pytest.raises(zstore.SchemaError, match="'infos/short' has 199 rows, observations 200"):
         import_d4rl(path, str(tmp_path / "x"), progress=False)
     assert not (tmp_path / "x").exists()
+
+
+def test_progress_bar_on_request_only(tmp_path, capsys):
+    path = _write_d4rl(tmp_path / "d.hdf5")
+    import_d4rl(path, str(tmp_path / "a"), progress=False).close()
+    assert capsys.readouterr().err == ""
+    import_d4rl(path, str(tmp_path / "b"), progress=True).close()
+    assert "import d4rl" in capsys.readouterr().err
+    import_d4rl(path, str(tmp_path / "c")).close()  # default: only when stderr is a terminal
+    assert capsys.readouterr().err == ""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from typing import Any, Callable, Sequence
 
@@ -221,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args._parser.print_usage(sys.stderr)
         print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of stdout left (`zstore info URL | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ZStoreError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
