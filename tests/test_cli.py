@@ -138,3 +138,19 @@ def test_cli_on_s3_with_storage_options(capsys, s3_bucket, s3_options, tmp_path)
     assert (open_dataset(tmp_path / "local")[:] == open_dataset(url, s3_options)[:]).all()
     err = _run(capsys, "info", f"s3://{s3_bucket}/cli/none", *opts, code=1)
     assert f"s3://{s3_bucket}/cli/none" in err and "'secret': '***'" in err
+
+
+def test_info_and_ls_on_a_compressed_list_storage(capsys, tmp_path):
+    url = str(tmp_path / "frames")
+    storage = zstore.CompressedListStorage(50, scratch_dir=url)
+    for i in range(7):
+        storage.set(i, TensorDict(pixels=torch.zeros(4, 8, 8, dtype=torch.uint8)))
+    storage.flush()
+    out = _run(capsys, "info", url)
+    assert out.splitlines()[1].startswith("  CompressedListStorage: 7 items of 50, ")
+    assert _run(capsys, "ls", str(tmp_path)) == \
+        f"{url}\tCompressedListStorage\tbuffer\t7/50\n"
+    assert json.loads(_run(capsys, "info", url, "--json"))["storage_class"] == \
+        "CompressedListStorage"
+    err = _run(capsys, "seal", url, code=1)
+    assert f"cannot seal {url}: it holds a CompressedListStorage" in err

@@ -59,16 +59,20 @@ def info_run(args: argparse.Namespace) -> int:
     import zstore
     from zstore.storages import LazyMemmapStorage
 
+    from .group import ZSTORE_ATTR, open_zarr_group
+    from .store import StoreSpec
+
+    if args.json:
+        group = open_zarr_group(StoreSpec.parse(args.url, _options(args), read_only=True))
+        print(json.dumps(group.attrs.asdict().get(ZSTORE_ATTR, {}), indent=2))
+        return 0
     storage = zstore.open(args.url, _options(args), mode="r")
+    print(storage.spec.redacted())
+    if not isinstance(storage, LazyMemmapStorage):
+        print(f"  {type(storage).__name__}: {len(storage):,} items of "
+              f"{storage.max_size:,}, {fmt_bytes(storage.nbytes)} stored")
+        return 0
     try:
-        if args.json:
-            print(json.dumps(storage._group.attrs.asdict().get("zstore", {}), indent=2))
-            return 0
-        print(storage.spec.redacted())
-        if not isinstance(storage, LazyMemmapStorage):
-            print(f"  {type(storage).__name__}: {len(storage):,} items of "
-                  f"{storage.max_size:,}, {fmt_bytes(storage.nbytes)} stored")
-            return 0
         _print_buffer(storage)
     finally:
         storage.close()

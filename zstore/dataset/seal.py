@@ -70,11 +70,11 @@ def seal(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = Non
     from ..storages import LazyMemmapStorage
 
     storage = open_buffer(url, storage_options, mode="r+")
+    if not isinstance(storage, LazyMemmapStorage):
+        raise NotAZStoreError(
+            f"cannot seal {storage.spec.redacted()}: it holds a {type(storage).__name__}; "
+            "only LazyMemmapStorage buffers become datasets")
     try:
-        if not isinstance(storage, LazyMemmapStorage):
-            raise NotAZStoreError(
-                f"cannot seal {storage.spec.redacted()}: it holds a {type(storage).__name__}; "
-                "only LazyMemmapStorage buffers become datasets")
         return seal_storage(storage)
     finally:
         storage.close()
