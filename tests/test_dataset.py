@@ -5,9 +5,12 @@ from __future__ import annotations
 import functools
 import http.server
 import threading
+import uuid
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensordict import TensorDict
 
 import zstore
@@ -278,3 +281,38 @@ def test_convert_keeps_ring_order_and_seals_the_copy(tmp_path):
     assert _as_rows(b.episodes) == [{**m, "start": (m["start"] + 50) % 100}
                                     for m in _model_episodes(td[50:])]
     assert str(copy.codec) == "lz4:5" and b._meta.layout["obs"] == (8, None)
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.integers(1, 40), capacity=st.integers(1, 40), lanes=st.sampled_from([(), (2,)]),
+       seed=st.integers(0, 2**16), with_flags=st.booleans())
+def test_episode_index_property(steps, capacity, lanes, seed, with_flags):
+    """Any done pattern, ring wrap and lane count: the index equals the per-lane model."""
+    td = _transitions(steps, seed=seed, lanes=lanes)
+    if not with_flags:  # only ("next", "done"): terminated = done, never truncated
+        del td["next", "terminated"], td["next", "truncated"]
+    url = f"memory://zstore-prop/{uuid.uuid4().hex}"
+    rows = -(-capacity // 2) if lanes else capacity
+    storage = zstore.LazyMemmapStorage(rows * (2 if lanes else 1), scratch_dir=url,
+                                       ndim=2 if lanes else 1, codec="zstd", chunks=4)
+    writer = zstore.RoundRobinWriter()
+    writer.register_storage(storage)
+    for start in range(0, steps, 7):
+        writer.extend(td[start:start + 7])
+    storage.seal()
+    ds = open_dataset(url)
+    kept = td[max(0, steps - rows):]  # what the ring still holds, oldest first
+    first_row = (steps - len(kept)) % rows
+    expected = []
+    for lane in range(2 if lanes else 1):
+        series = kept[:, lane] if lanes else kept
+        if not with_flags:
+            series = series.clone()
+            series["next", "terminated"] = series["next", "done"]
+            series["next", "truncated"] = torch.zeros_like(series["next", "done"])
+        expected += [{**m, "start": (m["start"] + first_row) % rows}
+                     for m in _model_episodes(series)]
+    assert _as_rows(ds.episodes) == expected
+    assert int(ds.episodes["length"].sum()) == len(kept) * (2 if lanes else 1)
+    ds.close()
+    storage.close()
