@@ -316,3 +316,29 @@ def test_episode_index_property(steps, capacity, lanes, seed, with_flags):
     assert int(ds.episodes["length"].sum()) == len(kept) * (2 if lanes else 1)
     ds.close()
     storage.close()
+
+
+def test_a_seal_interrupted_before_its_commit_leaves_a_writable_buffer(tmp_path, monkeypatch):
+    from zstore.dataset import sealing
+
+    url = str(tmp_path / "rb")
+    td = _transitions(60, seed=4)
+    storage = zstore.LazyMemmapStorage(100, scratch_dir=url, codec="zstd", chunks=16)
+    storage.set(torch.arange(40), td[:40])
+
+    def crash(group, meta):
+        raise KeyboardInterrupt("killed before the commit")
+
+    monkeypatch.setattr(sealing, "commit", crash)
+    with pytest.raises(KeyboardInterrupt):
+        storage.seal()
+    monkeypatch.undo()
+    with pytest.raises(zstore.NotAZStoreError, match="not sealed"):
+        open_dataset(url)
+    again = zstore.open(url)  # still an ordinary buffer: keep writing, then seal for real
+    assert len(again) == 40 and not again._meta.sealed
+    again.set(torch.arange(40, 60), td[40:])
+    again.seal()
+    ds = open_dataset(url)
+    assert len(ds) == 60 and _as_rows(ds.episodes) == _model_episodes(td)
+    assert (ds[:] == td).all()
