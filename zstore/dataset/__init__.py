@@ -9,6 +9,6 @@
 from .export import export_h5
 from .importers import import_d4rl, import_minari
 from .open import Dataset, open_dataset
-from .seal import seal
+from .sealing import seal
 
 __all__ = ["Dataset", "export_h5", "import_d4rl", "import_minari", "open_dataset", "seal"]

@@ -4,7 +4,7 @@ Both produce TorchRL's TED keys: ``observation``, ``action``,
 ``("next", "observation")``, ``("next", "reward")`` (``[N, 1]``) and the
 ``[N, 1]`` bool flags ``("next", "done" | "terminated" | "truncated")``, with
 ``done = terminated | truncated``. The buffer is written at ``url`` in batches,
-then sealed (:mod:`zstore.dataset.seal`). Published data is checksummed by
+then sealed (:mod:`zstore.dataset.sealing`). Published data is checksummed by
 default (``codec="zstd+crc32c"``).
 
 * **D4RL**: one flat array per field over all steps: ``observations``,

@@ -1,7 +1,7 @@
 """Published datasets: :func:`open_dataset` and the read-only :class:`Dataset`.
 
 A dataset is a sealed :class:`~zstore.LazyMemmapStorage` (see
-:mod:`zstore.dataset.seal`). Opening it reads one object, the root
+:mod:`zstore.dataset.sealing`). Opening it reads one object, the root
 ``zarr.json`` holding the consolidated metadata of every array; the episode
 index is read on first use. Every write path raises :class:`ReadOnlyError`,
 and the store underneath is opened read-only as well.

@@ -435,9 +435,9 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         Flushes, stores the episode index computed from the TED done flags,
         consolidates the metadata and commits ``sealed``/``read_only`` last.
         The storage is read-only afterwards; reopen it with
-        :func:`zstore.open_dataset`. See :mod:`zstore.dataset.seal`.
+        :func:`zstore.open_dataset`. See :mod:`zstore.dataset.sealing`.
         """
-        from ..dataset.seal import seal_storage  # the dataset layer sits above the storages
+        from ..dataset.sealing import seal_storage  # the dataset layer sits above the storages
 
         return seal_storage(self)
 
