@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import pickle
 
@@ -14,10 +15,19 @@ from zstore.dataset import open_dataset
 
 
 def _object_hashes(url: str, options: dict) -> dict[str, str]:
-    """sha256 of every object stored at or below ``url``."""
+    """sha256 of every object stored at or below ``url``.
+
+    The garbage collector is paused meanwhile: a collection inside fsspec's walk of the
+    process-wide memory:// dict can run the finalizer of another test's temporary storage,
+    which deletes its objects from that dict mid-iteration.
+    """
     fs, root = zstore.StoreSpec.parse(url, options).filesystem()
-    return {path: hashlib.sha256(fs.cat_file(path)).hexdigest()
-            for path in fs.find(root, withdirs=False)}
+    gc.disable()
+    try:
+        return {path: hashlib.sha256(fs.cat_file(path)).hexdigest()
+                for path in fs.find(root, withdirs=False)}
+    finally:
+        gc.enable()
 
 
 def _publish(location, codec) -> str:
