@@ -14,6 +14,7 @@ from . import display, plots
 from .api import open
 from .cache import CacheStats, cache_tier
 from .codecs import CodecSpec
+from .dataset import Dataset, open_dataset, seal
 from .errors import (
     BackendNotInstalledError,
     CorruptChunkError,
@@ -43,7 +44,7 @@ from .store import StoreSpec
 from .writers import ImmutableDatasetWriter, RoundRobinWriter, TensorDictRoundRobinWriter, Writer
 
 __all__ = [
-    "open", "Storage", "ListStorage", "LazyStackStorage", "TensorStorage", "LazyTensorStorage",
+    "open", "open_dataset", "seal", "Dataset", "Storage", "ListStorage", "LazyStackStorage", "TensorStorage", "LazyTensorStorage",
     "LazyMemmapStorage", "CompressedListStorage", "stack_items", "Writer", "RoundRobinWriter", "TensorDictRoundRobinWriter",
     "ImmutableDatasetWriter", "ReplayBuffer", "Sampler", "RandomSampler", "SliceSampler",
     "StoreSpec", "CodecSpec", "CacheStats", "cache_tier",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from typing import Any, Callable, Sequence
 
@@ -150,6 +151,39 @@ register(Command(
                 "sizes and timings."))
 
 
+# -- datasets and inspection (bodies in zstore.cli_commands) --------------------------------
+
+from . import cli_commands as _commands  # after the helpers it imports
+
+register(Command(
+    "info", "show a buffer's or dataset's keys, dtypes, shapes, codecs, sizes and episodes",
+    _commands.info_arguments, _commands.info_run,
+    description="Print the schema table of the buffer or dataset at URL (key, dtype, shape, "
+                "codec, chunk and shard rows, raw and stored bytes), its length, capacity and "
+                "cursor, and for a sealed dataset its episodes."))
+register(Command(
+    "ls", "list the buffers and datasets under a directory or prefix",
+    _commands.ls_arguments, _commands.ls_run))
+register(Command(
+    "convert", "copy a buffer or dataset with another codec or chunking",
+    _commands.convert_arguments, _commands.convert_run,
+    description="Copy the buffer at SRC to the empty location DST, re-compressed (--codec) and "
+                "re-chunked (--chunks, --shards), keeping length, cursor and row order. A sealed "
+                "source gives a sealed, checksummed copy."))
+register(Command(
+    "import", "import a D4RL or Minari HDF5 file as a sealed TED dataset",
+    _commands.import_arguments, _commands.import_run,
+    description="Read an HDF5 file in the D4RL layout (flat observations, actions, rewards, "
+                "terminals, timeouts ...) or the Minari layout (one group per episode) and write "
+                "it at URL as a sealed TED dataset (codec zstd+crc32c by default)."))
+register(Command(
+    "seal", "publish a buffer as a read-only dataset (episode index, consolidated metadata)",
+    _commands.seal_arguments, _commands.seal_run,
+    description="Flush-committed rows stay; the episode index is computed from the TED done "
+                "flags and stored, the metadata consolidated, and the buffer marked sealed and "
+                "read-only (zstore.open_dataset then opens it with one metadata read)."))
+
+
 # -- entry point ----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -188,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args._parser.print_usage(sys.stderr)
         print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of stdout left (`zstore info URL | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ZStoreError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

@@ -236,7 +236,9 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self._last_cursor_value = meta.last_cursor
         self._committed = (meta.length, meta.last_cursor)
         self.initialized = True
-        read_only = self.spec.read_only or meta.read_only
+        if meta.read_only and not self.spec.read_only:  # a sealed dataset: refuse writes up front
+            self.spec = self.spec.as_read_only()
+        read_only = self.spec.read_only
         if MmapTable.supported(self.spec.is_local, meta.all_raw, meta.rows, meta.layout) \
                 and self.cache == "host":
             self._table = MmapTable(self.spec.url, group, meta.schema.leaves, meta.rows,
@@ -428,6 +430,18 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self._committed = (meta.length, meta.last_cursor)
         self._uncommitted = False
         self._last_commit = time.monotonic()
+
+    def seal(self) -> int:
+        """Publish this buffer as a read-only dataset; returns its number of episodes.
+
+        Flushes, stores the episode index computed from the TED done flags,
+        consolidates the metadata and commits ``sealed``/``read_only`` last.
+        The storage is read-only afterwards; reopen it with
+        :func:`zstore.open_dataset`. See :mod:`zstore.dataset.sealing`.
+        """
+        from ..dataset.sealing import seal_storage  # the dataset layer sits above the storages
+
+        return seal_storage(self)
 
     def close(self) -> None:
         """Flush and release the table; the storage can be reopened with :func:`zstore.open`."""

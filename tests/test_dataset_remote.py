@@ -1,0 +1,114 @@
+"""A dataset published to S3 (loopback) and one served by `python -m http.server` are opened and
+sampled by a second process, which cannot write to them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import zstore
+from zstore.dataset import open_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_READER = r"""
+import json, sys, torch, zstore
+answers = []
+for request in json.loads(sys.argv[1]):
+    ds = zstore.open_dataset(request["url"], request["options"], cache_bytes=1 << 14)
+    batch = ds.sample(64, generator=torch.Generator().manual_seed(1))
+    slices = ds.sample_slices(8, 4, generator=torch.Generator().manual_seed(2))
+    try:
+        ds.set(0, batch[0])
+        refused = None
+    except zstore.ReadOnlyError as exc:
+        refused = str(exc)
+    fs, root = zstore.StoreSpec.parse(request["url"], request["options"]).filesystem()
+    try:  # straight to the store, past zstore
+        fs.pipe_file(root + "/intruder", b"x")
+        store_refused = False
+    except Exception:  # noqa: BLE001 - S3 says PermissionError, HTTP servers say 4xx/5xx
+        store_refused = True
+    answers.append({"store_refused": store_refused, "len": len(ds), "episodes": ds.num_episodes,
+                    "obs": batch["obs"].flatten().tolist(),
+                    "slices": slices["obs"].flatten().tolist(),
+                    "ids": slices["traj"].tolist(), "refused": refused})
+print(json.dumps(answers))
+"""
+
+
+def _data(n: int = 600) -> TensorDict:
+    g = torch.Generator().manual_seed(0)
+    done = torch.rand(n, 1, generator=g) < 0.05
+    traj = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.long), done[:-1, 0].long()]), 0)
+    return TensorDict({"obs": torch.arange(n, dtype=torch.float32).unsqueeze(-1), "traj": traj,
+                       ("next", "reward"): torch.randn(n, 1, generator=g),
+                       ("next", "done"): done}, batch_size=[n])
+
+
+def _publish(url: str, options: dict) -> None:
+    storage = zstore.LazyMemmapStorage(600, scratch_dir=url, storage_options=options,
+                                       codec="zstd+crc32c", chunks=50)
+    storage.set(torch.arange(600), _data())
+    storage.seal()
+    storage.close()
+
+
+def _read_in_another_process(requests: list[dict]) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # no credentials
+    proc = subprocess.run([sys.executable, "-c", _READER, json.dumps(requests)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _check(answer: dict, url: str, options: dict, store_refuses: bool) -> None:
+    here = open_dataset(url, options)
+    assert answer["len"] == 600 and answer["episodes"] == here.num_episodes > 10
+    assert answer["obs"] == here.sample(64, generator=torch.Generator().manual_seed(1))["obs"]\
+        .flatten().tolist()
+    slices = here.sample_slices(8, 4, generator=torch.Generator().manual_seed(2))
+    assert answer["slices"] == slices["obs"].flatten().tolist()
+    ids = torch.tensor(answer["ids"])
+    assert (ids == ids[:, :1]).all()  # windows inside one episode
+    assert answer["refused"] is not None and "doesn't allow writing" in answer["refused"]
+    assert answer["store_refused"] == store_refuses
+    here.close()
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    """``python -m http.server`` in a subprocess on 127.0.0.1 (free port), serving ``tmp_path``."""
+    server = subprocess.Popen(
+        [sys.executable, "-u", "-m", "http.server", "--bind", "127.0.0.1", "--directory",
+         str(tmp_path), "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (http://...) ..."
+    yield tmp_path, f"http://127.0.0.1:{int(line.split(' port ')[1].split()[0])}"
+    server.terminate()
+    server.wait(timeout=30)
+
+
+@pytest.mark.s3
+def test_s3_and_http_datasets_read_by_another_process(s3_options, http_server):
+    import s3fs
+
+    bucket = f"zstore-public-{os.getpid()}"
+    s3fs.S3FileSystem(**s3_options, skip_instance_cache=True).mkdir(bucket)
+    s3_url = f"s3://{bucket}/published"
+    _publish(s3_url, {**s3_options, "s3_additional_kwargs": {"ACL": "public-read"}})
+    root, base = http_server
+    _publish(str(root / "published"), {})
+    # the S3 reader has no credentials (anonymous, unsigned requests); HTTP is read-only
+    s3_reader = {"endpoint_url": s3_options["endpoint_url"], "anon": True}
+    s3_answer, http_answer = _read_in_another_process([
+        {"url": s3_url, "options": s3_reader}, {"url": f"{base}/published", "options": {}}])
+    # moto does not refuse anonymous writes as S3 would: only zstore's refusal is checked there
+    _check(s3_answer, s3_url, s3_options, store_refuses=False)
+    _check(http_answer, f"{base}/published", {}, store_refuses=True)

@@ -1,0 +1,172 @@
+"""D4RL- and Minari-layout imports against reading the HDF5 file directly; export round trips."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+import zstore
+from zstore.dataset import export_h5, import_d4rl, import_minari
+
+
+def _episode_ends(terminals: np.ndarray, timeouts: np.ndarray) -> list[int]:
+    """Reference episode boundaries: the last step of every episode (the final row closes one)."""
+    ends = [int(i) for i in np.nonzero(terminals | timeouts)[0]]
+    last = len(terminals) - 1
+    return ends if ends and ends[-1] == last else [*ends, last]
+
+
+def _write_d4rl(path, n=200, next_obs=True, seed=0):
+    rng = np.random.default_rng(seed)
+    terminals = rng.random(n) < 0.04
+    timeouts = np.zeros(n, dtype=bool)
+    timeouts[[50, 120]] = True
+    terminals[[50, 120]] = False
+    terminals[-1] = timeouts[-1] = False  # the file ends inside an episode
+    with h5py.File(path, "w") as f:
+        f["observations"] = rng.standard_normal((n, 3)).astype(np.float32)
+        if next_obs:
+            f["next_observations"] = rng.standard_normal((n, 3)).astype(np.float32)
+        f["actions"] = rng.standard_normal((n, 2)).astype(np.float32)
+        f["rewards"] = rng.standard_normal(n).astype(np.float32)
+        f["terminals"] = terminals
+        f["timeouts"] = timeouts
+        f["infos/qpos"] = rng.standard_normal((n, 4))
+        f["infos/goal/xy"] = rng.integers(0, 9, (n, 2))
+    return path
+
+
+@pytest.mark.parametrize("next_obs", [True, False])
+def test_d4rl_import_matches_the_file(location, tmp_path, next_obs):
+    path = _write_d4rl(tmp_path / "d4rl.hdf5", next_obs=next_obs)
+    url = location.new("d4rl")
+    ds = import_d4rl(path, url, location.options, progress=False)
+    with h5py.File(path, "r") as f:
+        raw = {name: f[name][:] for name in ("observations", "actions", "rewards", "terminals",
+                                             "timeouts")}
+        qpos, goal = f["infos/qpos"][:], f["infos/goal/xy"][:]
+        nxt = f["next_observations"][:] if next_obs else raw["observations"][1:]
+    n = len(raw["rewards"]) if next_obs else len(raw["rewards"]) - 1
+    assert isinstance(ds, zstore.Dataset) and len(ds) == n
+    td = ds[:]
+    np.testing.assert_array_equal(td["observation"].numpy(), raw["observations"][:n])
+    np.testing.assert_array_equal(td["next", "observation"].numpy(), nxt[:n])
+    np.testing.assert_array_equal(td["action"].numpy(), raw["actions"][:n])
+    np.testing.assert_array_equal(td["next", "reward"].numpy()[:, 0], raw["rewards"][:n])
+    np.testing.assert_array_equal(td["next", "terminated"].numpy()[:, 0], raw["terminals"][:n])
+    np.testing.assert_array_equal(td["next", "truncated"].numpy()[:, 0], raw["timeouts"][:n])
+    np.testing.assert_array_equal(td["next", "done"].numpy()[:, 0],
+                                  raw["terminals"][:n] | raw["timeouts"][:n])
+    np.testing.assert_array_equal(td["info", "qpos"].numpy(), qpos[:n])
+    np.testing.assert_array_equal(td["info", "goal", "xy"].numpy(), goal[:n])
+    ends = _episode_ends(raw["terminals"][:n], raw["timeouts"][:n])
+    starts = [0, *(e + 1 for e in ends[:-1])]
+    index = ds.episodes
+    assert ds.num_episodes == len(ends)
+    assert index["start"].tolist() == starts
+    assert index["stop"].tolist() == [e + 1 for e in ends]
+    assert index["length"].tolist() == [e - s + 1 for s, e in zip(starts, ends)]
+    np.testing.assert_allclose(index["return"][:, 0].numpy(),
+                               [raw["rewards"][s:e + 1].astype(np.float64).sum()
+                                for s, e in zip(starts, ends)], rtol=1e-6)
+    assert index["terminated"].tolist() == [bool(raw["terminals"][e]) for e in ends]
+    assert index["truncated"].tolist() == [bool(raw["timeouts"][e]) for e in ends]
+    assert not index["terminated"][-1] and not index["truncated"][-1]  # the open last episode
+    ds.close()
+
+
+def _write_minari(path, lengths=(5, 9, 3, 12), seed=0):
+    rng = np.random.default_rng(seed)
+    with h5py.File(path, "w") as f:
+        for i, t in enumerate(lengths):
+            g = f.create_group(f"episode_{i}")
+            g["observations/pos"] = rng.standard_normal((t + 1, 2)).astype(np.float32)
+            g["observations/image"] = rng.integers(0, 255, (t + 1, 3, 4), dtype=np.uint8)
+            g["actions"] = rng.integers(0, 4, t)
+            g["rewards"] = rng.standard_normal(t)
+            g["terminations"] = np.eye(1, t, t - 1, dtype=bool)[0] if i % 2 == 0 else np.zeros(t, bool)
+            g["truncations"] = np.zeros(t, bool) if i % 2 == 0 else np.eye(1, t, t - 1, dtype=bool)[0]
+            g["infos/success"] = rng.random(t + 1) < 0.5
+            g["infos/dist"] = rng.standard_normal(t)
+    return path
+
+
+def test_minari_import_matches_the_file(location, tmp_path):
+    lengths = (5, 9, 3, 12)
+    path = _write_minari(tmp_path / "main_data.hdf5", lengths)
+    ds = import_minari(path, location.new("minari"), location.options, progress=False)
+    assert len(ds) == sum(lengths) and ds.num_episodes == len(lengths)
+    with h5py.File(path, "r") as f:
+        for i, t in enumerate(lengths):
+            g = f[f"episode_{i}"]
+            ep = ds.episode(i)
+            assert ep.batch_size == (t,)
+            for key in ("pos", "image"):
+                obs = g["observations"][key][:]
+                np.testing.assert_array_equal(ep["observation", key].numpy(), obs[:-1])
+                np.testing.assert_array_equal(ep["next", "observation", key].numpy(), obs[1:])
+            np.testing.assert_array_equal(ep["action"].numpy(), g["actions"][:])
+            np.testing.assert_array_equal(ep["next", "reward"].numpy()[:, 0], g["rewards"][:])
+            np.testing.assert_array_equal(ep["next", "terminated"].numpy()[:, 0], g["terminations"][:])
+            np.testing.assert_array_equal(ep["next", "truncated"].numpy()[:, 0], g["truncations"][:])
+            np.testing.assert_array_equal(ep["next", "info", "success"].numpy(), g["infos/success"][1:])
+            np.testing.assert_array_equal(ep["next", "info", "dist"].numpy(), g["infos/dist"][:])
+            entry = ds.episodes[i]
+            assert int(entry["length"]) == t
+            assert float(entry["return"][0]) == pytest.approx(float(g["rewards"][:].sum()))
+            assert bool(entry["terminated"]) == bool(g["terminations"][-1])
+            assert bool(entry["truncated"]) == bool(g["truncations"][-1])
+    ds.close()
+
+
+def test_export_round_trips_through_both_layouts(tmp_path):
+    ds = import_minari(_write_minari(tmp_path / "m.hdf5"), str(tmp_path / "a"), progress=False)
+    export_h5(ds, tmp_path / "m2.hdf5", layout="minari", progress=False)
+    again = import_minari(tmp_path / "m2.hdf5", str(tmp_path / "b"), progress=False)
+    assert (again[:] == ds[:]).all()
+    assert (again.episodes == ds.episodes).all()
+    d4rl = import_d4rl(_write_d4rl(tmp_path / "d.hdf5"), str(tmp_path / "c"), progress=False)
+    export_h5(d4rl, tmp_path / "d2.hdf5", progress=False)
+    with h5py.File(tmp_path / "d.hdf5") as a, h5py.File(tmp_path / "d2.hdf5") as b:
+        for name in ("observations", "next_observations", "actions", "rewards", "terminals",
+                     "timeouts", "infos/qpos", "infos/goal/xy"):
+            np.testing.assert_array_equal(a[name][:], b[name][:])
+
+
+def test_bad_files_name_the_culprit(tmp_path):
+    path = tmp_path / "bad.hdf5"
+    with h5py.File(path, "w") as f:
+        f["observations"] = np.zeros((4, 2), np.float32)
+        f["actions"] = np.zeros((4, 1), np.float32)
+    with pytest.raises(zstore.MissingKeyError, match=r"bad.hdf5 lacks \['rewards', 'terminals'\]"):
+        import_d4rl(path, str(tmp_path / "x"), progress=False)
+    assert not (tmp_path / "x").exists()
+    with h5py.File(path, "w") as f:
+        g = f.create_group("episode_0")
+        g["observations"] = np.zeros((3, 2), np.float32)  # should be 3 + 1 rows
+        for name in ("actions", "rewards", "terminations", "truncations"):
+            g[name] = np.zeros(3)
+    with pytest.raises(zstore.SchemaError,
+                       match="episode_0: 'observations' has 3 rows, expected 4 \\(rewards: 3\\)"):
+        import_minari(path, str(tmp_path / "y"), progress=False)
+    assert not (tmp_path / "y").exists()
+
+
+def test_d4rl_infos_of_another_length_are_refused(tmp_path):
+    path = _write_d4rl(tmp_path / "d.hdf5")
+    with h5py.File(path, "a") as f:
+        f["infos/short"] = np.zeros(199)
+    with pytest.raises(zstore.SchemaError, match="'infos/short' has 199 rows, observations 200"):
+        import_d4rl(path, str(tmp_path / "x"), progress=False)
+    assert not (tmp_path / "x").exists()
+
+
+def test_progress_bar_on_request_only(tmp_path, capsys):
+    path = _write_d4rl(tmp_path / "d.hdf5")
+    import_d4rl(path, str(tmp_path / "a"), progress=False).close()
+    assert capsys.readouterr().err == ""
+    import_d4rl(path, str(tmp_path / "b"), progress=True).close()
+    assert "import d4rl" in capsys.readouterr().err
+    import_d4rl(path, str(tmp_path / "c")).close()  # default: only when stderr is a terminal
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,250 @@
+"""Bodies of the ``zstore info | ls | convert | import | seal`` subcommands.
+
+Each subcommand is a pair of functions: ``<name>_arguments(parser)`` declares
+its options, ``<name>_run(args)`` runs it and returns the exit code. They are
+registered in :mod:`zstore.cli`, which also maps errors to exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from .cli import (
+    UsageError,
+    add_storage_options,
+    codec_name,
+    positive_int,
+    storage_option,
+)
+from .demo import fmt_bytes
+
+#: ``--codec`` not given (``--codec none`` means raw, so None cannot mark it).
+_DEFAULT = object()
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(args.storage_options)
+
+
+def _progress(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                        help="no progress bar (default: shown when stderr is a terminal)")
+
+
+def _url(parser: argparse.ArgumentParser, name: str = "url", help: str = "") -> None:
+    parser.add_argument(name, metavar=name.upper(),
+                        help=help or "a local path or fsspec URL (s3://bucket/rb, http://host/ds ...)")
+
+
+def _codec_and_chunks(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--codec", type=codec_name, metavar="NAME", default=_DEFAULT,
+                        help="compression: none, zstd, lz4, blosc-zstd, optionally NAME:LEVEL and "
+                             f"+crc32c (default: {default})")
+    parser.add_argument("--chunks", type=positive_int, metavar="ROWS",
+                        help="rows per chunk (default: about 1 MiB of each key)")
+
+
+# -- zstore info ----------------------------------------------------------------------------
+
+def info_arguments(parser: argparse.ArgumentParser) -> None:
+    _url(parser)
+    parser.add_argument("--json", action="store_true", help="print the zstore block as JSON")
+    add_storage_options(parser)
+
+
+def info_run(args: argparse.Namespace) -> int:
+    import zstore
+    from zstore.storages import LazyMemmapStorage
+
+    from .group import ZSTORE_ATTR, open_zarr_group
+    from .store import StoreSpec
+
+    if args.json:
+        group = open_zarr_group(StoreSpec.parse(args.url, _options(args), read_only=True))
+        print(json.dumps(group.attrs.asdict().get(ZSTORE_ATTR, {}), indent=2))
+        return 0
+    storage = zstore.open(args.url, _options(args), mode="r")
+    print(storage.spec.redacted())
+    if not isinstance(storage, LazyMemmapStorage):
+        print(f"  {type(storage).__name__}: {len(storage):,} items of "
+              f"{storage.max_size:,}, {fmt_bytes(storage.nbytes)} stored")
+        return 0
+    try:
+        _print_buffer(storage)
+    finally:
+        storage.close()
+    return 0
+
+
+def _print_buffer(storage) -> None:
+    """The schema table and counters of a LazyMemmapStorage."""
+    from .dataset.episodes import read_index
+
+    meta = storage._meta
+    fs, root = storage.spec.filesystem()
+    kind = "sealed dataset" if meta.sealed else "read-only buffer" if meta.read_only else "buffer"
+    made = meta.created.get("time", "?")
+    print(f"  {meta.storage_class} ({kind}), format v1, created {made} by zstore "
+          f"{meta.created.get('zstore_version', '?')}")
+    print(f"  length {meta.length:,} of capacity {meta.max_size:,} (rows {meta.rows:,}, "
+          f"ndim {meta.ndim}{', lanes ' + str(list(meta.schema.lane_shape)) if meta.ndim > 1 else ''})"
+          f", last cursor {meta.last_cursor:,}")
+    filled = storage._len_along_dim0
+    header = f"  {'key':<28}{'dtype':<10}{'shape':<12}{'codec':<16}{'chunk':>8}{'shard':>8}" \
+             f"{'raw':>11}{'stored':>11}{'ratio':>7}"
+    print("\n" + header)
+    total_raw = total_stored = 0
+    for leaf in meta.schema.leaves:
+        chunk, shard = meta.layout[leaf.path]
+        raw = filled * leaf.row_bytes
+        stored = _du(fs, f"{root}/{leaf.path}")
+        total_raw, total_stored = total_raw + raw, total_stored + stored
+        dtype = str(leaf.dtype).removeprefix("torch.")
+        shape = str(list(leaf.shape[len(meta.schema.lane_shape):]))
+        ratio = f"{raw / stored:.1f}" if stored else "-"
+        print(f"  {leaf.path:<28}{dtype:<10}{shape:<12}{meta.codec_of(leaf.path)!s:<16}"
+              f"{chunk:>8}{shard or '-':>8}{fmt_bytes(raw):>11}{fmt_bytes(stored):>11}{ratio:>7}")
+    all_stored = _du(fs, root)
+    print(f"  {'total (all objects)':<82}{fmt_bytes(total_raw):>11}{fmt_bytes(all_stored):>11}"
+          f"{total_raw / all_stored if all_stored else 0:>7.1f}")
+    if meta.sealed:
+        index = read_index(storage._group, meta)
+        terminated, truncated = int(index["terminated"].sum()), int(index["truncated"].sum())
+        lengths = index["length"].float()
+        print(f"\n  episodes {len(index):,}: {terminated:,} terminated, {truncated:,} truncated, "
+              f"{len(index) - terminated - truncated:,} open; length mean "
+              f"{float(lengths.mean()) if len(index) else math.nan:.1f}, "
+              f"return mean {float(index['return'].double().mean()) if len(index) else math.nan:.3f}")
+
+
+def _du(fs, path: str) -> int:
+    try:
+        return int(fs.du(path, total=True))
+    except (FileNotFoundError, NotImplementedError):
+        return 0
+
+
+# -- zstore ls ------------------------------------------------------------------------------
+
+def ls_arguments(parser: argparse.ArgumentParser) -> None:
+    _url(parser, help="a local directory or fsspec prefix to search for buffers")
+    parser.add_argument("--depth", type=positive_int, default=4,
+                        help="how many directory levels to descend (default: %(default)s)")
+    add_storage_options(parser)
+
+
+def ls_run(args: argparse.Namespace) -> int:
+    from .store import StoreSpec
+
+    spec = StoreSpec.parse(args.url, _options(args), read_only=True)
+    fs, root = spec.filesystem()
+    if not fs.exists(root):
+        raise FileNotFoundError(f"no such location: {spec.redacted()}")
+    found = 0
+    for path, block in _buffers(fs, root, args.depth):
+        found += 1
+        kind = "dataset" if block.get("sealed") else "buffer"
+        episodes = (block.get("extra") or {}).get("episodes", {}).get("count")
+        note = f", {episodes:,} episodes" if episodes is not None else ""
+        length = block.get("length")
+        size = f"{length:,}/{block.get('max_size', 0):,}" if length is not None else "?"
+        prefix = spec.url.split("://", 1)[0] + "://" if "://" in spec.url else ""
+        print(f"{prefix}{path}\t{block.get('storage_class', '?')}\t{kind}\t{size}{note}")
+    if not found:
+        print(f"no zstore buffer under {spec.redacted()}")
+    return 0
+
+
+def _buffers(fs, root: str, depth: int):
+    """``(path, zstore block)`` of every buffer at or below ``root`` (not inside buffers)."""
+    try:
+        raw = fs.cat_file(f"{root.rstrip('/')}/zarr.json")
+    except (FileNotFoundError, IsADirectoryError):
+        raw = None
+    if raw is not None:
+        try:
+            block = json.loads(raw).get("attributes", {}).get("zstore")
+        except (ValueError, AttributeError):
+            block = None
+        if isinstance(block, dict):
+            yield root, block
+            return
+    if depth <= 0:
+        return
+    for entry in sorted(fs.ls(root, detail=True), key=lambda e: e["name"]):
+        if entry.get("type") == "directory":
+            yield from _buffers(fs, entry["name"], depth - 1)
+
+
+# -- zstore convert -------------------------------------------------------------------------
+
+def convert_arguments(parser: argparse.ArgumentParser) -> None:
+    _url(parser, "src", "the buffer or dataset to copy")
+    _url(parser, "dst", "where to write the copy (must be empty)")
+    _codec_and_chunks(parser, "the source's; +crc32c when the copy is sealed")
+    parser.add_argument("--shards", type=positive_int, metavar="ROWS",
+                        help="rows per shard object (default: about 32 MiB on object stores)")
+    parser.add_argument("--seal", action=argparse.BooleanOptionalAction, default=None,
+                        help="seal the copy (default: when the source is sealed)")
+    add_storage_options(parser)
+    parser.add_argument("-O", "--dst-option", dest="dst_options", action="append", default=None,
+                        type=storage_option, metavar="KEY=VALUE",
+                        help="a storage option for DST only (default: the -o options)")
+    _progress(parser)
+
+
+def convert_run(args: argparse.Namespace) -> int:
+    from .dataset.convert import _KEEP, convert
+
+    if args.shards and args.chunks and args.shards % args.chunks:
+        raise UsageError(f"--shards {args.shards} must be a multiple of --chunks {args.chunks}")
+    copy = convert(args.src, args.dst, _options(args),
+                   dst_options=None if args.dst_options is None else dict(args.dst_options),
+                   codec=_KEEP if args.codec is _DEFAULT else args.codec,
+                   chunks=args.chunks, shards=args.shards, seal=args.seal, progress=args.progress)
+    print(f"copied {len(copy):,} cells to {copy.spec.redacted()} (codec {copy._codec_text()}"
+          f"{', sealed' if copy._meta.sealed else ''})")
+    return 0
+
+
+# -- zstore import --------------------------------------------------------------------------
+
+def import_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("layout", choices=("d4rl", "minari"), help="the HDF5 file's layout")
+    parser.add_argument("file", metavar="FILE", help="the HDF5 file to import")
+    _url(parser, help="where to write the dataset (must be empty)")
+    _codec_and_chunks(parser, "zstd+crc32c")
+    add_storage_options(parser)
+    _progress(parser)
+
+
+def import_run(args: argparse.Namespace) -> int:
+    from .dataset import import_d4rl, import_minari
+    from .dataset.importers import DEFAULT_CODEC
+
+    run = import_d4rl if args.layout == "d4rl" else import_minari
+    dataset = run(args.file, args.url, _options(args), codec=DEFAULT_CODEC if args.codec is _DEFAULT else args.codec,
+                  chunks=args.chunks, progress=args.progress)
+    print(f"imported {len(dataset):,} transitions, {dataset.num_episodes:,} episodes from "
+          f"{args.file} into {dataset.spec.redacted()} (sealed)")
+    dataset.close()
+    return 0
+
+
+# -- zstore seal ----------------------------------------------------------------------------
+
+def seal_arguments(parser: argparse.ArgumentParser) -> None:
+    _url(parser, help="the buffer to publish as a read-only dataset")
+    add_storage_options(parser)
+
+
+def seal_run(args: argparse.Namespace) -> int:
+    from .dataset import seal
+    from .store import StoreSpec
+
+    episodes = seal(args.url, _options(args))
+    print(f"sealed {StoreSpec.parse(args.url, _options(args)).redacted()}: {episodes:,} episodes")
+    return 0

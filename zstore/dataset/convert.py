@@ -1,0 +1,74 @@
+"""Copy a buffer to a new location with another codec or chunking (``zstore convert``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..errors import NotAZStoreError
+from ..storages import LazyMemmapStorage
+from .progress import progress_bar
+
+#: Rows copied per batch.
+BATCH_ROWS = 1 << 15
+_KEEP = object()
+
+
+def convert(src: str | os.PathLike, dst: str | os.PathLike,
+            storage_options: Mapping[str, Any] | None = None, *,
+            dst_options: Mapping[str, Any] | None = None, codec: Any = _KEEP,
+            chunks: Any = None, shards: Any = None, seal: bool | None = None,
+            progress: bool | None = None) -> LazyMemmapStorage:
+    """Copy the buffer at ``src`` to a new buffer at ``dst``, re-chunked and re-compressed.
+
+    Rows keep their positions, so the length, cursor and ring order are those
+    of the source. ``codec`` defaults to the source's presets, with a crc32c
+    checksum added when the copy is sealed; ``chunks`` / ``shards`` to zstore's defaults at the
+    destination. A sealed source gives a sealed copy (``seal=None``); the
+    copy is returned closed.
+    """
+    from ..api import open as open_buffer
+
+    source = open_buffer(src, storage_options, mode="r")
+    try:
+        if not isinstance(source, LazyMemmapStorage):
+            raise NotAZStoreError(f"cannot convert {source.spec.redacted()}: it holds a "
+                                  f"{type(source).__name__}; convert copies LazyMemmapStorage "
+                                  "buffers and datasets")
+        meta = source._meta
+        seal = meta.sealed if seal is None else seal
+        if codec is _KEEP:  # the source's presets; a published copy is always checksummed
+            codec = {"default": meta.codec, **meta.key_codecs}
+            if seal:
+                codec = {path: dataclasses.replace(spec, checksum=True)
+                         for path, spec in codec.items()}
+        target = LazyMemmapStorage(meta.max_size, scratch_dir=dst, ndim=meta.ndim,
+                                   storage_options=dst_options if dst_options is not None
+                                   else storage_options, codec=codec, chunks=chunks,
+                                   shards=shards, auto_cleanup=False)
+        rows = meta.rows if len(source) >= meta.max_size else source._len_along_dim0
+        bar = progress_bar(rows, "convert", progress)
+        try:
+            for start in range(0, rows, BATCH_ROWS):
+                stop = min(start + BATCH_ROWS, rows)
+                target.set(torch.arange(start, stop), source.get(slice(start, stop)))
+                bar.update(stop - start)
+        except BaseException:
+            if target.initialized:  # created by this copy (existsok=False): remove it
+                target.cleanup()
+            raise
+        finally:
+            bar.close()
+        target._len_value, target._last_cursor_value = meta.length, meta.last_cursor
+        if seal:
+            target.seal()
+        else:
+            target.flush()
+        target.close()
+        return target
+    finally:
+        source.close()

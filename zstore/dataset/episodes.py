@@ -1,0 +1,156 @@
+"""The episode index of a dataset: computed from TED done flags, stored as Zarr arrays.
+
+An episode is a maximal run of consecutive steps of one lane that ends where
+``("next", "done")`` is set (or, without it, ``("next", "terminated") |
+("next", "truncated")``). The last written step of every lane closes the
+episode in progress: if none of its flags is set, the episode is *open*
+(``terminated`` and ``truncated`` both false).
+
+* Steps are taken in chronological order: a full ring buffer that wrapped
+  starts at its oldest row, ``(last_cursor + 1) % rows``, so its first episode
+  may begin mid-trajectory, and an episode may run past the last row and
+  continue at row 0: its rows are ``(start + arange(length)) % rows``, and
+  ``stop = start + length`` can exceed ``rows``.
+* ``ndim > 1`` buffers (``[time, *lanes]``): each lane is its own time series;
+  episodes are listed lane after lane (as TorchRL's TED2Flat does) and carry
+  their flat ``lane`` index. Every filled row counts as filled in every lane.
+
+The index lives in the sub-group :data:`INDEX_PATH`; each array has the
+buffer's leading shape ``[rows, *lanes]`` (episode ``i`` at flat position
+``i``, zeros after the last episode), so ``TensorDict.from_zarr`` and other
+readers still see one batch size across the group. The count is in the
+``zstore`` block, ``extra["episodes"]["count"]``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import zarr
+from tensordict import TensorDict
+
+from ..dtypes import from_numpy
+from ..group import TENSORDICT_ATTR
+from ..layout import StoreMeta
+
+#: Sub-group of the dataset group holding the episode index.
+INDEX_PATH = "__episodes__"
+#: The index's columns (``lane`` only for ``ndim > 1``).
+FIELDS = ("start", "stop", "length", "return", "terminated", "truncated")
+DONE_KEY, TERMINATED_KEY, TRUNCATED_KEY, REWARD_KEY = \
+    "next/done", "next/terminated", "next/truncated", "next/reward"
+#: Rows per chunk of the index arrays (only chunks holding episodes are stored).
+_INDEX_CHUNK = 1 << 16
+
+
+def chronological_rows(meta: StoreMeta, length: int, last_cursor: int) -> torch.Tensor:
+    """Filled rows, oldest first (a wrapped ring starts after its last cursor)."""
+    lanes = math.prod(meta.schema.lane_shape)
+    filled = -(-length // lanes)
+    if length >= meta.max_size and 0 <= last_cursor < meta.rows - 1:
+        return (torch.arange(meta.rows) + last_cursor + 1) % meta.rows
+    return torch.arange(filled)
+
+
+def _column(group: zarr.Group, meta: StoreMeta, path: str, order: torch.Tensor,
+            lanes: int) -> torch.Tensor | None:
+    """Column ``path`` as ``[lanes, steps, -1]`` in chronological order (None if absent)."""
+    leaf = meta.schema.by_path.get(path)
+    if leaf is None:
+        return None
+    stop = int(order.max()) + 1 if len(order) else 0
+    values = from_numpy(np.asarray(group[path][:stop]), leaf.dtype)[order]
+    return values.reshape(len(order), lanes, -1).transpose(0, 1)
+
+
+def compute_index(group: zarr.Group, meta: StoreMeta, length: int,
+                  last_cursor: int) -> TensorDict:
+    """The episode index of a committed buffer (see the module docstring)."""
+    lanes = math.prod(meta.schema.lane_shape)
+    order = chronological_rows(meta, length, last_cursor)
+    steps = len(order)
+    done = _column(group, meta, DONE_KEY, order, lanes)
+    term = _column(group, meta, TERMINATED_KEY, order, lanes)
+    trunc = _column(group, meta, TRUNCATED_KEY, order, lanes)
+    if done is None:
+        flags = [f for f in (term, trunc) if f is not None]
+        done = torch.stack([f.any(-1) for f in flags]).any(0) if flags else \
+            torch.zeros(lanes, steps, dtype=torch.bool)
+    else:
+        done = done.any(-1)
+    ends = done.clone()
+    if steps:
+        ends[:, -1] = True
+    lane, t_end = torch.nonzero(ends, as_tuple=True)  # lane-major, time ascending
+    first = torch.ones_like(lane, dtype=torch.bool)
+    first[1:] = lane[1:] != lane[:-1]
+    t_start = torch.zeros_like(t_end)
+    t_start[1:] = t_end[:-1] + 1
+    t_start[first] = 0
+    length_ = t_end - t_start + 1
+    reward = _column(group, meta, REWARD_KEY, order, lanes)
+    if reward is None:
+        ret = torch.full((len(lane),), float("nan"), dtype=torch.float64)
+    else:
+        csum = reward.to(torch.float64).cumsum(1)  # [lanes, steps, reward elements]
+        before = torch.where((t_start > 0).unsqueeze(-1), csum[lane, (t_start - 1).clamp(min=0)], 0.0)
+        feature = meta.schema.by_path[REWARD_KEY].shape[len(meta.schema.lane_shape):]
+        ret = (csum[lane, t_end] - before).reshape(len(lane), *feature)
+
+    def at_end(values: torch.Tensor) -> torch.Tensor:
+        return values.any(-1)[lane, t_end]
+
+    truncated = at_end(trunc) if trunc is not None else torch.zeros(len(lane), dtype=torch.bool)
+    if term is not None:
+        terminated = at_end(term)
+    else:  # a done step that was not truncated ended the episode for good
+        terminated = done[lane, t_end] & ~truncated
+    start = order[t_start] if steps else t_start
+    index = TensorDict({
+        "start": start, "stop": start + length_, "length": length_, "return": ret,
+        "terminated": terminated, "truncated": truncated,
+    }, batch_size=[len(lane)])
+    if meta.ndim > 1:
+        index["lane"] = lane
+    return index
+
+
+def write_index(group: zarr.Group, meta: StoreMeta, index: TensorDict, codec) -> None:
+    """Store ``index`` under :data:`INDEX_PATH` (arrays shaped ``[rows, *lanes, ...]``)."""
+    lanes = math.prod(meta.schema.lane_shape)
+    lead = (meta.rows, *meta.schema.lane_shape)
+    sub = group.create_group(INDEX_PATH, overwrite=True, attributes={
+        TENSORDICT_ATTR: {"batch_size": list(lead), "version": 1}})
+    n = len(index)
+    used_rows = -(-n // lanes)
+    for name, value in index.items():
+        feature = tuple(value.shape[1:])
+        values = value.numpy()
+        array = sub.create_array(
+            name, shape=(*lead, *feature), dtype=values.dtype,
+            chunks=(max(1, min(meta.rows, _INDEX_CHUNK // lanes)), *lead[1:], *feature),
+            compressors=codec.compressors(values.dtype.itemsize),
+            fill_value=np.zeros((), dtype=values.dtype).item(), overwrite=True)
+        if used_rows:  # only the chunks holding episodes are stored
+            padded = np.zeros((used_rows * lanes, *feature), dtype=values.dtype)
+            padded[:n] = values
+            array[:used_rows] = padded.reshape(used_rows, *lead[1:], *feature)
+
+
+def read_index(group: zarr.Group, meta: StoreMeta) -> TensorDict:
+    """The episode index stored by :func:`write_index` (count from the ``zstore`` block)."""
+    n = int(meta.extra.get("episodes", {}).get("count", 0))
+    lanes = math.prod(meta.schema.lane_shape)
+    used_rows = -(-n // lanes)
+    sub = group[INDEX_PATH]
+    out: dict[str, Any] = {}
+    for name in (*FIELDS, *(("lane",) if meta.ndim > 1 else ())):
+        array = sub[name]
+        values = np.asarray(array[:used_rows]) if used_rows else \
+            np.zeros((0, *array.shape[meta.ndim:]), dtype=array.dtype)
+        values = values.reshape(used_rows * lanes, *array.shape[meta.ndim:])[:n]
+        out[name] = torch.from_numpy(np.ascontiguousarray(values))
+    return TensorDict(out, batch_size=[n])

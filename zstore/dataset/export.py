@@ -1,0 +1,117 @@
+"""Export a dataset to HDF5, in the D4RL or the Minari layout (what the importers read).
+
+Steps are written episode after episode, in the order of the episode index.
+TED keys map back to the layout's names (``observation`` -> ``observations``,
+``("next", "reward")`` -> ``rewards`` ...); ``("info", k)`` (D4RL) and
+``("next", "info", k)`` go to ``infos/k``; any other key is written at its
+path (``collector/traj_ids``), so nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from .importers import ACTION, OBS
+from .progress import progress_bar
+
+#: Steps read from the dataset per batch.
+BATCH_ROWS = 1 << 16
+_D4RL = {OBS: "observations", ACTION: "actions", f"next/{OBS}": "next_observations",
+         "next/reward": "rewards", "next/terminated": "terminals", "next/truncated": "timeouts",
+         "next/done": None}
+_MINARI = {ACTION: "actions", "next/reward": "rewards", "next/terminated": "terminations",
+           "next/truncated": "truncations", "next/done": None}
+
+
+def _name(path: str, names: dict[str, str | None]) -> str | None:
+    if path in names:
+        return names[path]
+    for prefix in ("next/info/", "info/"):
+        if path.startswith(prefix):
+            return "infos/" + path[len(prefix):]
+    return path
+
+
+def _h5_value(path: str, value: torch.Tensor) -> np.ndarray:
+    array = value.numpy()
+    if path in ("next/reward", "next/terminated", "next/truncated") and array.ndim == 2 \
+            and array.shape[1] == 1:
+        array = array[:, 0]  # TED's [N, 1] back to the HDF5 layouts' [N]
+    return array
+
+
+def _cells_of(dataset) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Rows, lanes and episode lengths of every step, episode after episode."""
+    index = dataset.episodes
+    lengths = index["length"]
+    owner = torch.repeat_interleave(torch.arange(len(index)), lengths)
+    offsets = torch.arange(int(lengths.sum())) - torch.repeat_interleave(
+        torch.cumsum(lengths, 0) - lengths, lengths)
+    rows = index["start"][owner] + offsets
+    lanes = index["lane"][owner] if dataset.ndim > 1 else None
+    return rows, lanes, lengths
+
+
+def export_h5(dataset, path: str | os.PathLike, *, layout: str = "d4rl",
+              progress: bool | None = None) -> None:
+    """Write ``dataset`` (a :class:`~zstore.Dataset`) to the HDF5 file ``path``.
+
+    ``layout="d4rl"`` writes flat arrays; ``"minari"`` one ``episode_<i>`` group
+    per episode with ``T + 1`` observations (the last is the episode's final
+    ``("next", "observation")``).
+    """
+    import h5py
+
+    if layout not in ("d4rl", "minari"):
+        raise ValueError(f"layout must be 'd4rl' or 'minari', got {layout!r}")
+    rows, lanes, lengths = _cells_of(dataset)
+    total = len(rows)
+    bar = progress_bar(total, f"export {layout}", progress)
+    with h5py.File(path, "w") as f:
+        if layout == "d4rl":
+            for start in range(0, total, BATCH_ROWS):
+                stop = min(start + BATCH_ROWS, total)
+                batch = dataset._cells(rows[start:stop], None if lanes is None else lanes[start:stop])
+                _write_d4rl(f, batch, start, total)
+                bar.update(stop - start)
+        else:
+            ends = torch.cumsum(lengths, 0)
+            for i, end in enumerate(ends.tolist()):
+                begin = end - int(lengths[i])
+                steps = dataset._cells(rows[begin:end], None if lanes is None else lanes[begin:end])
+                _write_minari(f.create_group(f"episode_{i}"), steps)
+                bar.update(end - begin)
+    bar.close()
+
+
+def _leaves(batch) -> list[tuple[str, torch.Tensor]]:
+    return [("/".join((key,) if isinstance(key, str) else key), value)
+            for key, value in batch.items(include_nested=True, leaves_only=True)]
+
+
+def _write_d4rl(f, batch, start: int, total: int) -> None:
+    for path, value in _leaves(batch):
+        name = _name(path, _D4RL)
+        if name is None:
+            continue
+        array = _h5_value(path, value)
+        if name not in f:
+            f.create_dataset(name, shape=(total, *array.shape[1:]), dtype=array.dtype)
+        f[name][start:start + len(array)] = array
+
+
+def _write_minari(group, steps) -> None:
+    for path, value in _leaves(steps):
+        if path == OBS or path.startswith(OBS + "/"):
+            last = steps["next"][tuple(path.split("/"))][-1:]
+            array = torch.cat([value, last]).numpy()
+            group.create_dataset("observations" + path[len(OBS):], data=array)
+            continue
+        if path == f"next/{OBS}" or path.startswith(f"next/{OBS}/"):
+            continue
+        name = _name(path, _MINARI)
+        if name is not None:
+            group.create_dataset(name, data=_h5_value(path, value))

@@ -1,0 +1,227 @@
+"""Import D4RL- and Minari-layout HDF5 files as sealed TED datasets.
+
+Both produce TorchRL's TED keys: ``observation``, ``action``,
+``("next", "observation")``, ``("next", "reward")`` (``[N, 1]``) and the
+``[N, 1]`` bool flags ``("next", "done" | "terminated" | "truncated")``, with
+``done = terminated | truncated``. The buffer is written at ``url`` in batches,
+then sealed (:mod:`zstore.dataset.sealing`). Published data is checksummed by
+default (``codec="zstd+crc32c"``).
+
+* **D4RL**: one flat array per field over all steps: ``observations``,
+  ``actions``, ``rewards``, ``terminals``, ``timeouts`` (optional),
+  ``next_observations`` (optional), ``infos/*``. Without
+  ``next_observations`` the next observation is the following row's
+  observation and the last row is dropped, as TorchRL's D4RL loader and
+  ``d4rl.qlearning_dataset`` do (at an episode end that is the next
+  episode's first observation). ``infos/<k>`` become ``("info", k)``.
+* **Minari**: one group per episode (``episode_<id>``, in id order) holding
+  ``observations`` (``T + 1`` rows), ``actions``, ``rewards``,
+  ``terminations``, ``truncations`` (``T`` rows) and ``infos``. Dict spaces
+  (sub-groups) become nested keys. ``infos/<k>`` with ``T + 1`` rows (the
+  reset info first) or ``T`` rows become ``("next", "info", k)`` for steps
+  ``1..T``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from ..errors import MissingKeyError, SchemaError
+from ..storages import LazyMemmapStorage
+from .progress import progress_bar
+
+#: Default codec of imported datasets: compressed and checksummed.
+DEFAULT_CODEC = "zstd+crc32c"
+#: Rows read from the HDF5 file and written per batch.
+BATCH_ROWS = 1 << 16
+OBS, ACTION = "observation", "action"
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def _flag(array: np.ndarray) -> torch.Tensor:
+    """A ``[n]`` flag array as TED's ``[n, 1]`` bool."""
+    return _tensor(np.asarray(array).astype(bool).reshape(-1, 1))
+
+
+def _node(node: Any, rows: slice) -> Any:
+    """Rows of an HDF5 dataset, or of every dataset in a group (nested dict)."""
+    import h5py
+
+    if isinstance(node, h5py.Dataset):
+        return _tensor(node[rows])
+    return {name: _node(child, rows) for name, child in node.items()}
+
+
+def _ted(obs, action, next_obs, reward, terminated, truncated, n: int) -> TensorDict:
+    td = TensorDict({OBS: obs, ACTION: action,
+                     "next": {OBS: next_obs, "reward": _tensor(np.asarray(reward)).reshape(n, -1),
+                              "terminated": terminated, "truncated": truncated,
+                              "done": terminated | truncated}}, batch_size=[n])
+    return td
+
+
+class _Writer:
+    """Writes TED batches into a new buffer at ``url``, then seals it."""
+
+    def __init__(self, url, total: int, storage_options, codec, chunks, desc: str, progress):
+        if total < 1:
+            raise SchemaError(f"nothing to import into {url}: the file holds no transitions")
+        self.storage = LazyMemmapStorage(total, scratch_dir=url, storage_options=storage_options,
+                                         codec=codec, chunks=chunks, auto_cleanup=False)
+        self.position = 0
+        self.bar = progress_bar(total, desc, progress)
+
+    def write(self, batch: TensorDict) -> None:
+        n = batch.shape[0]
+        self.storage.set(torch.arange(self.position, self.position + n), batch)
+        self.position += n
+        self.bar.update(n)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        """Seal after a complete import; delete a partly written buffer after a failure."""
+        self.bar.close()
+        if kind is None:
+            self.storage.seal()
+            self.storage.close()
+        elif self.storage.initialized:  # created by this import (existsok=False): remove it
+            self.storage.cleanup()
+
+
+def _require(file, names, where: str) -> None:
+    missing = [name for name in names if name not in file]
+    if missing:
+        raise MissingKeyError(f"{where} lacks {missing} (has {sorted(file.keys())})")
+
+
+def import_d4rl(h5_path: str | os.PathLike, url: str | os.PathLike,
+                storage_options: Mapping[str, Any] | None = None, *, codec: Any = DEFAULT_CODEC,
+                chunks: Any = None, progress: bool | None = None):
+    """Import a D4RL-layout HDF5 file as a sealed dataset at ``url``; returns the opened Dataset."""
+    import h5py
+
+    from .open import open_dataset
+
+    with h5py.File(h5_path, "r") as f:
+        where = f"D4RL file {os.fspath(h5_path)}"
+        _require(f, ("observations", "actions", "rewards", "terminals"), where)
+        steps = len(f["observations"])
+        for name in ("actions", "rewards", "terminals", "timeouts", "next_observations"):
+            if name in f and len(f[name]) != steps:
+                raise SchemaError(f"{where}: {name!r} has {len(f[name])} rows, observations {steps}")
+        has_next = "next_observations" in f
+        total = steps if has_next else steps - 1
+        infos = [name for name, _ in _datasets(f["infos"])] if "infos" in f else []
+        for name in infos:
+            if len(f["infos"][name]) != steps:
+                raise SchemaError(f"{where}: 'infos/{name}' has {len(f['infos'][name])} rows, "
+                                  f"observations {steps}")
+        with _Writer(url, total, storage_options, codec, chunks, "import d4rl", progress) as sink:
+            _copy_d4rl(f, sink, total, has_next, infos)
+    return open_dataset(url, storage_options)
+
+
+def _copy_d4rl(f, sink: _Writer, total: int, has_next: bool, infos: list[str]) -> None:
+    for start in range(0, total, BATCH_ROWS):
+        rows = slice(start, min(start + BATCH_ROWS, total))
+        n = rows.stop - rows.start
+        obs = _tensor(f["observations"][rows])
+        next_obs = _tensor(f["next_observations"][rows]) if has_next else \
+            _tensor(f["observations"][rows.start + 1: rows.stop + 1])
+        timeouts = f["timeouts"][rows] if "timeouts" in f else np.zeros(n, dtype=bool)
+        batch = _ted(obs, _tensor(f["actions"][rows]), next_obs, f["rewards"][rows],
+                     _flag(f["terminals"][rows]), _flag(timeouts), n)
+        for name in infos:
+            batch[("info", *name.split("/"))] = _tensor(f["infos"][name][rows])
+        sink.write(batch)
+
+
+def _datasets(group, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(relative path, dataset)`` of every dataset below ``group``."""
+    import h5py
+
+    for name, node in group.items():
+        if isinstance(node, h5py.Dataset):
+            yield prefix + name, node
+        else:
+            yield from _datasets(node, f"{prefix}{name}/")
+
+
+def _episode_names(f) -> list[str]:
+    names = [name for name in f if re.fullmatch(r"episode_\d+", name)]
+    return sorted(names, key=lambda name: int(name.rsplit("_", 1)[1]))
+
+
+def _check_minari_episode(group, where: str) -> int:
+    """Check an episode group's fields and row counts (before anything is written); its steps."""
+    _require(group, ("observations", "actions", "rewards", "terminations", "truncations"), where)
+    steps = len(group["rewards"])
+    expected = {"observations": steps + 1, "actions": steps, "terminations": steps,
+                "truncations": steps}
+    for field, rows in expected.items():
+        node = group[field]
+        for name, data in _datasets(node) if not hasattr(node, "shape") else [("", node)]:
+            if len(data) != rows:
+                raise SchemaError(f"{where}: {'/'.join(filter(None, (field, name)))!r} has "
+                                  f"{len(data)} rows, expected {rows} (rewards: {steps})")
+    for name, node in _datasets(group["infos"]) if "infos" in group else []:
+        if len(node) not in (steps, steps + 1):
+            raise SchemaError(f"{where}: 'infos/{name}' has {len(node)} rows, expected "
+                              f"{steps} or {steps + 1}")
+    return steps
+
+
+def _minari_episode(group) -> TensorDict:
+    """One (checked) Minari episode group as ``T`` TED transitions."""
+    steps = len(group["rewards"])
+    obs = _node(group["observations"], slice(None))
+
+    def shift(value, lo: int, hi: int):
+        return value[lo:hi] if isinstance(value, torch.Tensor) else \
+            {k: shift(v, lo, hi) for k, v in value.items()}
+
+    batch = _ted(shift(obs, 0, steps), _node(group["actions"], slice(None)),
+                 shift(obs, 1, steps + 1), group["rewards"][:],
+                 _flag(group["terminations"][:]), _flag(group["truncations"][:]), steps)
+    if "infos" in group:
+        for name, node in _datasets(group["infos"]):
+            batch[("next", "info", *name.split("/"))] = _tensor(node[len(node) - steps:])
+    return batch
+
+
+def import_minari(h5_path: str | os.PathLike, url: str | os.PathLike,
+                  storage_options: Mapping[str, Any] | None = None, *,
+                  codec: Any = DEFAULT_CODEC, chunks: Any = None, progress: bool | None = None):
+    """Import a Minari-layout HDF5 file as a sealed dataset at ``url``; returns the opened Dataset."""
+    import h5py
+
+    from .open import open_dataset
+
+    with h5py.File(h5_path, "r") as f:
+        names = _episode_names(f)
+        where = f"Minari file {os.fspath(h5_path)}"
+        if not names:
+            raise MissingKeyError(f"{where} has no episode_<id> groups (has {sorted(f.keys())})")
+        total = sum(_check_minari_episode(f[name], f"{where}, {name}") for name in names)
+        with _Writer(url, total, storage_options, codec, chunks, "import minari", progress) as sink:
+            pending: list[TensorDict] = []
+            rows = 0
+            for i, name in enumerate(names):
+                pending.append(_minari_episode(f[name]))
+                rows += pending[-1].shape[0]
+                if rows >= BATCH_ROWS or i == len(names) - 1:
+                    sink.write(torch.cat(pending))
+                    pending, rows = [], 0
+    return open_dataset(url, storage_options)
