@@ -205,7 +205,8 @@ def convert_run(args: argparse.Namespace) -> int:
                    dst_options=None if args.dst_options is None else dict(args.dst_options),
                    codec=_KEEP if args.codec is _DEFAULT else args.codec,
                    chunks=args.chunks, shards=args.shards, seal=args.seal, progress=args.progress)
-    print(f"copied {len(copy):,} cells to {copy.spec.redacted()} (codec {copy._codec_text()}"
+    per_key = "".join(f", {path}: {spec}" for path, spec in copy.key_codecs.items())
+    print(f"copied {len(copy):,} cells to {copy.spec.redacted()} (codec {copy.codec}{per_key}"
           f"{', sealed' if copy._meta.sealed else ''})")
     return 0
 

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from ..errors import NotAZStoreError
+from ..progress import progress as progress_bar
 from ..storages import LazyMemmapStorage
-from .progress import progress_bar
 
 #: Rows copied per batch.
 BATCH_ROWS = 1 << 15
@@ -51,7 +51,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike,
                                    else storage_options, codec=codec, chunks=chunks,
                                    shards=shards, auto_cleanup=False)
         rows = meta.rows if len(source) >= meta.max_size else source._len_along_dim0
-        bar = progress_bar(rows, "convert", progress)
+        bar = progress_bar(rows, "convert", enabled=progress, unit="rows", unit_scale=True, leave=False)
         try:
             for start in range(0, rows, BATCH_ROWS):
                 stop = min(start + BATCH_ROWS, rows)

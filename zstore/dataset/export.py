@@ -14,8 +14,8 @@ import os
 import numpy as np
 import torch
 
+from ..progress import progress as progress_bar
 from .importers import ACTION, OBS
-from .progress import progress_bar
 
 #: Steps read from the dataset per batch.
 BATCH_ROWS = 1 << 16
@@ -69,7 +69,7 @@ def export_h5(dataset, path: str | os.PathLike, *, layout: str = "d4rl",
         raise ValueError(f"layout must be 'd4rl' or 'minari', got {layout!r}")
     rows, lanes, lengths = _cells_of(dataset)
     total = len(rows)
-    bar = progress_bar(total, f"export {layout}", progress)
+    bar = progress_bar(total, f"export {layout}", enabled=progress, unit="rows", unit_scale=True, leave=False)
     with h5py.File(path, "w") as f:
         if layout == "d4rl":
             for start in range(0, total, BATCH_ROWS):

@@ -34,8 +34,8 @@ import torch
 from tensordict import TensorDict
 
 from ..errors import MissingKeyError, SchemaError
+from ..progress import progress as progress_bar
 from ..storages import LazyMemmapStorage
-from .progress import progress_bar
 
 #: Default codec of imported datasets: compressed and checksummed.
 DEFAULT_CODEC = "zstd+crc32c"
@@ -79,7 +79,7 @@ class _Writer:
         self.storage = LazyMemmapStorage(total, scratch_dir=url, storage_options=storage_options,
                                          codec=codec, chunks=chunks, auto_cleanup=False)
         self.position = 0
-        self.bar = progress_bar(total, desc, progress)
+        self.bar = progress_bar(total, desc, enabled=progress, unit="rows", unit_scale=True, leave=False)
 
     def write(self, batch: TensorDict) -> None:
         n = batch.shape[0]
