@@ -1,0 +1,146 @@
+"""What a checkpoint needs to know about a tensor storage, and how to fill one back.
+
+:class:`TensorState` reads a :class:`~zstore.TensorStorage` (in RAM or on Zarr)
+as columns ``{key path: tensor [rows, ...]}`` plus its counters; :func:`restore`
+initialises (if needed) a storage with the checkpoint's capacity and writes rows
+into it, then restores the length and write cursor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping
+
+import torch
+from tensordict import is_tensor_collection
+
+from zstore.layout import Schema
+from zstore.storages.tensor import _apply
+
+from ._dest import CheckpointError
+
+
+@dataclasses.dataclass
+class TensorState:
+    """A tensor storage seen as columns: schema, capacity, counters and a row reader."""
+
+    schema: Schema
+    rows: int
+    max_size: int
+    ndim: int
+    length: int
+    last_cursor: int
+    high: int  # rows [0, high) hold data (written at least once or below the length)
+    read: Callable[[int, int], dict[str, torch.Tensor]]
+
+    @property
+    def lanes(self) -> tuple[int, ...]:
+        """The lane dims after the row dim (``ndim > 1``)."""
+        return tuple(self.schema.lane_shape)
+
+    @property
+    def is_full(self) -> bool:
+        """Whether every cell was written (the ring has wrapped or is exactly full)."""
+        return self.length >= self.max_size
+
+    @property
+    def filled_rows(self) -> int:
+        """Rows holding the storage's ``length`` cells."""
+        return self.rows if self.is_full else -(-self.length // max(1, math.prod(self.lanes)))
+
+    @classmethod
+    def of(cls, storage: Any) -> "TensorState":
+        """Read the state of an initialised tensor storage."""
+        if not getattr(storage, "initialized", False):
+            raise RuntimeError("Cannot save a non-initialized storage.")
+        rows = storage._container_shape()[0]
+        if hasattr(storage, "_schema"):  # LazyMemmapStorage: its columns are the table's
+            schema, table = storage._schema, storage.table
+            high = max(table.high_water, 0)
+
+            def read(lo: int, hi: int) -> dict[str, torch.Tensor]:
+                return table.read(torch.arange(lo, hi))
+        else:
+            container = storage._storage
+            schema = Schema.from_example(_apply(container, lambda x: x[0]), storage.ndim)
+            columns = schema.columns(container, 1)
+            revs = storage._row_rev
+            written = torch.nonzero(revs).reshape(-1) if revs is not None else None
+            high = rows if written is None else (int(written[-1]) + 1 if len(written) else 0)
+
+            def read(lo: int, hi: int) -> dict[str, torch.Tensor]:
+                return {path: value[lo:hi] for path, value in columns.items()}
+        cursor = storage._last_cursor_value
+        state = cls(schema, rows, storage.max_size, storage.ndim, len(storage),
+                    cursor if 0 <= cursor < rows else -1, 0, read)
+        state.high = min(rows, max(high, state.filled_rows))
+        return state
+
+    def data(self, lo: int, hi: int, device: Any = None) -> Any:
+        """Rows ``[lo, hi)`` as the storage's own kind of data."""
+        return self.schema.build(self.read(lo, hi), (hi - lo, *self.lanes), device)
+
+
+def shift_of(state: TensorState) -> int:
+    """The ring position after the newest row (TorchRL's ``shift``)."""
+    if state.last_cursor >= 0:
+        return (state.last_cursor + 1) % state.rows if state.is_full else state.last_cursor + 1
+    return 0 if state.is_full else state.filled_rows
+
+
+def prepare(storage: Any, example: Any, schema: Schema | None, rows: int, max_size: int,
+            where: str) -> None:
+    """Initialise ``storage`` for a checkpoint of ``rows`` rows, or check that it fits."""
+    if not storage.initialized:
+        if storage.ndim != len(schema.lane_shape if schema is not None else ()) + 1 \
+                and schema is not None:
+            raise CheckpointError(f"{where} holds an ndim={len(schema.lane_shape) + 1} storage; "
+                                  f"this storage has ndim={storage.ndim}")
+        storage.max_size = max_size
+        storage._init(example)
+    shape = tuple(storage._container_shape())
+    lanes = tuple(schema.lane_shape) if schema is not None else shape[1:]
+    if shape != (rows, *lanes):
+        raise CheckpointError(
+            f"{where} holds a storage of shape {[rows, *lanes]} (max_size={max_size}); this "
+            f"storage has shape {list(shape)} (max_size={storage.max_size}): the capacities "
+            "must match")
+    if schema is not None and hasattr(storage, "_schema"):
+        mine = {leaf.path: leaf for leaf in storage._schema.leaves}
+        theirs = {leaf.path: leaf for leaf in schema.leaves}
+        if mine != theirs:
+            missing = sorted(set(theirs) - set(mine))
+            extra = sorted(set(mine) - set(theirs))
+            changed = sorted(p for p in set(mine) & set(theirs) if mine[p] != theirs[p])
+            raise CheckpointError(
+                f"{where}: the checkpoint's keys do not match the storage's (only in the "
+                f"checkpoint: {missing}; only in the storage: {extra}; other dtype/shape: {changed})")
+
+
+def write_rows(storage: Any, lo: int, data: Any) -> None:
+    """Write ``data`` (a batch of rows) at rows ``lo, lo + 1, ...`` of ``storage``."""
+    n = len(data) if is_tensor_collection(data) or isinstance(data, torch.Tensor) \
+        else len(torch.utils._pytree.tree_leaves(data)[0])
+    if n:
+        storage._write(torch.arange(lo, lo + n), data)
+
+
+def finish(storage: Any, length: int, last_cursor: int, rows_written: int,
+           mark: tuple[str, str] | None = None) -> None:
+    """Restore counters after a load; stamp the rows as equal to checkpoint ``mark``."""
+    storage._len = int(length)
+    storage._last_cursor_value = int(last_cursor)
+    storage._last_cursor = int(last_cursor) if last_cursor >= 0 else None
+    if hasattr(storage, "_row_rev"):
+        storage._mark_rows(slice(None))
+        storage._ckpt_marks = {} if mark is None else {mark[0]: (mark[1], storage._write_rev)}
+    if hasattr(storage, "flush"):
+        storage.flush()
+
+
+def check_mapping(value: Any, what: str, where: str) -> Mapping[str, Any]:
+    """``value`` if it is a JSON object, else a :class:`CheckpointError` naming ``what``."""
+    if not isinstance(value, Mapping):
+        raise CheckpointError(f"{where}: malformed checkpoint ({what} is {value!r})")
+    return value
