@@ -12,7 +12,7 @@ from ._compressed import CompressedListStorageCheckpointer
 from ._dest import CheckpointError
 from ._ensemble import StorageEnsembleCheckpointer
 from ._h5 import H5StorageCheckpointer
-from ._ted import H5Combine, H5Split, Flat2TED, Nested2TED, TED2Flat, TED2Nested
+from ._ted import Flat2TED, H5Combine, H5Split, Nested2TED, TED2Flat, TED2Nested
 from ._tensor import (
     FlatStorageCheckpointer,
     ListStorageCheckpointer,
@@ -22,8 +22,19 @@ from ._tensor import (
 )
 
 __all__ = [
-    "StorageCheckpointerBase", "ListStorageCheckpointer", "TensorStorageCheckpointer",
-    "CompressedListStorageCheckpointer", "FlatStorageCheckpointer", "NestedStorageCheckpointer",
-    "H5StorageCheckpointer", "StorageEnsembleCheckpointer", "TED2Flat", "Flat2TED",
-    "TED2Nested", "Nested2TED", "H5Split", "H5Combine", "CheckpointError",
+    "CheckpointError",
+    "CompressedListStorageCheckpointer",
+    "Flat2TED",
+    "FlatStorageCheckpointer",
+    "H5Combine",
+    "H5Split",
+    "H5StorageCheckpointer",
+    "ListStorageCheckpointer",
+    "Nested2TED",
+    "NestedStorageCheckpointer",
+    "StorageCheckpointerBase",
+    "StorageEnsembleCheckpointer",
+    "TED2Flat",
+    "TED2Nested",
+    "TensorStorageCheckpointer",
 ]

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from zarr.core.sync import sync
 
-from zstore.codecs import CodecSpec, TARGET_CHUNK_BYTES
+from zstore.codecs import TARGET_CHUNK_BYTES, CodecSpec
 from zstore.dtypes import from_numpy, from_storage, to_numpy, to_storage
 from zstore.group import commit, create_group, open_group
 from zstore.layout import StoreMeta
@@ -88,7 +89,9 @@ def dump_buffer(storage: Any, dest: Destination, *, codec: CodecSpec, chunks: in
     state = TensorState.of(storage)
     layout = checkpoint_layout(state.schema, state.rows, chunks)
     previous = dest.read_commit()
-    base = _incremental_base(storage, dest, previous, state, layout, codec)
+    base = _incremental_base(storage, dest, previous, state, layout if chunks else None, codec)
+    if base is not None:
+        layout = base[2]  # the previous generation's chunking, so its chunks carry over
     gen = dest.new_generation()
     meta = StoreMeta("LazyMemmapStorage", state.max_size, state.ndim, state.rows, state.schema,
                      codec, layout)
@@ -148,8 +151,9 @@ def _write_all(jobs: list) -> None:
 
 
 def _incremental_base(storage, dest: Destination, previous, state: TensorState, layout,
-                      codec: CodecSpec) -> tuple[str, int] | None:
-    """(previous generation, revision) when ``storage`` can dump incrementally onto it."""
+                      codec: CodecSpec) -> tuple[str, int, dict] | None:
+    """(previous generation, revision, its layout) when ``storage`` can dump incrementally
+    onto it; ``layout`` None accepts the previous generation's chunking."""
     marks = getattr(storage, "_ckpt_marks", None) or {}
     mark = marks.get(dest.url)
     if previous is None or mark is None or previous.get("form") != "buffer" \
@@ -159,10 +163,10 @@ def _incremental_base(storage, dest: Destination, previous, state: TensorState, 
         _, old = open_group(dest.child(mark[0]).as_read_only())
     except Exception:  # noqa: BLE001 - an unreadable previous generation: write everything
         return None
-    if (old.rows != state.rows or old.schema.leaves != state.schema.leaves or old.layout != layout
-            or old.codec != codec or old.key_codecs):
+    if (old.rows != state.rows or old.schema.leaves != state.schema.leaves
+            or (layout is not None and old.layout != layout) or old.codec != codec or old.key_codecs):
         return None
-    return mark[0], mark[1]
+    return mark[0], mark[1], old.layout
 
 
 def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | None,

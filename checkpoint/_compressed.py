@@ -9,8 +9,9 @@ reopens them. Nothing is decompressed or recompressed, nothing is pickled.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping
+from typing import Any
 
 from zstore.storages.compressed import _open_root, _root_block
 from zstore.store import StoreSpec

@@ -17,9 +17,10 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from tqdm.auto import tqdm
 

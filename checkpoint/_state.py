@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from tensordict import is_tensor_collection
@@ -50,7 +51,7 @@ class TensorState:
         return self.rows if self.is_full else -(-self.length // max(1, math.prod(self.lanes)))
 
     @classmethod
-    def of(cls, storage: Any) -> "TensorState":
+    def of(cls, storage: Any) -> TensorState:
         """Read the state of an initialised tensor storage."""
         if not getattr(storage, "initialized", False):
             raise RuntimeError("Cannot save a non-initialized storage.")
@@ -93,10 +94,14 @@ def prepare(storage: Any, example: Any, schema: Schema | None, rows: int, max_si
             where: str) -> None:
     """Initialise ``storage`` for a checkpoint of ``rows`` rows, or check that it fits."""
     if not storage.initialized:
-        if storage.ndim != len(schema.lane_shape if schema is not None else ()) + 1 \
-                and schema is not None:
+        lanes = math.prod(schema.lane_shape) if schema is not None else max(1, max_size // rows)
+        if schema is not None and storage.ndim != len(schema.lane_shape) + 1:
             raise CheckpointError(f"{where} holds an ndim={len(schema.lane_shape) + 1} storage; "
                                   f"this storage has ndim={storage.ndim}")
+        if -(-storage.max_size // lanes) != rows:
+            raise CheckpointError(
+                f"{where} holds a storage of {rows} rows (max_size={max_size}); this storage "
+                f"has max_size={storage.max_size}: the capacities must match")
         storage.max_size = max_size
         storage._init(example)
     shape = tuple(storage._container_shape())

@@ -28,7 +28,8 @@ directories, H5 files) back to TED, reproducing TorchRL's Flat2TED.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from tensordict import is_tensor_collection
 
 from zstore.codecs import CodecSpec
 
 from ._buffer import dump_buffer, load_buffer
-from ._dest import CheckpointError, Destination, GEN_PREFIX, as_spec
+from ._dest import GEN_PREFIX, CheckpointError, Destination, as_spec
 from ._state import TensorState, finish, prepare, shift_of, write_rows
-from ._ted import DEFAULT_DONE_KEYS, META, Flat2TED, Nested2TED, TED2Flat, TED2Nested, expand
+from ._ted import (
+    DEFAULT_DONE_KEYS,
+    META,
+    Flat2TED,
+    Nested2TED,
+    TED2Flat,
+    TED2Nested,
+    expand,
+)
 from ._torchrl import is_torchrl_dir, load_torchrl_dir
 from ._tree import read_tree, write_tree
 

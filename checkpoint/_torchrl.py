@@ -12,7 +12,6 @@ Flat, Nested and H5 data are converted back to TED as TorchRL's Flat2TED does
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 

@@ -21,7 +21,7 @@ import zarr
 from tensordict import NonTensorData, TensorDict, TensorDictBase, is_tensor_collection
 from zarr.core.sync import sync
 
-from zstore.codecs import CodecSpec, TARGET_CHUNK_BYTES
+from zstore.codecs import TARGET_CHUNK_BYTES, CodecSpec
 from zstore.dtypes import storage_numpy_dtype, torch_dtype_from_name, torch_dtype_name
 from zstore.layout import key_to_path
 from zstore.store import StoreSpec
