@@ -166,6 +166,10 @@ class TensorStorageCheckpointer(_Configured):
             load_buffer(storage, dest, None, self.progress)
         elif is_torchrl_dir(dest):
             load_torchrl_dir(storage, dest)
+        elif dest.url.endswith(".h5") or "checkpoint.h5" in dest.children():
+            from ._h5 import H5StorageCheckpointer
+
+            H5StorageCheckpointer(progress=self.progress).loads(storage, dest.spec)
         elif any(name.startswith(GEN_PREFIX) for name in dest.children()):
             raise CheckpointError(f"{dest.redacted()} holds an incomplete checkpoint: a dump was "
                                   "interrupted before its commit, and none was committed before")

@@ -73,8 +73,12 @@ def assert_same(a, b) -> None:
     for key in ka:
         x, y = a.get(key), b.get(key)
         assert x.shape == y.shape and x.dtype == y.dtype, key
-        assert torch.equal(x.contiguous().view(torch.uint8) if x.dtype != torch.bool else x,
-                           y.contiguous().view(torch.uint8) if y.dtype != torch.bool else y), key
+        assert torch.equal(_bytes(x), _bytes(y)), key
+
+
+def _bytes(x: torch.Tensor) -> torch.Tensor:
+    flat = x.contiguous().reshape(-1)
+    return flat if flat.dtype == torch.bool else flat.view(torch.uint8)
 
 
 def make_storage(kind: str, capacity: int, ndim: int, location):
