@@ -22,10 +22,11 @@ import torch
 from zarr.core.sync import sync
 
 from zstore.codecs import TARGET_CHUNK_BYTES, CodecSpec
-from zstore.dtypes import from_numpy, from_storage, to_numpy, to_storage
+from zstore.dtypes import from_numpy, from_storage, storage_numpy_dtype, to_numpy, to_storage
 from zstore.group import commit, create_group, open_group
 from zstore.layout import StoreMeta
 
+from ._chunks import chunk_key, read_raw, write_raw
 from ._dest import CheckpointError, Destination, fault_point, progress_bar
 from ._state import TensorState, finish, prepare, write_rows
 
@@ -54,10 +55,6 @@ def as_numpy(tensor: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
 def as_torch(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of :func:`as_numpy`."""
     return from_storage(from_numpy(np.ascontiguousarray(array), dtype), dtype)
-
-
-def _chunk_key(path: str, ndim: int, index: int) -> str:
-    return f"{path}/c/{index}" + "/0" * (ndim - 1)
 
 
 def _changed_chunks(row_rev: torch.Tensor | None, since: int | None, chunk: int, n: int) -> torch.Tensor:
@@ -95,7 +92,8 @@ def dump_buffer(storage: Any, dest: Destination, *, codec: CodecSpec, chunks: in
     gen = dest.new_generation()
     meta = StoreMeta("LazyMemmapStorage", state.max_size, state.ndim, state.rows, state.schema,
                      codec, layout)
-    group = create_group(dest.child(gen), meta)
+    gen_spec = dest.child(gen)
+    group = create_group(gen_spec, meta)
     arrays = {leaf.path: group[leaf.path]._async_array for leaf in state.schema.leaves}
     since = None if base is None else base[1]
     row_rev = getattr(storage, "_row_rev", None)
@@ -121,10 +119,14 @@ def dump_buffer(storage: Any, dest: Destination, *, codec: CodecSpec, chunks: in
                         columns = state.read(lo, hi)
                     start, stop = (first + a) * chunk, min((first + b) * chunk, state.rows)
                     value = as_numpy(columns[leaf.path][start - lo: stop - lo], leaf.dtype)
-                    jobs.append((arrays[leaf.path], start, stop, value))
                     written += value.nbytes
+                    if codec.is_raw:
+                        write_raw(gen_spec, leaf.path, value, first + a, chunk)
+                        bar.update(value.nbytes)
+                    else:
+                        jobs.append((arrays[leaf.path], start, stop, value))
                 for i in torch.nonzero(~local).reshape(-1).tolist():
-                    key = _chunk_key(leaf.path, 1 + len(leaf.shape), first + i)
+                    key = chunk_key(leaf.path, 1 + len(leaf.shape), first + i)
                     copies.append((f"{base[0]}/{key}", f"{gen}/{key}"))
             _write_all(jobs)
             dest.copy_objects(copies)
@@ -179,17 +181,46 @@ def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | Non
                else meta.rows)
     high = min(high, meta.rows)
     arrays = {leaf.path: group[leaf.path]._async_array for leaf in schema.leaves}
+    raw = meta.all_raw and all(shard is None for _, shard in meta.layout.values())
+
+    def read(lo: int, hi: int) -> dict[str, torch.Tensor]:
+        if not raw:
+            return _read(arrays, schema, lo, hi)
+        out = {}
+        for leaf in schema.leaves:
+            value = np.empty((hi - lo, *leaf.shape), dtype=storage_numpy_dtype(leaf.dtype))
+            read_raw(spec, leaf.path, value, lo, meta.layout[leaf.path][0])
+            out[leaf.path] = as_torch(value, leaf.dtype)
+        return out
+
     window = max(chunk for chunk, _ in meta.layout.values())
-    first = _read(arrays, schema, 0, min(1, meta.rows))
+    first = read(0, 1)
     prepare(storage, schema.build({p: c[0] for p, c in first.items()}, lanes), schema, meta.rows,
             meta.max_size, dest.redacted())
     with progress_bar(high * schema.row_bytes, f"loads {dest.url}", progress) as bar:
-        for lo in range(0, high, window):
-            hi = min(lo + window, high)
-            write_rows(storage, lo, schema.build(_read(arrays, schema, lo, hi), (hi - lo, *lanes)))
-            bar.update((hi - lo) * schema.row_bytes)
+        targets = _in_memory_columns(storage, schema) if raw else None
+        if targets is not None:  # straight into the container's memory
+            for leaf in schema.leaves:
+                read_raw(spec, leaf.path, targets[leaf.path][:high], 0, meta.layout[leaf.path][0])
+                bar.update(high * leaf.row_bytes)
+        else:
+            for lo in range(0, high, window):
+                hi = min(lo + window, high)
+                write_rows(storage, lo, schema.build(read(lo, hi), (hi - lo, *lanes)))
+                bar.update((hi - lo) * schema.row_bytes)
     mark = None if record is None else (dest.url, str(record["generation"]))
     finish(storage, meta.length, meta.last_cursor, high, mark)
+
+
+def _in_memory_columns(storage: Any, schema) -> dict[str, np.ndarray] | None:
+    """NumPy views of an in-RAM CPU container's columns (None for other storages)."""
+    if hasattr(storage, "_schema") or not storage.initialized:
+        return None
+    columns = schema.columns(storage._storage, 1)
+    if any(c.device.type != "cpu" or not c.is_contiguous() for c in columns.values()):
+        return None
+    return {leaf.path: to_storage(columns[leaf.path]).numpy().view(storage_numpy_dtype(leaf.dtype))
+            for leaf in schema.leaves}
 
 
 def _read(arrays, schema, lo: int, hi: int) -> dict[str, torch.Tensor]:

@@ -210,5 +210,24 @@ class Destination:
 
         if self.spec.is_local or self.spec.protocol == "memory":
             return sum(map(one, pairs))
+        if getattr(self.fs, "async_impl", False):  # one event loop, many copies in flight
+            return self._copy_async(pairs)
         with ThreadPoolExecutor(16) as pool:
             return sum(pool.map(one, pairs))
+
+    def _copy_async(self, pairs: list[tuple[str, str]]) -> int:
+        from fsspec.asyn import _run_coros_in_chunks, sync
+
+        for _ in pairs:
+            fault_point("copy")
+        coros = [self.fs._cp_file(self._path(src), self._path(dst)) for src, dst in pairs]
+        results = sync(self.fs.loop, _run_coros_in_chunks, coros, batch_size=64,
+                       return_exceptions=True)
+        copied = 0
+        for (src, _), result in zip(pairs, results):
+            if isinstance(result, FileNotFoundError):
+                continue
+            if isinstance(result, BaseException):
+                raise OSError(f"cannot copy {src} within {self.redacted()}: {result}") from result
+            copied += 1
+        return copied

@@ -128,7 +128,7 @@ def write_rows(storage: Any, lo: int, data: Any) -> None:
     n = len(data) if is_tensor_collection(data) or isinstance(data, torch.Tensor) \
         else len(torch.utils._pytree.tree_leaves(data)[0])
     if n:
-        storage._write(torch.arange(lo, lo + n), data)
+        storage._write(slice(lo, lo + n), data)
 
 
 def finish(storage: Any, length: int, last_cursor: int, rows_written: int,
