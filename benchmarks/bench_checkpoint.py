@@ -36,8 +36,8 @@ import tempfile
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from tensordict import TensorDict
@@ -45,9 +45,9 @@ from tensordict import TensorDict
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
 
-import checkpoint  # noqa: E402
-import zstore  # noqa: E402
-from zstore import StoreSpec  # noqa: E402
+import checkpoint
+import zstore
+from zstore import StoreSpec
 
 MB = 1 << 20
 
@@ -66,14 +66,25 @@ def transitions(n: int, seed: int = 0) -> TensorDict:
 
 
 def median_time(fn: Callable[[], object], repeats: int, setup: Callable[[], None] | None = None) -> float:
-    times = []
+    """Median wall time of ``fn`` over ``repeats`` runs (``setup`` untimed before each)."""
+    return statistics.median(timed(fn, setup) for _ in range(repeats))
+
+
+def timed(fn: Callable[[], object], setup: Callable[[], None] | None = None) -> float:
+    if setup is not None:
+        setup()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def side_by_side(pairs: dict[str, tuple[Callable, Callable | None]], repeats: int) -> dict[str, float]:
+    """Medians of ``{name: (fn, setup)}``, run round-robin so that noise hits all alike."""
+    times: dict[str, list[float]] = {name: [] for name in pairs}
     for _ in range(repeats):
-        if setup is not None:
-            setup()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, (fn, setup) in pairs.items():
+            times[name].append(timed(fn, setup))
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main() -> int:
@@ -103,11 +114,12 @@ def main() -> int:
         return lambda: shutil.rmtree(root / name, ignore_errors=True)
 
     # -- full dumps / loads, local --------------------------------------------------------
-    results["dump_zstore_s"] = median_time(lambda: ours.dumps(root / "z"), args.repeats, fresh("z"))
-    results["dump_torchrl_s"] = median_time(lambda: theirs.dumps(root / "t"), args.repeats, fresh("t"))
-    results["load_zstore_s"] = median_time(lambda: zstore.LazyTensorStorage(n).loads(root / "z"),
-                                           args.repeats)
-    results["load_torchrl_s"] = median_time(lambda: TLazy(n).loads(root / "t"), args.repeats)
+    results.update(side_by_side({
+        "dump_zstore_s": (lambda: ours.dumps(root / "z"), fresh("z")),
+        "dump_torchrl_s": (lambda: theirs.dumps(root / "t"), fresh("t"))}, args.repeats))
+    results.update(side_by_side({
+        "load_zstore_s": (lambda: zstore.LazyTensorStorage(n).loads(root / "z"), None),
+        "load_torchrl_s": (lambda: TLazy(n).loads(root / "t"), None)}, args.repeats))
     check = zstore.LazyTensorStorage(n)
     check.loads(root / "z")
     assert (check.get(slice(None)) == data).all(), "zstore loaded different data"
@@ -116,10 +128,9 @@ def main() -> int:
     ours.checkpointer = checkpoint.H5StorageCheckpointer()
     theirs.checkpointer = TH5()
     theirs._last_cursor = n - 1
-    results["h5_dump_zstore_s"] = median_time(lambda: ours.dumps(root / "zh5"), args.repeats,
-                                              fresh("zh5"))
-    results["h5_dump_torchrl_s"] = median_time(lambda: theirs.dumps(root / "th5"), args.repeats,
-                                               fresh("th5"))
+    results.update(side_by_side({
+        "h5_dump_zstore_s": (lambda: ours.dumps(root / "zh5"), fresh("zh5")),
+        "h5_dump_torchrl_s": (lambda: theirs.dumps(root / "th5"), fresh("th5"))}, args.repeats))
 
     def load_ours_h5():
         s = zstore.LazyTensorStorage(n)
@@ -132,18 +143,18 @@ def main() -> int:
         s.checkpointer = TH5()
         s.loads(root / "th5")
 
-    results["h5_load_zstore_s"] = median_time(load_ours_h5, args.repeats)
-    results["h5_load_torchrl_s"] = median_time(load_theirs_h5, args.repeats)
+    results.update(side_by_side({"h5_load_zstore_s": (load_ours_h5, None),
+                                 "h5_load_torchrl_s": (load_theirs_h5, None)}, args.repeats))
     assert (load_ours_h5().get(slice(None)) == data).all(), "zstore H5 loaded different data"
     ours.checkpointer = checkpoint.TensorStorageCheckpointer()
 
     # -- incremental: 1% new data ---------------------------------------------------------------
     new = transitions(n // 100, seed=1)
 
-    def incremental(dest) -> tuple[float, dict, dict]:
+    def incremental(new_dest: Callable[[], object]) -> tuple[float, dict, dict]:
         times, fulls, incs = [], [], []
         for r in range(args.repeats):
-            target = dest() if callable(dest) else dest
+            target = new_dest()
             ours.dumps(target)
             fulls.append(record(target))
             start = (r * 7919 * (n // 100)) % (n - n // 100)  # a different region each time
@@ -152,21 +163,21 @@ def main() -> int:
             ours.dumps(target)
             times.append(time.perf_counter() - t0)
             incs.append(record(target))
-        assert all(i["incremental"] for i in incs)
+        assert all(i["incremental"] for i in incs) and not any(f["incremental"] for f in fulls)
         return statistics.median(times), fulls[-1], incs[-1]
 
     def record(target) -> dict:
         return checkpoint._dest.Destination(StoreSpec.parse(target)).read_commit()
 
-    t_inc, full_rec, inc_rec = incremental(root / "inc")
+    t_inc, full_rec, inc_rec = incremental(lambda: root / f"inc-{uuid.uuid4().hex[:8]}")
     results["incremental_dump_s"] = t_inc
     results["incremental_bytes_ratio"] = inc_rec["bytes_written"] / full_rec["bytes_written"]
     results["incremental_time_ratio"] = t_inc / results["dump_zstore_s"]
 
     # -- S3 on loopback -----------------------------------------------------------------------
     if not args.no_s3:
-        from moto.server import ThreadedMotoServer
         import s3fs
+        from moto.server import ThreadedMotoServer
 
         os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")

@@ -22,7 +22,13 @@ import torch
 from zarr.core.sync import sync
 
 from zstore.codecs import TARGET_CHUNK_BYTES, CodecSpec
-from zstore.dtypes import from_numpy, from_storage, storage_numpy_dtype, to_numpy, to_storage
+from zstore.dtypes import (
+    from_numpy,
+    from_storage,
+    storage_numpy_dtype,
+    to_numpy,
+    to_storage,
+)
 from zstore.group import commit, create_group, open_group
 from zstore.layout import StoreMeta
 
@@ -57,14 +63,15 @@ def as_torch(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return from_storage(from_numpy(np.ascontiguousarray(array), dtype), dtype)
 
 
-def _changed_chunks(row_rev: torch.Tensor | None, since: int | None, chunk: int, n: int) -> torch.Tensor:
-    """Bool per chunk of the first ``n`` chunks: whether any of its rows changed since ``since``."""
-    if row_rev is None or since is None:
+def _changed_chunks(changed: torch.Tensor | None, chunk: int, n: int) -> torch.Tensor:
+    """Bool per chunk of the first ``n`` chunks: whether it holds one of the ``changed``
+    rows (int64 row indices; None: everything changed)."""
+    if changed is None:
         return torch.ones(n, dtype=torch.bool)
-    padded = torch.zeros(n * chunk, dtype=torch.int64)
-    m = min(len(row_rev), n * chunk)
-    padded[:m] = row_rev[:m]
-    return padded.reshape(n, chunk).amax(1) > since
+    mask = torch.zeros(n, dtype=torch.bool)
+    blocks = torch.div(changed, chunk, rounding_mode="floor")
+    mask[blocks[blocks < n]] = True
+    return mask
 
 
 def _runs(mask: torch.Tensor) -> list[tuple[int, int]]:
@@ -94,13 +101,15 @@ def dump_buffer(storage: Any, dest: Destination, *, codec: CodecSpec, chunks: in
                      codec, layout)
     gen_spec = dest.child(gen)
     group = create_group(gen_spec, meta)
-    arrays = {leaf.path: group[leaf.path]._async_array for leaf in state.schema.leaves}
-    since = None if base is None else base[1]
+    arrays = {} if codec.is_raw else \
+        {leaf.path: group[leaf.path]._async_array for leaf in state.schema.leaves}
     row_rev = getattr(storage, "_row_rev", None)
+    changed = None if base is None or row_rev is None else \
+        torch.nonzero(row_rev > base[1]).reshape(-1)
     plan = {}  # path -> (chunk rows, changed mask over the chunks holding data)
     for leaf in state.schema.leaves:
         chunk = layout[leaf.path][0]
-        plan[leaf.path] = (chunk, _changed_chunks(row_rev, since, chunk, -(-state.high // chunk)))
+        plan[leaf.path] = (chunk, _changed_chunks(changed, chunk, -(-state.high // chunk)))
     window = max(chunk for chunk, _ in plan.values())
     total = sum(int(mask.sum()) * chunk * state.schema.by_path[p].row_bytes
                 for p, (chunk, mask) in plan.items())
@@ -209,7 +218,7 @@ def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | Non
                 write_rows(storage, lo, schema.build(read(lo, hi), (hi - lo, *lanes)))
                 bar.update((hi - lo) * schema.row_bytes)
     mark = None if record is None else (dest.url, str(record["generation"]))
-    finish(storage, meta.length, meta.last_cursor, high, mark)
+    finish(storage, meta.length, meta.last_cursor, mark)
 
 
 def _in_memory_columns(storage: Any, schema) -> dict[str, np.ndarray] | None:

@@ -11,6 +11,7 @@ half-written file in place of a good one. TorchRL's own H5 files are read too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -95,7 +96,7 @@ class H5StorageCheckpointer(_Configured):
                 f.create_dataset("_storage_shape", data=np.asarray([state.rows, *state.lanes], np.int64))
                 f.create_dataset("is_full", data=np.bool_(state.is_full))
                 f.create_dataset("shift", data=np.int64(info["shift"]))
-                for traj in split.keys():
+                for traj in split.keys():  # noqa: SIM118 - a TensorDict iterates rows
                     if traj == META:
                         continue
                     group = f.create_group(traj)
@@ -123,22 +124,20 @@ class H5StorageCheckpointer(_Configured):
 
         dest, name = self._file(path)
         where = f"{dest.url}/{name}"
-        try:
-            handle = open(dest._path(name), "rb") if dest.spec.is_local \
-                else dest.fs.open(dest._path(name), "rb", block_size=16 << 20)
-        except FileNotFoundError:
-            raise CheckpointError(f"no H5 checkpoint at {where}") from None
-        with handle:
-            try:
-                f = h5py.File(handle, "r")
+        with contextlib.ExitStack() as stack:
+            try:  # local files through HDF5's own driver; others through an fsspec file
+                source = dest._path(name) if dest.spec.is_local else stack.enter_context(
+                    dest.fs.open(dest._path(name), "rb", block_size=16 << 20))
+                f = stack.enter_context(h5py.File(source, "r"))
+            except FileNotFoundError:
+                raise CheckpointError(f"no H5 checkpoint at {where}") from None
             except OSError as exc:
                 raise CheckpointError(f"{where} is not a readable HDF5 file ({exc})") from None
-            with f:
-                if ATTR not in f.attrs:
-                    load_torchrl_h5(storage, f, where)
-                    return
-                record = json.loads(f.attrs[ATTR])
-                data = _read_mine(f, record)
+            if ATTR not in f.attrs:
+                load_torchrl_h5(storage, f, where)
+                return
+            record = json.loads(f.attrs[ATTR])
+            data = _read_mine(f, record)
         from zstore.layout import Schema
         from zstore.storages.tensor import _apply
 
@@ -146,13 +145,13 @@ class H5StorageCheckpointer(_Configured):
         prepare(storage, _apply(data, lambda x: x[0]), schema, int(record["rows"]),
                 int(record["max_size"]), where)
         write_rows(storage, 0, data)
-        finish(storage, int(record["length"]), int(record["last_cursor"]), len(data))
+        finish(storage, int(record["length"]), int(record["last_cursor"]))
 
 
 def _read_mine(f: Any, record: Mapping[str, Any]) -> TensorDict:
     """Concatenate the segments of a zstore H5 file straight into flat arrays, expand."""
     info = record["ted"]
-    names = sorted(k for k in f.keys() if k.startswith("traj_"))
+    names = sorted(k for k in f if k.startswith("traj_"))
     paths: dict[str, Any] = {}
 
     def visit(path: str, node: Any) -> None:  # returning a value would stop the visit

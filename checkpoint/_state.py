@@ -131,7 +131,7 @@ def write_rows(storage: Any, lo: int, data: Any) -> None:
         storage._write(slice(lo, lo + n), data)
 
 
-def finish(storage: Any, length: int, last_cursor: int, rows_written: int,
+def finish(storage: Any, length: int, last_cursor: int,
            mark: tuple[str, str] | None = None) -> None:
     """Restore counters after a load; stamp the rows as equal to checkpoint ``mark``."""
     storage._len = int(length)

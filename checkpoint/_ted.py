@@ -94,7 +94,7 @@ def compact(data: TensorDictBase, *, shift: int, is_full: bool,
     """TED rows ``[T, *lanes]`` (ring order) -> the lossless compact TensorDict."""
     if not is_tensor_collection(data):
         raise ValueError("Only tensor collections are supported.")
-    if META in data.keys():
+    if META in data:
         raise KeyError(f"key {META!r} is reserved by the TED compact form")
     steps, lane_shape = data.batch_size[0], tuple(data.batch_size[1:])
     lanes = math.prod(lane_shape)
@@ -315,7 +315,7 @@ class H5Combine:
 
     def __call__(self, data: TensorDictBase, out: Any = None) -> TensorDict:
         info = dict(data.get(META).get_non_tensor("info"))
-        names = sorted(k for k in data.keys() if k.startswith("traj_"))
+        names = sorted(k for k in data.keys() if k.startswith("traj_"))  # noqa: SIM118
         expanded = {tuple(p.split("/")) for p in info["expanded"]}
         parts: dict[tuple[str, ...], list[torch.Tensor]] = {}
         ends = []

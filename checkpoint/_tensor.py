@@ -181,7 +181,7 @@ class TensorStorageCheckpointer(_Configured):
         if self._load_hooks:
             for hook in self._load_hooks:
                 data = hook(data, out=None)
-        elif META in data.keys():
+        elif META in data:
             data = expand(data)
         else:
             raise CheckpointError(f"{dest.redacted()} was written with save hooks; register the "
@@ -193,7 +193,7 @@ class TensorStorageCheckpointer(_Configured):
         prepare(storage, _apply(data, lambda x: x[0]), schema, int(record["rows"]),
                 int(record["max_size"]), dest.redacted())
         write_rows(storage, 0, data)
-        finish(storage, int(record["length"]), int(record["last_cursor"]), len(data))
+        finish(storage, int(record["length"]), int(record["last_cursor"]))
 
 
 class FlatStorageCheckpointer(TensorStorageCheckpointer):

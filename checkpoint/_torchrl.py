@@ -167,7 +167,7 @@ def _fill(storage: Any, data: Any, rows: int | None, length: int, cursor: int, w
     write_rows(storage, 0, data)
     if cursor < 0 and length < rows * lanes:
         cursor = -(-length // max(1, lanes)) - 1
-    finish(storage, length, cursor, rows)
+    finish(storage, length, cursor)
 
 
 def load_torchrl_h5(storage: Any, h5file: Any, where: str) -> None:
@@ -178,7 +178,7 @@ def load_torchrl_h5(storage: Any, h5file: Any, where: str) -> None:
         shift, is_full = int(h5file["shift"][()]), bool(h5file["is_full"][()])
     except KeyError as exc:
         raise CheckpointError(f"{where} is not a TorchRL H5 checkpoint (missing {exc})") from None
-    names = sorted(k for k in h5file.keys() if k.startswith("traj"))
+    names = sorted(k for k in h5file if k.startswith("traj"))
     parts: dict[tuple[str, ...], list[np.ndarray]] = {}
     for name in names:
         _collect_h5(h5file[name], (), parts)

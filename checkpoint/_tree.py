@@ -35,7 +35,7 @@ TREE_ATTR = "zstore_tree"
 def _walk(td: TensorDictBase, prefix: tuple[str, ...], tensors: dict, others: dict,
           batches: dict) -> None:
     batches["/".join(prefix)] = list(td.batch_size)
-    for key in td.keys():
+    for key in td.keys():  # noqa: SIM118 - a TensorDict iterates rows
         value = td.get(key)
         path = (*prefix, key)
         if isinstance(value, NonTensorData):

@@ -157,15 +157,17 @@ def test_tensor_and_pytree_storages(location):
 
 
 def test_checkpoint_is_a_zstore_buffer(tmp_path):
-    source = LazyTensorStorage(10)
+    source = LazyTensorStorage(100)
+    source.checkpointer = TensorStorageCheckpointer(chunks=8)
     fill(source, "partial", TEDStream())
     source.dumps(tmp_path / "ck")
     record = checkpoint._dest.Destination(StoreSpec.parse(tmp_path / "ck")).read_commit()
     opened = zstore.open(tmp_path / "ck" / record["generation"], mode="r")
-    assert len(opened) == 9 and opened.max_size == 10 and opened._last_cursor_index == 8
+    assert len(opened) == 9 and opened.max_size == 100 and opened._last_cursor_index == 8
     assert_same(opened.get(slice(None)), source.get(slice(None)))
-    # only the filled rows were written: chunks past row 9 do not exist
-    assert not (tmp_path / "ck" / record["generation"] / "obs" / "c" / "9").exists()
+    # only the filled rows were written: chunks 0 and 1 (rows 0-15), none of the other 11
+    chunks = tmp_path / "ck" / record["generation"] / "obs" / "c"
+    assert sorted(p.name for p in chunks.iterdir()) == ["0", "1"]
 
 
 # -- TED compaction: where TorchRL loses data, zstore does not -------------------------------

@@ -7,14 +7,12 @@ write, a carried-over chunk copy, just before the commit, just after it.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from tensordict import TensorDict
 
 from checkpoint import CheckpointError, H5StorageCheckpointer, TensorStorageCheckpointer
 from zstore import LazyTensorStorage
@@ -83,7 +81,7 @@ def killed(tmp_path_factory) -> dict[str, str]:
     lines = "\n".join(f"{dests[n]} {p} {k} {kind} {int(first)}"
                        for n, (p, k, kind, first) in SCENARIOS.items())
     done = subprocess.run([sys.executable, "-c", CHILD], input=lines, cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     results = dict(line.split() for line in done.stdout.splitlines())
     assert results == {dest: "True" for dest in dests.values()}, done.stderr[-3000:]

@@ -13,15 +13,14 @@ import warnings
 import pytest
 import torch
 from tensordict import TensorDict
+from test_checkpoint import TEDStream, assert_same, spec
 
+import zstore
 from checkpoint import (
     CheckpointError,
-    CompressedListStorageCheckpointer,
     StorageEnsembleCheckpointer,
     TensorStorageCheckpointer,
 )
-from test_checkpoint import TEDStream, assert_same, spec
-import zstore
 from zstore import CompressedListStorage, LazyMemmapStorage, LazyTensorStorage
 
 trl = pytest.importorskip("torchrl.data")
