@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from zarr.core.sync import sync
 
-from zstore.codecs import TARGET_CHUNK_BYTES, CodecSpec
+from zstore.codecs import CodecSpec
 from zstore.dtypes import (
     from_numpy,
     from_storage,
@@ -36,18 +36,22 @@ from ._chunks import chunk_key, read_raw, write_raw
 from ._dest import CheckpointError, Destination, fault_point, progress_bar
 from ._state import TensorState, finish, prepare, write_rows
 
+#: Bytes per chunk of a key: few objects (cheap carry-over, listing and deletion), while
+#: 1% of new rows still rewrites only a few percent of the bytes.
+CHUNK_BYTES = 4 << 20
 #: Longest chunk of a narrow key (rows): keeps carried-over chunks fine-grained.
-MAX_CHUNK_ROWS = 1 << 16
+MAX_CHUNK_ROWS = 1 << 18
 
 
 def checkpoint_layout(schema, rows: int, chunks: int | None) -> dict[str, tuple[int, None]]:
-    """Rows per chunk of every key: a power of two near 1 MiB of that key (or ``chunks``)."""
+    """Rows per chunk of every key: a power of two near :data:`CHUNK_BYTES` of that key
+    (or ``chunks``)."""
     layout = {}
     for leaf in schema.leaves:
         if chunks is not None:
             size = int(chunks)
         else:
-            size = 1 << max(0, int(math.log2(max(1, TARGET_CHUNK_BYTES // max(1, leaf.row_bytes)))))
+            size = 1 << max(0, int(math.log2(max(1, CHUNK_BYTES // max(1, leaf.row_bytes)))))
             size = min(size, MAX_CHUNK_ROWS)
         layout[leaf.path] = (max(1, min(size, rows)), None)
     return layout
@@ -141,7 +145,6 @@ def dump_buffer(storage: Any, dest: Destination, *, codec: CodecSpec, chunks: in
             dest.copy_objects(copies)
             bar.update(sum(job[3].nbytes for job in jobs))
     meta.length, meta.last_cursor, meta.high_water = state.length, state.last_cursor, state.high
-    meta.extra = {"checkpoint": {"token": getattr(storage, "_write_token", None)}}
     commit(group, meta)
     return {"checkpointer": checkpointer, "form": "buffer", "generation": gen,
             "length": state.length, "last_cursor": state.last_cursor, "max_size": state.max_size,
@@ -218,7 +221,7 @@ def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | Non
                 write_rows(storage, lo, schema.build(read(lo, hi), (hi - lo, *lanes)))
                 bar.update((hi - lo) * schema.row_bytes)
     mark = None if record is None else (dest.url, str(record["generation"]))
-    finish(storage, meta.length, meta.last_cursor, mark)
+    finish(storage, meta.length, meta.last_cursor, high, mark)
 
 
 def _in_memory_columns(storage: Any, schema) -> dict[str, np.ndarray] | None:

@@ -11,6 +11,7 @@ only the commit record.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -30,10 +31,37 @@ from zstore.store import StoreSpec
 COMMIT_ATTR = "zstore_checkpoint"
 COMMIT_FILE = "zarr.json"
 GEN_PREFIX = "gen-"
+TRASH = ".trash-"
 FORMAT_VERSION = 1
 
 #: Test hook: called with a point name ("write", "copy", "commit", "committed") during dumps.
 _FAULT: Callable[[str], None] | None = None
+
+
+_DELETER: ThreadPoolExecutor | None = None
+
+
+def _background_delete(path: str) -> None:
+    """Delete a local directory tree on a background thread (joined at exit)."""
+    global _DELETER
+    if _DELETER is None:
+        _DELETER = ThreadPoolExecutor(1, thread_name_prefix="zstore-ckpt-delete")
+        atexit.register(_DELETER.shutdown, wait=True)
+    _DELETER.submit(shutil.rmtree, path, ignore_errors=True)
+
+
+def _forget_deleter() -> None:  # a forked child has no deletion thread: start afresh
+    global _DELETER
+    _DELETER = None
+
+
+os.register_at_fork(after_in_child=_forget_deleter)
+
+
+def settle() -> None:
+    """Wait until background deletions of old generations are done."""
+    if _DELETER is not None:
+        _DELETER.submit(lambda: None).result()
 
 
 def fault_point(name: str) -> None:
@@ -164,16 +192,27 @@ class Destination:
                 "checkpoints only to empty locations or over its own checkpoints")
 
     def remove_others(self, keep: str) -> None:
-        """Delete every generation but ``keep`` (the old one, and leftovers of crashed dumps)."""
+        """Delete every generation but ``keep`` (the old one, and leftovers of crashed dumps).
+
+        Locally a generation is first renamed to ``.trash-<name>`` (one rename) and
+        deleted by a background thread (finished at interpreter exit; a leftover is
+        deleted by the next dump); readers never look at dot-names.
+        """
         for name in self.children():
-            if name.startswith(GEN_PREFIX) and name != keep:
+            if name.startswith(TRASH) or (name.startswith(GEN_PREFIX) and name != keep):
                 self.remove(name)
 
     def remove(self, name: str) -> None:
         """Delete ``name`` below the destination, recursively."""
         path = self._path(name)
         if self.spec.is_local:
-            shutil.rmtree(path, ignore_errors=True)
+            trash = path if name.startswith(TRASH) else self._path(f"{TRASH}{name}")
+            if trash != path:
+                try:
+                    os.rename(path, trash)
+                except OSError:
+                    trash = path
+            _background_delete(trash)
         else:
             try:
                 self.fs.rm(path, recursive=True)

@@ -24,11 +24,12 @@ import torch
 from tensordict import TensorDict
 
 from zstore.dtypes import torch_dtype_from_name, torch_dtype_name
+from zstore.layout import Schema
 from zstore.store import StoreSpec
 
 from ._buffer import as_numpy, as_torch
 from ._dest import CheckpointError, Destination, as_spec, fault_point
-from ._state import TensorState, finish, prepare, shift_of, write_rows
+from ._state import TensorState, restore, shift_of
 from ._ted import DEFAULT_DONE_KEYS, META, H5Split, TED2Nested, expand, info_of
 from ._tensor import _Configured
 from ._torchrl import load_torchrl_h5
@@ -138,14 +139,7 @@ class H5StorageCheckpointer(_Configured):
                 return
             record = json.loads(f.attrs[ATTR])
             data = _read_mine(f, record)
-        from zstore.layout import Schema
-        from zstore.storages.tensor import _apply
-
-        schema = Schema.from_json(record["schema"])
-        prepare(storage, _apply(data, lambda x: x[0]), schema, int(record["rows"]),
-                int(record["max_size"]), where)
-        write_rows(storage, 0, data)
-        finish(storage, int(record["length"]), int(record["last_cursor"]))
+        restore(storage, data, record, Schema.from_json(record["schema"]), where)
 
 
 def _read_mine(f: Any, record: Mapping[str, Any]) -> TensorDict:

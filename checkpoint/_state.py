@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from tensordict import is_tensor_collection
 
 from zstore.layout import Schema
-from zstore.storages.tensor import _apply
+from zstore.storages.tensor import _apply, _lead_shape
 
 from ._dest import CheckpointError
 
@@ -63,9 +62,8 @@ class TensorState:
             def read(lo: int, hi: int) -> dict[str, torch.Tensor]:
                 return table.read(torch.arange(lo, hi))
         else:
-            container = storage._storage
-            schema = Schema.from_example(_apply(container, lambda x: x[0]), storage.ndim)
-            columns = schema.columns(container, 1)
+            schema = storage_schema(storage)
+            columns = schema.columns(storage._storage, 1)
             revs = storage._row_rev
             written = torch.nonzero(revs).reshape(-1) if revs is not None else None
             high = rows if written is None else (int(written[-1]) + 1 if len(written) else 0)
@@ -78,9 +76,16 @@ class TensorState:
         state.high = min(rows, max(high, state.filled_rows))
         return state
 
-    def data(self, lo: int, hi: int, device: Any = None) -> Any:
+    def data(self, lo: int, hi: int) -> Any:
         """Rows ``[lo, hi)`` as the storage's own kind of data."""
-        return self.schema.build(self.read(lo, hi), (hi - lo, *self.lanes), device)
+        return self.schema.build(self.read(lo, hi), (hi - lo, *self.lanes))
+
+
+def storage_schema(storage: Any) -> Schema:
+    """The schema of an initialised tensor storage (its keys, dtypes and shapes)."""
+    if hasattr(storage, "_schema"):
+        return storage._schema
+    return Schema.from_example(_apply(storage._storage, lambda x: x[0]), storage.ndim)
 
 
 def shift_of(state: TensorState) -> int:
@@ -111,8 +116,8 @@ def prepare(storage: Any, example: Any, schema: Schema | None, rows: int, max_si
             f"{where} holds a storage of shape {[rows, *lanes]} (max_size={max_size}); this "
             f"storage has shape {list(shape)} (max_size={storage.max_size}): the capacities "
             "must match")
-    if schema is not None and hasattr(storage, "_schema"):
-        mine = {leaf.path: leaf for leaf in storage._schema.leaves}
+    if schema is not None:
+        mine = {leaf.path: leaf for leaf in storage_schema(storage).leaves}
         theirs = {leaf.path: leaf for leaf in schema.leaves}
         if mine != theirs:
             missing = sorted(set(theirs) - set(mine))
@@ -123,29 +128,34 @@ def prepare(storage: Any, example: Any, schema: Schema | None, rows: int, max_si
                 f"checkpoint: {missing}; only in the storage: {extra}; other dtype/shape: {changed})")
 
 
+def restore(storage: Any, data: Any, record: Any, schema: Schema | None, where: str) -> None:
+    """Fill ``storage`` with rows ``data`` (from row 0) and the counters of ``record``
+    (``rows``, ``max_size``, ``length``, ``last_cursor``), initialising it if needed."""
+    prepare(storage, _apply(data, lambda x: x[0]), schema, int(record["rows"]),
+            int(record["max_size"]), where)
+    write_rows(storage, 0, data)
+    finish(storage, int(record["length"]), int(record["last_cursor"]),
+           _lead_shape(data, 1)[0])
+
+
 def write_rows(storage: Any, lo: int, data: Any) -> None:
     """Write ``data`` (a batch of rows) at rows ``lo, lo + 1, ...`` of ``storage``."""
-    n = len(data) if is_tensor_collection(data) or isinstance(data, torch.Tensor) \
-        else len(torch.utils._pytree.tree_leaves(data)[0])
+    n = _lead_shape(data, 1)[0]
     if n:
         storage._write(slice(lo, lo + n), data)
 
 
-def finish(storage: Any, length: int, last_cursor: int,
+def finish(storage: Any, length: int, last_cursor: int, loaded: int,
            mark: tuple[str, str] | None = None) -> None:
-    """Restore counters after a load; stamp the rows as equal to checkpoint ``mark``."""
+    """Restore counters after loading rows ``[0, loaded)``; remember that they equal
+    checkpoint ``mark`` = (destination URL, generation), for incremental dumps."""
     storage._len = int(length)
     storage._last_cursor_value = int(last_cursor)
     storage._last_cursor = int(last_cursor) if last_cursor >= 0 else None
     if hasattr(storage, "_row_rev"):
-        storage._mark_rows(slice(None))
+        storage._mark_rows(slice(0, loaded))
+        storage._row_rev[loaded:] = 0  # rows past the checkpoint's: as never written
         storage._ckpt_marks = {} if mark is None else {mark[0]: (mark[1], storage._write_rev)}
     if hasattr(storage, "flush"):
         storage.flush()
 
-
-def check_mapping(value: Any, what: str, where: str) -> Mapping[str, Any]:
-    """``value`` if it is a JSON object, else a :class:`CheckpointError` naming ``what``."""
-    if not isinstance(value, Mapping):
-        raise CheckpointError(f"{where}: malformed checkpoint ({what} is {value!r})")
-    return value

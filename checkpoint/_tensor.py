@@ -8,10 +8,11 @@ from typing import Any
 from tensordict import is_tensor_collection
 
 from zstore.codecs import CodecSpec
+from zstore.layout import Schema
 
 from ._buffer import dump_buffer, load_buffer
 from ._dest import GEN_PREFIX, CheckpointError, Destination, as_spec
-from ._state import TensorState, finish, prepare, shift_of, write_rows
+from ._state import TensorState, restore, shift_of
 from ._ted import (
     DEFAULT_DONE_KEYS,
     META,
@@ -132,7 +133,7 @@ class TensorStorageCheckpointer(_Configured):
                 hook.is_full = state.is_full
             data = hook(data, path=dest.url)
         gen = dest.new_generation()
-        write_tree(dest.child(gen), data, self.codec, self.progress, {})
+        write_tree(dest.child(gen), data, self.codec, self.progress)
         return {"checkpointer": type(self).__name__, "form": "tree", "generation": gen,
                 "length": state.length, "last_cursor": state.last_cursor,
                 "max_size": state.max_size, "rows": state.rows, "ndim": state.ndim,
@@ -177,7 +178,7 @@ class TensorStorageCheckpointer(_Configured):
             raise CheckpointError(f"no checkpoint at {dest.redacted()}")
 
     def _load_tree(self, storage: Any, dest: Destination, record: Mapping[str, Any]) -> None:
-        data, _ = read_tree(dest.child(str(record["generation"])), self.progress)
+        data = read_tree(dest.child(str(record["generation"])), self.progress)
         if self._load_hooks:
             for hook in self._load_hooks:
                 data = hook(data, out=None)
@@ -186,14 +187,8 @@ class TensorStorageCheckpointer(_Configured):
         else:
             raise CheckpointError(f"{dest.redacted()} was written with save hooks; register the "
                                   "matching load hooks to read it")
-        from zstore.layout import Schema
-        from zstore.storages.tensor import _apply
-
         schema = Schema.from_json(record["schema"]) if not self._load_hooks else None
-        prepare(storage, _apply(data, lambda x: x[0]), schema, int(record["rows"]),
-                int(record["max_size"]), dest.redacted())
-        write_rows(storage, 0, data)
-        finish(storage, int(record["length"]), int(record["last_cursor"]))
+        restore(storage, data, record, schema, dest.redacted())
 
 
 class FlatStorageCheckpointer(TensorStorageCheckpointer):

@@ -20,11 +20,12 @@ import torch
 from tensordict import TensorDict
 
 from zstore.dtypes import storage_numpy_dtype, torch_dtype_from_name
-from zstore.layout import SINGLE_TENSOR_KEY, Schema
+from zstore.layout import SINGLE_TENSOR_KEY
+from zstore.storages.tensor import _lead_shape
 
 from ._buffer import as_torch
 from ._dest import CheckpointError, Destination
-from ._state import finish, prepare, write_rows
+from ._state import restore, storage_schema
 from ._ted import from_torchrl
 
 _COMPACT_KEYS = ("shift", "is_full", "_storage_shape")
@@ -118,7 +119,7 @@ def load_torchrl_dir(storage: Any, dest: Destination) -> None:
             path = dotted.replace(".", "/")
             columns[path] = reader.array(f"{path}.memmap", _dtype(entry["dtype"], where),
                                          [int(s) for s in entry["shape"]])
-        schema = _storage_schema(storage)
+        schema = storage_schema(storage)
         rows = next(iter(columns.values())).shape[0]
         unknown = sorted(set(columns) - set(schema.by_path))
         if unknown:
@@ -148,26 +149,16 @@ def load_torchrl_dir(storage: Any, dest: Destination) -> None:
     _fill(storage, data, None, length, cursor, where)
 
 
-def _storage_schema(storage: Any) -> Schema:
-    if hasattr(storage, "_schema"):
-        return storage._schema
-    from zstore.storages.tensor import _apply
-
-    return Schema.from_example(_apply(storage._storage, lambda x: x[0]), storage.ndim)
-
-
 def _fill(storage: Any, data: Any, rows: int | None, length: int, cursor: int, where: str) -> None:
-    """Write TorchRL's full-capacity ``data`` into ``storage`` with its counters."""
-    from zstore.storages.tensor import _apply, _lead_shape
-
+    """Write TorchRL's full-capacity ``data`` into ``storage`` with its counters (TorchRL
+    does not save the write cursor: a partial buffer's is its last filled row)."""
     lead = _lead_shape(data, storage.ndim)
     rows = lead[0] if rows is None else rows
     lanes = math.prod(lead[1:])
-    prepare(storage, _apply(data, lambda x: x[0]), None, rows, rows * lanes, where)
-    write_rows(storage, 0, data)
     if cursor < 0 and length < rows * lanes:
         cursor = -(-length // max(1, lanes)) - 1
-    finish(storage, length, cursor)
+    restore(storage, data, {"rows": rows, "max_size": rows * lanes, "length": length,
+                            "last_cursor": cursor}, None, where)
 
 
 def load_torchrl_h5(storage: Any, h5file: Any, where: str) -> None:

@@ -48,8 +48,7 @@ def _walk(td: TensorDictBase, prefix: tuple[str, ...], tensors: dict, others: di
             others["/".join(path)] = value
 
 
-def write_tree(spec: StoreSpec, td: TensorDictBase, codec: CodecSpec, progress: bool,
-               extra: dict[str, Any]) -> None:
+def write_tree(spec: StoreSpec, td: TensorDictBase, codec: CodecSpec, progress: bool) -> None:
     """Write ``td`` as a Zarr group at ``spec`` (which must not exist yet)."""
     if not is_tensor_collection(td):
         raise TypeError(f"save hooks must return a TensorDict, got {type(td).__name__}")
@@ -81,11 +80,11 @@ def write_tree(spec: StoreSpec, td: TensorDictBase, codec: CodecSpec, progress: 
             sync(array.setitem(Ellipsis, value))
             fault_point("write")
             bar.update(value.nbytes)
-    group.attrs.put({TREE_ATTR: {"batch_sizes": batches, "non_tensor": others, **extra}})
+    group.attrs.put({TREE_ATTR: {"batch_sizes": batches, "non_tensor": others}})
 
 
-def read_tree(spec: StoreSpec, progress: bool) -> tuple[TensorDict, dict[str, Any]]:
-    """Inverse of :func:`write_tree`: the TensorDict and the group's extra metadata."""
+def read_tree(spec: StoreSpec, progress: bool) -> TensorDict:
+    """Inverse of :func:`write_tree`."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         group = zarr.open_group(spec.as_read_only().open(), mode="r", use_consolidated=False)
@@ -112,7 +111,7 @@ def read_tree(spec: StoreSpec, progress: bool) -> tuple[TensorDict, dict[str, An
         td.set(tuple(path.split("/")), as_torch(value, dtype))
     for path, value in meta.pop("non_tensor").items():
         td.set_non_tensor(tuple(path.split("/")), value)
-    return td, meta
+    return td
 
 
 def _collect(group: zarr.Group, prefix: str, out: dict[str, zarr.Array]) -> None:
