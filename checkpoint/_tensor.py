@@ -94,7 +94,7 @@ class TensorStorageCheckpointer(_Configured):
 
     Args:
         codec: compression preset of the checkpoint (default raw: fastest).
-        chunks: rows per chunk (default: about 1 MiB per key).
+        chunks: rows per chunk (default: about 4 MiB per key, a power of two).
         storage_options: fsspec options for URLs (or pass a ``zstore.StoreSpec``).
         progress: show a progress bar on a terminal for long transfers.
     """

@@ -317,3 +317,22 @@ def test_errors_name_the_location(tmp_path):
         with pytest.raises(CheckpointError, match=r"only in the storage: \['other'\]"):
             wrong.loads(tmp_path / "ck")
         assert len(wrong) == 1 and wrong.get(0)["other"].item() == 0  # unchanged
+
+
+def test_compressed_checkpoint(location):
+    """A codec sends chunks through zarr's codec pipeline (full and incremental dumps)."""
+    source = LazyTensorStorage(100)
+    source.checkpointer = TensorStorageCheckpointer(codec="zstd:3+crc32c", chunks=16)
+    stream = TEDStream(seed=6)
+    source.set(torch.arange(70), stream.batch(70))
+    dest = spec(location, "zstd")
+    source.dumps(dest)
+    source[20] = stream.batch(1)[0]
+    source.dumps(dest)
+    record = _record(dest)
+    assert record["incremental"]
+    target = LazyMemmapStorage(100, scratch_dir=location.new("lms"), storage_options=location.options)
+    target.loads(dest)
+    assert_same(target.get(slice(None)), source.get(slice(None)))
+    opened = zstore.open(dest.url + "/" + record["generation"], location.options, mode="r")
+    assert str(opened.codec) == "zstd:3+crc32c" and len(opened) == 70
