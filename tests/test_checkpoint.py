@@ -336,3 +336,14 @@ def test_compressed_checkpoint(location):
     assert_same(target.get(slice(None)), source.get(slice(None)))
     opened = zstore.open(dest.url + "/" + record["generation"], location.options, mode="r")
     assert str(opened.codec) == "zstd:3+crc32c" and len(opened) == 70
+
+
+def test_docs_example(capsys):
+    """The example in docs/checkpoints.md runs and prints what it says."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "checkpoints.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", text, re.DOTALL)[0]
+    exec(compile(code, "docs/checkpoints.md", "exec"), {})
+    assert capsys.readouterr().out.split() == ["10", "1000", "9"]
