@@ -21,6 +21,7 @@ import torch
 import zarr
 from zarr.core.sync import sync
 
+from . import _faults
 from .cache import ChunkCache
 from .chunkio import MAX_IN_FLIGHT, ColumnReader, Throttle
 from .dtypes import compute_dtype, from_numpy, from_storage, storage_numpy_dtype, to_storage
@@ -123,12 +124,16 @@ class BlockGroup:
     def _store(self, spans: list[tuple[int, int]], data: dict[str, list[np.ndarray]]) -> None:
         jobs = [(leaf.path, i) for leaf in self.leaves for i in range(len(spans))]
 
-        async def run():
-            return await asyncio.gather(
-                *[self.arrays[path].setitem(slice(*spans[i]), data[path][i]) for path, i in jobs],
-                return_exceptions=True)
+        async def put(path: str, i: int) -> None:
+            await self.arrays[path].setitem(slice(*spans[i]), data[path][i])
+            _faults.crash_point("store.unit")
 
+        async def run():
+            return await asyncio.gather(*[put(path, i) for path, i in jobs], return_exceptions=True)
+
+        _faults.crash_point("store.before")
         results = sync(run())
+        _faults.crash_point("store.after")
         for reader in self.readers.values():
             if reader is not None:
                 reader.forget([start // self.R for start, _ in spans])

@@ -15,6 +15,7 @@ import numpy as np
 import zarr
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
+from . import _faults
 from .dtypes import storage_numpy_dtype, torch_dtype_name
 from .errors import NotAZStoreError, StoreNotFoundError
 from .layout import StoreMeta
@@ -161,4 +162,6 @@ def commit(group: zarr.Group, meta: StoreMeta) -> None:
     """Write the ``zstore`` block: the single object that makes stored rows visible."""
     attrs = {key: value for key, value in group.attrs.asdict().items() if key != _INCOMPLETE_ATTR}
     attrs[ZSTORE_ATTR] = meta.to_json()
+    _faults.crash_point("commit.before")
     group.attrs.put(attrs)
+    _faults.crash_point("commit.after")

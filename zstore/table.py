@@ -25,6 +25,7 @@ from typing import Mapping
 import torch
 import zarr
 
+from . import _faults
 from .blocks import BlockGroup, gather_cells
 from .cache import DEFAULT_CACHE_BYTES, CacheStats
 from .dtypes import compute_dtype, from_storage, to_storage
@@ -258,6 +259,7 @@ class MmapTable(Table):
         if first is not None:
             for leaf in self.leaves:
                 self.maps[leaf.path][first:first + len(rows)].copy_(to_storage(values[leaf.path]))
+                _faults.crash_point("mmap.write")
             self.high_water = max(self.high_water, first + len(rows))
             return
         urows, last = _positions_of_last(rows)
@@ -268,6 +270,7 @@ class MmapTable(Table):
                 self.maps[leaf.path].index_copy_(0, urows, value.cpu())
             else:
                 self.maps[leaf.path].index_copy_(0, rows, value.cpu())
+            _faults.crash_point("mmap.write")
         self.high_water = max(self.high_water, int(urows[-1]) + 1)
 
     def write_row(self, row: int, values: Mapping[str, torch.Tensor]) -> None:
