@@ -28,6 +28,7 @@ from .dtypes import compute_dtype, from_numpy, from_storage, storage_numpy_dtype
 from .errors import CorruptChunkError
 from .group import checked_array
 from .layout import Leaf
+from .retry import with_retries
 
 
 def _ravel(lanes: torch.Tensor, lane_shape) -> torch.Tensor:
@@ -63,6 +64,8 @@ class BlockGroup:
         self.lock = lock
         self.n_blocks = -(-rows // chunk_rows)
         self.store = group.store
+        fs = getattr(self.store, "fs", None)
+        self.remote = fs is not None and "memory" not in fs.protocol
         arrays = {leaf.path: checked_array(group, leaf, rows, (chunk_rows, shard_rows), where)
                   for leaf in leaves}
         self.arrays = {path: array._async_array for path, array in arrays.items()}
@@ -86,7 +89,16 @@ class BlockGroup:
         return start, min(start + self.R, self.rows)
 
     def _fetch(self, blocks: list[int]) -> dict[str, list[np.ndarray | None]]:
-        """Decoded ``blocks`` of every key, all requests in flight at once (None: never stored)."""
+        """Decoded ``blocks`` of every key, all requests in flight at once (None: never stored).
+
+        On a remote store a payload that fails to decode is fetched again
+        (:mod:`zstore.retry`): a damaged transfer is not a corrupt object.
+        """
+        if not self.remote:
+            return self._fetch_once(blocks)
+        return with_retries(lambda: self._fetch_once(blocks), (CorruptChunkError,))
+
+    def _fetch_once(self, blocks: list[int]) -> dict[str, list[np.ndarray | None]]:
         async def column(leaf, limit):
             reader = self.readers[leaf.path]
             if reader is not None:
@@ -166,7 +178,11 @@ class BlockGroup:
                 self._copy_in(leaf, slot, None)
         wanted = blocks[stored].tolist()
         if wanted:
-            fetched = self._fetch(wanted)
+            try:
+                fetched = self._fetch(wanted)
+            except BaseException:
+                self.cache.invalidate(blocks)  # the slots hold nothing of these blocks
+                raise
             for leaf in self.leaves:
                 for slot, array in zip(slots[stored].tolist(), fetched[leaf.path]):
                     self._copy_in(leaf, slot, array)

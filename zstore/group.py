@@ -122,7 +122,7 @@ def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
             fill_value=np.zeros((), dtype=np_dtype).item(),
             attributes={ZSTORE_ATTR: {"torch_dtype": torch_dtype_name(leaf.dtype)}},
         )
-    commit(group, meta)
+    commit(group, meta, spec.redacted())
     return group
 
 
@@ -158,10 +158,18 @@ def checked_array(group: zarr.Group, leaf, rows: int, layout: tuple[int, int | N
     return array
 
 
-def commit(group: zarr.Group, meta: StoreMeta) -> None:
-    """Write the ``zstore`` block: the single object that makes stored rows visible."""
+def commit(group: zarr.Group, meta: StoreMeta, where: str = "the buffer") -> None:
+    """Write the ``zstore`` block: the single object that makes stored rows visible.
+
+    A failed write raises ``OSError`` naming ``where`` (a redacted URL); the
+    store then keeps its previous commit.
+    """
     attrs = {key: value for key, value in group.attrs.asdict().items() if key != _INCOMPLETE_ATTR}
     attrs[ZSTORE_ATTR] = meta.to_json()
     _faults.crash_point("commit.before")
-    group.attrs.put(attrs)
+    try:
+        group.attrs.put(attrs)
+    except Exception as exc:
+        raise OSError(f"cannot commit {where}: writing its zarr.json failed ({type(exc).__name__}: "
+                      f"{exc}); the store keeps its previous commit") from exc
     _faults.crash_point("commit.after")
