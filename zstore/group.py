@@ -137,6 +137,9 @@ def checked_array(group: zarr.Group, leaf, rows: int, layout: tuple[int, int | N
         array = group[leaf.path]
     except (KeyError, NodeNotFoundError, FileNotFoundError):
         raise NotAZStoreError(f"{where}: key {leaf.path!r} is in the metadata but has no array") from None
+    except (ValueError, TypeError) as exc:  # e.g. its zarr.json is not JSON
+        raise NotAZStoreError(f"{where}: the array of key {leaf.path!r} has malformed metadata "
+                              f"({type(exc).__name__}: {exc})") from None
     if not isinstance(array, zarr.Array):
         raise NotAZStoreError(f"{where}: {leaf.path!r} is a group, the metadata says an array")
     chunk_rows, shard_rows = layout

@@ -400,7 +400,7 @@ class StoreMeta:
                             for path, spec in (data.get("codecs") or {}).items()},
                 **ints,
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # wrong JSON types too
             if isinstance(exc, (SchemaError, InvalidKeyError)):
                 raise SchemaError(f"{where}: {exc}") from None
             raise NotAZStoreError(f"{where}: malformed 'zstore' block ({exc!r})") from None

@@ -219,12 +219,12 @@ class MmapTable(Table):
             numel = math.prod(shape)
             chunk = Path(root, leaf.path, "c", *(["0"] * len(shape)))
             nbytes = numel * torch.empty((), dtype=dtype).element_size()
-            if not chunk.exists() or chunk.stat().st_size != nbytes:
+            size = chunk.stat().st_size if chunk.exists() else 0
+            if size not in (0, nbytes):  # 0: created, never sized (killed in between)
+                raise CorruptChunkError(
+                    f"chunk file {chunk} of key {leaf.path!r} has {size} bytes, expected {nbytes}")
+            if size == 0:
                 if read_only:
-                    if chunk.exists():
-                        raise CorruptChunkError(
-                            f"chunk file {chunk} of key {leaf.path!r} has {chunk.stat().st_size} "
-                            f"bytes, expected {nbytes}")
                     self.maps[leaf.path] = torch.zeros(shape, dtype=dtype)
                     continue
                 chunk.parent.mkdir(parents=True, exist_ok=True)
