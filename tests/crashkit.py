@@ -69,7 +69,12 @@ LAYOUTS = {
 
 def rows_of(generation: int, n: int) -> TensorDict:
     """``n`` rows of step ``generation``: row ``i`` carries the code ``100 * generation + i``."""
-    code = torch.arange(n, dtype=torch.int64) + 100 * generation
+    return coded(torch.arange(n, dtype=torch.int64) + 100 * generation)
+
+
+def coded(code: torch.Tensor) -> TensorDict:
+    """Rows carrying the int64 ``code`` s in every column (each cell with its own pattern)."""
+    n = len(code)
     return TensorDict(
         a=code,
         obs=code.float().unsqueeze(-1) + torch.tensor([0.0, 0.25, 0.5]),
@@ -348,3 +353,88 @@ def run_campaign(kind: str, base_url: str, options: dict, limit: int | None = No
         except Exception as exc:  # noqa: BLE001 - collected and reported per kill point
             failures[point] = f"{type(exc).__name__}: {exc}"
     return Campaign(kind, points, outcomes, failures)
+
+
+# -- readers during writes ---------------------------------------------------------------
+#: Rows per extend of the concurrent writer; every 4th extend is left uncommitted until the next.
+CONCURRENT_EXTENDS = [3 + (j * 7) % 11 for j in range(24)]
+
+
+def committed_lengths() -> list[int]:
+    """The lengths the concurrent writer commits, in order (0: the creation)."""
+    out, total = [0], 0
+    for j, n in enumerate(CONCURRENT_EXTENDS):
+        total += n
+        if j % 4 != 3:
+            out.append(total)
+    if out[-1] != total:
+        out.append(total)  # close() commits the rest
+    return out
+
+
+def concurrent_writer(url: str, options: dict, layout: dict, done_path: str) -> None:
+    """Append rows whose code is their position + 1 (never wrapping); flush after most extends."""
+    storage = zstore.LazyMemmapStorage(sum(CONCURRENT_EXTENDS), scratch_dir=url,
+                                       storage_options=options, autocommit_seconds=1e9,
+                                       auto_cleanup=False, **layout)
+    start = 0
+    for j, n in enumerate(CONCURRENT_EXTENDS):
+        storage.set(torch.arange(start, start + n), coded(torch.arange(start, start + n) + 1))
+        start += n
+        if j % 4 != 3:
+            storage.flush()
+    storage.close()
+    with open(done_path, "w") as handle:
+        handle.write("done")
+
+
+def concurrent_reader(url: str, options: dict, done_path: str, out_path: str, rounds: int) -> None:
+    """Reopen and read everything committed until the writer is done (at least ``rounds`` times).
+
+    Writes ``{"rounds": .., "lengths": [..]}`` or ``{"error": ..}`` to ``out_path``.
+    """
+    allowed = set(committed_lengths())
+    seen: list[int] = []
+    result: dict = {}
+    try:
+        while len(seen) < rounds or not os.path.exists(done_path):
+            try:
+                reader = zstore.open(url, options, mode="r")
+            except (NotAZStoreError, StoreNotFoundError):
+                continue  # not created yet
+            n = len(reader)
+            assert n in allowed, f"length {n} was never committed"
+            assert not seen or n >= seen[-1], f"length went back from {seen[-1]} to {n}"
+            if n:
+                for column, codes in decode(reader[:n]).items():
+                    bad = (codes != torch.arange(1, n + 1)).nonzero()
+                    assert not len(bad), f"row {int(bad[0])} of {column} holds {int(codes[bad[0]])}"
+            reader.close()
+            seen.append(n)
+        result = {"rounds": len(seen), "lengths": sorted(set(seen))}
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        result = {"error": f"{type(exc).__name__}: {exc}", "rounds": len(seen)}
+    with open(out_path, "w") as handle:
+        json.dump(result, handle)
+
+
+def readers_during_writes(url: str, options: dict, layout: dict, workdir: str,
+                          n_readers: int = 4, rounds: int = 20) -> list[dict]:
+    """Run one writer and ``n_readers`` reopening readers at once; each reader's result."""
+    ctx = _context()
+    done = os.path.join(workdir, "writer-done")
+    outs = [os.path.join(workdir, f"reader-{i}.json") for i in range(n_readers)]
+    readers = [ctx.Process(target=concurrent_reader, args=(url, options, done, out, rounds))
+               for out in outs]
+    writer_process = ctx.Process(target=concurrent_writer, args=(url, options, layout, done))
+    for process in (*readers, writer_process):
+        process.start()
+    for process in (writer_process, *readers):
+        process.join()
+    if writer_process.exitcode != 0:
+        raise RuntimeError(f"writer exited with {writer_process.exitcode}")
+    results = []
+    for out in outs:
+        with open(out) as handle:
+            results.append(json.load(handle))
+    return results

@@ -108,3 +108,20 @@ def test_environment_variable_kills_a_plain_subprocess(tmp_path):
     import zstore
 
     assert len(zstore.open(str(tmp_path / "rb"), mode="r")) == 3  # the second commit landed
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", ["mmap", "chunked", "s3"])
+def test_readers_during_writes_never_see_uncommitted_rows(kind, tmp_path, request):
+    """Four reader processes reopen and read while a writer appends and commits."""
+    if kind == "s3":
+        url = f"s3://{request.getfixturevalue('s3_bucket')}/readers-{tmp_path.name}"
+        options = request.getfixturevalue("s3_options")
+    else:
+        url, options = str(tmp_path / "rb"), {}
+    results = crashkit.readers_during_writes(url, options, crashkit.LAYOUTS[kind], str(tmp_path),
+                                             rounds=5 if kind == "s3" else 20)
+    errors = [r["error"] for r in results if "error" in r]
+    assert not errors, errors
+    seen = set().union(*(r["lengths"] for r in results))
+    assert len(seen) >= 3  # the readers really overlapped several commits

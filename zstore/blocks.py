@@ -91,10 +91,12 @@ class BlockGroup:
     def _fetch(self, blocks: list[int]) -> dict[str, list[np.ndarray | None]]:
         """Decoded ``blocks`` of every key, all requests in flight at once (None: never stored).
 
-        On a remote store a payload that fails to decode is fetched again
-        (:mod:`zstore.retry`): a damaged transfer is not a corrupt object.
+        On a remote store, and for a reader, a payload that fails to decode is
+        fetched again (:mod:`zstore.retry`): a damaged transfer, or a shard the
+        writer replaced between the reader's index and data requests, is not a
+        corrupt object. A reader re-reads shard indexes on every fetch.
         """
-        if not self.remote:
+        if self.keep_indexes and not self.remote:  # a local writer owns its store
             return self._fetch_once(blocks)
         return with_retries(lambda: self._fetch_once(blocks), (CorruptChunkError,))
 
