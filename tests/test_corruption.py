@@ -149,3 +149,17 @@ def test_malformed_zstore_block_is_refused_naming_the_field(tmp_path, bad):
         with pytest.raises(zstore.ZStoreError) as info:
             zstore.open(url, mode=mode)
         assert field in str(info.value) and url in str(info.value)
+
+
+@pytest.mark.parametrize("codec", [{"name": "numcodecs.pickle"},
+                                   {"name": "transpose", "configuration": {"order": [1, 0]}}])
+def test_an_array_naming_a_foreign_codec_is_refused_before_decoding(tmp_path, codec):
+    """Nothing in a store is unpickled: only the codecs zstore writes are accepted."""
+    from conftest import Location
+
+    url, fs, root = build(Location("local", str(tmp_path), {}), "zstd")
+    doc = json.loads(fs.cat_file(f"{root}/obs/zarr.json"))
+    doc["codecs"] = [codec, *doc["codecs"]]
+    fs.pipe_file(f"{root}/obs/zarr.json", json.dumps(doc).encode())
+    with pytest.raises(NotAZStoreError, match=r"'obs'"):
+        zstore.open(url, mode="r")

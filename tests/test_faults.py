@@ -146,3 +146,45 @@ def test_proxy_rules_fire_only_on_matches(proxy):
     assert not rule.take("PUT", "/b/x/c/2")
     with pytest.raises(ValueError, match="unknown fault"):
         Rule("explode")
+
+
+def test_credentials_never_leak_into_reprs_errors_logs_or_the_store(faulty, caplog):
+    """The secret in storage_options shows up nowhere: reprs, errors on every path, logs, objects."""
+    import logging
+
+    import s3fs
+
+    proxy, options, direct, url = faulty
+    caplog.set_level(logging.DEBUG)
+    storage = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=options,
+                                       codec="zstd", chunks=4, shards=4)
+    storage.set(torch.arange(6), rows(0, 6))
+    storage.flush()
+    texts = [repr(storage), str(storage), repr(storage.spec.redacted())]
+    failures = [
+        lambda: zstore.open(url.rsplit("/", 1)[0] + "/nothing-here", options),  # missing
+        lambda: zstore.open("s3://zstore-no-such-bucket-9e1d/rb", options),  # missing bucket
+        lambda: zstore.open(url, options, mode="r").set(0, rows(0, 1)[0]),  # read-only
+        lambda: zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=options)
+        .set(torch.arange(2), rows(0, 2)),  # exists
+        lambda: zstore.open(url, options).set(torch.arange(2), TensorDict(q=torch.zeros(2),
+                                                                          batch_size=[2])),
+    ]
+    for fail in failures:
+        with pytest.raises(Exception) as info:  # noqa: PT011 - any error; its text is the point
+            fail()
+        no_secret(info.value)
+        texts.append(str(info.value))
+    proxy.add(Rule("error500", path=r"zarr\.json$", method="PUT", count=10_000))
+    storage.set(torch.arange(6, 8), rows(6, 2))
+    with pytest.raises(OSError) as info:
+        storage.flush()
+    no_secret(info.value)
+    proxy.clear()
+    storage.close()
+    assert all(SECRET not in text for text in texts)
+    assert all(SECRET not in record.getMessage() for record in caplog.records)
+    fs = s3fs.S3FileSystem(**direct, skip_instance_cache=True)
+    root = url.removeprefix("s3://")
+    for path in fs.find(root):
+        assert SECRET.encode() not in fs.cat_file(path), path

@@ -126,6 +126,22 @@ def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
     return group
 
 
+#: Codecs an array may name: those zstore writes (and gzip). Anything else — a pickle
+#: codec above all — is refused before a byte of the array is decoded.
+SAFE_CODECS = frozenset({"bytes", "zstd", "blosc", "gzip", "crc32c", "sharding_indexed"})
+
+
+def _codec_names(codecs) -> set[str]:
+    names = set()
+    for codec in codecs:
+        codec = codec if isinstance(codec, dict) else {"name": str(codec)}
+        names.add(str(codec.get("name")))
+        config = codec.get("configuration") or {}
+        for inner in ("codecs", "index_codecs"):
+            names |= _codec_names(config.get(inner, []))
+    return names
+
+
 def checked_array(group: zarr.Group, leaf, rows: int, layout: tuple[int, int | None],
                   where: str, raw: bool = False) -> zarr.Array:
     """The array of ``leaf``, verified against the ``zstore`` block (shape, dtype, chunks).
@@ -153,6 +169,9 @@ def checked_array(group: zarr.Group, leaf, rows: int, layout: tuple[int, int | N
              "chunks": tuple(array.chunks), "shards": None if array.shards is None else tuple(array.shards)}
     wrong = [f"{name} {found[name]} (metadata says {value})" for name, value in expected.items()
              if found[name] != value]
+    unknown = sorted(_codec_names(array.metadata.to_dict().get("codecs", [])) - SAFE_CODECS)
+    if unknown:
+        wrong.append(f"codecs {unknown} (zstore reads only {sorted(SAFE_CODECS)})")
     if raw and (array.compressors or array.filters):
         wrong.append(f"codecs {array.compressors} (metadata says raw)")
     if wrong:
