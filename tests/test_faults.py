@@ -171,7 +171,7 @@ def test_credentials_never_leak_into_reprs_errors_logs_or_the_store(faulty, capl
                                                                           batch_size=[2])),
     ]
     for fail in failures:
-        with pytest.raises(Exception) as info:  # noqa: PT011 - any error; its text is the point
+        with pytest.raises(Exception) as info:  # any error: its text is the point
             fail()
         no_secret(info.value)
         texts.append(str(info.value))

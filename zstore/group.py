@@ -17,7 +17,7 @@ from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
 from . import _faults
 from .dtypes import storage_numpy_dtype, torch_dtype_name
-from .errors import NotAZStoreError, StoreNotFoundError
+from .errors import NotAZStoreError, StoreNotFoundError, ZStoreError
 from .layout import StoreMeta
 from .store import StoreSpec
 
@@ -41,6 +41,15 @@ def open_group(spec: StoreSpec) -> tuple[zarr.Group, StoreMeta]:
     return group, read_meta(group, spec.redacted())
 
 
+def _io_error(what: str, exc: Exception) -> OSError:
+    """An ``OSError`` (of ``exc``'s type when it is one) saying ``what`` failed and why."""
+    kind = type(exc) if isinstance(exc, OSError) else OSError
+    try:
+        return kind(f"{what}: {type(exc).__name__}: {exc}")
+    except TypeError:  # an OSError subclass with another signature
+        return OSError(f"{what}: {type(exc).__name__}: {exc}")
+
+
 def open_zarr_group(spec: StoreSpec) -> zarr.Group:
     """The Zarr group of the buffer at ``spec``, its ``zstore`` block not yet read."""
     if not spec.exists():
@@ -58,6 +67,8 @@ def open_zarr_group(spec: StoreSpec) -> zarr.Group:
         raise NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: no Zarr group there") from exc
     except (ValueError, TypeError, KeyError) as exc:
         raise NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: {exc}") from exc
+    except Exception as exc:  # the network after the client's retries: name the store
+        raise _io_error(f"cannot read {spec.redacted()}", exc) from exc
     if group.attrs.get(_INCOMPLETE_ATTR):
         raise NotAZStoreError(f"{spec.redacted()} holds a buffer whose creation never finished")
     return group
@@ -98,6 +109,18 @@ def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
                 raise NotAZStoreError(
                     f"{spec.redacted()} is not empty and holds no zstore buffer; choose an empty "
                     "location (zstore never writes among other files)") from None
+    try:
+        group = _create_arrays(store, meta, overwrite)
+    except ZStoreError:
+        raise
+    except Exception as exc:  # the network after the client's retries: name the store
+        raise _io_error(f"cannot create a buffer at {spec.redacted()}", exc) from exc
+    commit(group, meta, spec.redacted())
+    return group
+
+
+def _create_arrays(store, meta: StoreMeta, overwrite: bool) -> zarr.Group:
+    """The group (marked incomplete) and its arrays, before the first commit."""
     lanes = list(meta.schema.lane_shape)
     root_batch = [meta.rows, *lanes]
     group = zarr.create_group(store, overwrite=overwrite,
@@ -122,7 +145,6 @@ def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
             fill_value=np.zeros((), dtype=np_dtype).item(),
             attributes={ZSTORE_ATTR: {"torch_dtype": torch_dtype_name(leaf.dtype)}},
         )
-    commit(group, meta, spec.redacted())
     return group
 
 
