@@ -35,12 +35,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import torch  # noqa: E402
+import crashkit
+import torch
+from faultproxy import FAULTS, FaultProxy, Rule
 
-import crashkit  # noqa: E402
-import zstore  # noqa: E402
-from faultproxy import FAULTS, FaultProxy, Rule  # noqa: E402
-from zstore import _faults  # noqa: E402
+import zstore
+from zstore import _faults
 
 
 def s3_server():

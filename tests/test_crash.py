@@ -24,14 +24,18 @@ from zstore import _faults
 BUDGET = {"mmap": (None, 50), "chunked": (55, 50), "s3": (10, 10)}
 
 
+def place(kind: str, tmp_path, request, name: str) -> tuple[str, dict]:
+    """(URL, storage options) of a fresh location: S3 on moto for ``"s3"``, else local."""
+    if kind == "s3":
+        return (f"s3://{request.getfixturevalue('s3_bucket')}/{name}-{tmp_path.name}",
+                request.getfixturevalue("s3_options"))
+    return str(tmp_path / name), {}
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("kind", ["mmap", "chunked", "s3"])
 def test_killed_writer_leaves_the_last_commit_and_writing_continues(kind, tmp_path, request):
-    if kind == "s3":
-        base = f"s3://{request.getfixturevalue('s3_bucket')}/crash-{kind}"
-        options = request.getfixturevalue("s3_options")
-    else:
-        base, options = str(tmp_path / "stores"), {}
+    base, options = place(kind, tmp_path, request, "crash")
     limit, minimum = BUDGET[kind]
     campaign = crashkit.run_campaign(kind, base, options, limit=limit, workdir=str(tmp_path))
     assert not campaign.failures, json.dumps(campaign.failures, indent=1)
@@ -114,11 +118,7 @@ def test_environment_variable_kills_a_plain_subprocess(tmp_path):
 @pytest.mark.parametrize("kind", ["mmap", "chunked", "s3"])
 def test_readers_during_writes_never_see_uncommitted_rows(kind, tmp_path, request):
     """Four reader processes reopen and read while a writer appends and commits."""
-    if kind == "s3":
-        url = f"s3://{request.getfixturevalue('s3_bucket')}/readers-{tmp_path.name}"
-        options = request.getfixturevalue("s3_options")
-    else:
-        url, options = str(tmp_path / "rb"), {}
+    url, options = place(kind, tmp_path, request, "readers")
     results = crashkit.readers_during_writes(url, options, crashkit.LAYOUTS[kind], str(tmp_path),
                                              rounds=5 if kind == "s3" else 20)
     errors = [r["error"] for r in results if "error" in r]

@@ -60,6 +60,14 @@ def no_secret(exc: BaseException) -> None:
         exc = exc.__cause__ or exc.__context__
 
 
+def write_directly(url: str, direct: dict, layout: str) -> None:
+    """12 committed rows at ``url``, written without the proxy."""
+    writer = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=direct,
+                                      **LAYOUTS[layout])
+    writer.set(torch.arange(12), rows(0, 12))
+    writer.close()
+
+
 LAYOUTS = {"chunks": {"codec": "zstd", "chunks": 4, "shards": 4},
            "shards": {"codec": "zstd+crc32c", "chunks": 4, "shards": 8}}
 
@@ -82,10 +90,7 @@ def test_transient_write_faults_are_retried(faulty, layout):
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_transient_read_faults_are_retried_or_refetched(faulty, layout):
     proxy, options, direct, url = faulty
-    writer = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=direct,
-                                      **LAYOUTS[layout])
-    writer.set(torch.arange(12), rows(0, 12))
-    writer.close()
+    write_directly(url, direct, layout)
     proxy.add(Rule("slowdown", path=r"/x/c/", method="GET", count=1),
               Rule("reset", path=r"/y/c/", method="GET", count=1),
               Rule("truncate", path=r"/x/c/", method="GET", count=1),
@@ -101,10 +106,7 @@ def test_transient_read_faults_are_retried_or_refetched(faulty, layout):
 def test_damaged_bodies_never_decode_into_garbage(faulty, layout):
     """Every response cut short with a matching Content-Length: a CorruptChunkError naming the chunk."""
     proxy, options, direct, url = faulty
-    writer = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=direct,
-                                      **LAYOUTS[layout])
-    writer.set(torch.arange(12), rows(0, 12))
-    writer.close()
+    write_directly(url, direct, layout)
     reader = zstore.open(url, options, mode="r")
     proxy.add(Rule("truncate_lying", path=r"/x/c/", method="GET", count=1000))
     with pytest.raises(CorruptChunkError) as info:
