@@ -61,13 +61,17 @@ def open_and_read(url: str) -> None:
     """What a reader does; only ZStoreError may escape."""
     root = Path(url)
     before = digest(root)
-    try:
-        reader = zstore.open(url, mode="r")
-        if len(reader):
-            reader[:]
-            reader.get(torch.tensor([0, len(reader) - 1]))
-    except zstore.ZStoreError:
-        pass
+    openers = [lambda: zstore.open(url, mode="r")]
+    if hasattr(zstore, "open_dataset"):  # the datasets branch
+        openers.append(lambda: zstore.open_dataset(url))
+    for opener in openers:
+        try:
+            reader = opener()
+            if len(reader):
+                reader[:]
+                reader.get(torch.tensor([0, len(reader) - 1]))
+        except zstore.ZStoreError:
+            pass
     assert digest(root) == before, "a read-only open changed the store"
 
 

@@ -17,7 +17,7 @@ Sites (where they are called):
   scattered write landed in a memory-mapped chunk file.
 * ``commit.before`` / ``commit.after`` — :mod:`zstore.group`: around the one
   metadata write that makes rows visible (also the creation's first commit).
-* ``checkpoint.*`` — reserved for the ``checkpoint`` package (stage, swap).
+* ``checkpoint.*`` — reserved for the ``checkpoint`` package (:data:`CHECKPOINT_SITES`).
 
 With ``ZSTORE_CRASH_CENSUS=<file>`` (or :func:`census`) every site reached is
 counted instead, and the counts are written as JSON at interpreter exit: the
@@ -34,6 +34,9 @@ from collections import Counter
 
 SITES = ("store.before", "store.unit", "store.after", "mmap.write", "commit.before",
          "commit.after")
+#: Reserved for the ``checkpoint`` package: call ``crash_point(site)`` before a staged
+#: checkpoint is swapped in and after; then add them to :data:`SITES`.
+CHECKPOINT_SITES = ("checkpoint.before_swap", "checkpoint.after_swap")
 
 
 def _off(site: str) -> None:
