@@ -22,7 +22,7 @@ from tensordict import TensorDict
 
 import zstore
 
-FUZZ = settings(max_examples=int(os.environ.get("ZSTORE_FUZZ_EXAMPLES", "120")), deadline=None,
+FUZZ = settings(max_examples=int(os.environ.get("ZSTORE_FUZZ_EXAMPLES", "80")), deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])
 JSON = st.recursive(
