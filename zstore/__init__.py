@@ -18,6 +18,7 @@ from .errors import (
     CorruptChunkError,
     FormatVersionError,
     InvalidKeyError,
+    LeaseError,
     MissingKeyError,
     NotAZStoreError,
     ReadOnlyError,
@@ -33,6 +34,7 @@ from .storages import (
     LazyTensorStorage,
     ListStorage,
     Storage,
+    StorageEnsemble,
     TensorStorage,
     stack_items,
 )
@@ -41,9 +43,9 @@ from .writers import ImmutableDatasetWriter, RoundRobinWriter, TensorDictRoundRo
 
 __all__ = [
     "open", "Storage", "ListStorage", "LazyStackStorage", "TensorStorage", "LazyTensorStorage",
-    "LazyMemmapStorage", "CompressedListStorage", "stack_items", "Writer", "RoundRobinWriter", "TensorDictRoundRobinWriter",
+    "LazyMemmapStorage", "CompressedListStorage", "StorageEnsemble", "stack_items", "Writer", "RoundRobinWriter", "TensorDictRoundRobinWriter",
     "ImmutableDatasetWriter", "StoreSpec", "CodecSpec", "CacheStats", "cache_tier",
     "ZStoreError", "BackendNotInstalledError", "StoreNotFoundError", "NotAZStoreError",
     "FormatVersionError", "ReadOnlyError", "SchemaError", "MissingKeyError", "InvalidKeyError",
-    "CorruptChunkError", "StoreExistsError",
+    "CorruptChunkError", "StoreExistsError", "LeaseError",
 ]

@@ -8,17 +8,22 @@ only that block.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
+from zarr.core.buffer import default_buffer_prototype
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
 from .dtypes import storage_numpy_dtype, torch_dtype_name
 from .errors import NotAZStoreError, StoreNotFoundError
 from .layout import StoreMeta
 from .store import StoreSpec
+
+if TYPE_CHECKING:
+    from .lease import Lease
 
 ZSTORE_ATTR = "zstore"
 TENSORDICT_ATTR = "__tensordict__"
@@ -72,12 +77,15 @@ def existing_meta(spec: StoreSpec) -> StoreMeta | None:
         return None
 
 
-def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
+def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None) -> zarr.Group:
     """Create the group and one array per leaf; commit the ``zstore`` block last.
 
     A location holding something that is not a zstore buffer is refused; a
-    creation interrupted earlier (marked incomplete) is overwritten.
+    creation interrupted earlier (marked incomplete) is overwritten. ``lease``
+    (held by the caller) makes the final commit conditional.
     """
+    from .lease import LEASE_NAME
+
     spec.require_writable("create a buffer")
     spec.check_parent()
     store = spec.open()
@@ -93,7 +101,7 @@ def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
                     f"{spec.redacted()} already holds a Zarr group that is not a zstore buffer; "
                     "choose an empty location")
         except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError):
-            if not spec.is_empty():
+            if not spec.is_empty(ignore=(LEASE_NAME,)):
                 raise NotAZStoreError(
                     f"{spec.redacted()} is not empty and holds no zstore buffer; choose an empty "
                     "location (zstore never writes among other files)") from None
@@ -121,7 +129,7 @@ def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
             fill_value=np.zeros((), dtype=np_dtype).item(),
             attributes={ZSTORE_ATTR: {"torch_dtype": torch_dtype_name(leaf.dtype)}},
         )
-    commit(group, meta)
+    commit(group, meta, lease)
     return group
 
 
@@ -157,8 +165,28 @@ def checked_array(group: zarr.Group, leaf, rows: int, layout: tuple[int, int | N
     return array
 
 
-def commit(group: zarr.Group, meta: StoreMeta) -> None:
+def commit(group: zarr.Group, meta: StoreMeta, lease: "Lease | None" = None) -> None:
     """Write the ``zstore`` block: the single object that makes stored rows visible."""
     attrs = {key: value for key, value in group.attrs.asdict().items() if key != _INCOMPLETE_ATTR}
     attrs[ZSTORE_ATTR] = meta.to_json()
-    group.attrs.put(attrs)
+    put_attrs(group, attrs, lease)
+
+
+def put_attrs(group: zarr.Group, attrs: dict[str, Any], lease: "Lease | None" = None) -> None:
+    """Replace the attributes of the group at the store's root: one ``zarr.json`` write.
+
+    With a ``lease``, the write names the lease holder and is conditional: it
+    happens only if ``zarr.json`` is still the version this writer last read or
+    wrote (S3 ``If-Match``, a locked compare on local and ``memory://`` stores),
+    else :class:`~zstore.errors.LeaseError` and nothing is written.
+    """
+    if lease is None:
+        group.attrs.put(attrs)
+        return
+    from .lease import METADATA_NAME, WRITER_ATTR
+
+    attrs = {**attrs, WRITER_ATTR: lease.owner}
+    metadata = dataclasses.replace(group.metadata, attributes=attrs)
+    lease.write_metadata(metadata.to_buffer_dict(default_buffer_prototype())[METADATA_NAME].to_bytes())
+    group.metadata.attributes.clear()
+    group.metadata.attributes.update(attrs)

@@ -27,6 +27,7 @@ from ..codecs import choose_layout, parse_codecs
 from ..errors import MissingKeyError, ReadOnlyError, SchemaError, StoreExistsError
 from ..group import commit, create_group, existing_meta, open_group
 from ..layout import Schema, StoreMeta
+from ..lease import DEFAULT_TTL, writer_lease
 from ..store import StoreSpec
 from ..table import ChunkedTable, MmapTable, Table
 from .base import CompressionRatio
@@ -151,6 +152,12 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
             last commit is older than this; ``flush()`` and ``close()`` (also at
             interpreter exit) commit too. A killed writer loses at most the rows
             written since the last commit.
+        lease_ttl: seconds the single-writer lease stays valid without renewal.
+            The first write takes the store's lease (a second writer gets
+            :class:`~zstore.errors.LeaseError`); commits renew it, ``close()``
+            releases it, and a lease older than its ttl is taken over by the
+            next writer (docs/scaling.md). ``None``: no lease (the caller
+            guarantees a single writer).
 
     >>> s = LazyMemmapStorage(100, scratch_dir="memory://doc-rb")
     >>> s.set(torch.arange(4), TensorDict(obs=torch.arange(4.0), batch_size=[4]))
@@ -165,7 +172,8 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
                  chunks: int | Mapping[str, int] | None = None,
                  shards: int | Mapping[str, int] | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host",
-                 read_only: bool = False, autocommit_seconds: float = 5.0):
+                 read_only: bool = False, autocommit_seconds: float = 5.0,
+                 lease_ttl: float | None = DEFAULT_TTL):
         tier = cache_tier(cache, device if device not in (None, "auto") else None)
         device = "cpu" if device in (None, "auto") else device
         if torch.device(device).type != tier.device.type:
@@ -186,6 +194,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self.cache_bytes = int(cache_bytes)
         self.cache = tier.name
         self.autocommit_seconds = autocommit_seconds
+        self.lease_ttl = lease_ttl
         self.auto_cleanup = temporary if auto_cleanup is None else auto_cleanup
         self._setup_runtime()
 
@@ -199,12 +208,18 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self._last_commit = time.monotonic()
         self._cleaned = False
         self._finalizer = weakref.finalize(self, _delete_store, self.spec) if self.auto_cleanup else None
+        self._lease = None
+        self._lease_finalizer = None
+        if self.lease_ttl is not None and not self.spec.read_only:
+            self._lease = writer_lease(self.spec, self.lease_ttl)
+            self._lease_finalizer = weakref.finalize(self, self._lease.release, False)
         _LIVE.add(self)
 
     # -- opening --------------------------------------------------------------------------
     @classmethod
     def _from_store(cls, spec: StoreSpec, group, meta: StoreMeta, *, cache_bytes: int,
-                    cache: str, device: Any = None, autocommit_seconds: float = 5.0):
+                    cache: str, device: Any = None, autocommit_seconds: float = 5.0,
+                    lease_ttl: float | None = DEFAULT_TTL):
         """Reopen a committed buffer (used by :func:`zstore.open`)."""
         self = cls.__new__(cls)
         tier = cache_tier(cache, device)
@@ -219,6 +234,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self.cache_bytes = int(cache_bytes)
         self.cache = tier.name
         self.autocommit_seconds = autocommit_seconds
+        self.lease_ttl = lease_ttl
         self.auto_cleanup = False
         self._setup_runtime()
         self._attach(group, meta)
@@ -258,8 +274,28 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
                                "with zstore.open(url)")
         return self._table
 
+    # -- the single-writer lease (zstore.lease) ---------------------------------------------
+    def _hold_lease(self) -> None:
+        """Hold the write lease before writing. On taking it, continue from what is committed
+        (another writer may have committed since this storage was opened) and fence it."""
+        if self._lease is None or not self._lease.ensure() or self._meta is None:
+            return
+        self._lease.read_metadata()
+        self._attach(*open_group(self.spec))
+        self._fence()
+
+    def _fence(self) -> None:
+        """Rewrite ``zarr.json`` naming this writer: a former holder's commit now fails."""
+        if self._lease is not None:
+            commit(self._group, self._meta, self._lease)
+
+    def _release_lease(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+
     def _init(self, example: Any) -> None:
         self.spec.require_writable("create a buffer")
+        self._hold_lease()
         schema = Schema.from_example(example, self.ndim)
         if is_tensorclass(example):
             schema.tensorclass = type(example)
@@ -284,13 +320,15 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
                                object_store=self.spec.protocol in _OBJECT_STORES)
         meta = StoreMeta(type(self).__name__, self.max_size, self.ndim, rows, schema, self.codec,
                          layout, key_codecs=dict(self.key_codecs))
-        self._attach(create_group(self.spec, meta), meta)
+        self._attach(create_group(self.spec, meta, self._lease), meta)
 
     @property
     def _all_raw(self) -> bool:
         return self.codec.is_raw and all(spec.is_raw for spec in self.key_codecs.values())
 
     def _adopt(self, schema: Schema) -> None:
+        if self._lease is not None:
+            self._lease.read_metadata()
         group, meta = open_group(self.spec)
         if meta.ndim != self.ndim or meta.schema.lane_shape != schema.lane_shape:
             raise SchemaError(
@@ -304,6 +342,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
                 f"{[leaf.to_json() for leaf in schema.leaves]}")
         meta.schema.tensorclass = schema.tensorclass
         self._attach(group, meta)
+        self._fence()
 
     def loads(self, path: Any) -> None:
         """Adopt the buffer at ``path`` when it is this storage's own store; else use the checkpointer."""
@@ -364,6 +403,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
 
     def _write(self, cursor: Any, data: Any) -> None:
         self.spec.require_writable("write")
+        self._hold_lease()
         table = self.table
         if isinstance(cursor, tuple):
             self._write_cells(cursor, data)
@@ -417,12 +457,16 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         if not self.initialized or self.spec.read_only or self._table is None \
                 or self._meta.read_only:
             return
+        if self._lease is not None:
+            if not (self._lease.held or self._uncommitted):
+                return  # nothing written by this storage: nothing to commit, no lease to take
+            self._lease.renew()  # a writer that lost the lease stops before storing anything
         self.table.flush()
         meta = self._meta
         meta.length = self._len_value
         meta.last_cursor = self._last_cursor_value if self._last_cursor_value < meta.rows else -1
         meta.high_water = self.table.high_water
-        commit(self._group, meta)
+        commit(self._group, meta, self._lease)
         self._committed = (meta.length, meta.last_cursor)
         self._uncommitted = False
         self._last_commit = time.monotonic()
@@ -435,6 +479,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
             self._table.close()
         self._table = None
         self.initialized = False if self._meta is None else self.initialized
+        self._release_lease()
         _LIVE.discard(self)
 
     def __enter__(self) -> "LazyMemmapStorage":
@@ -445,6 +490,8 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
 
     def _empty(self) -> None:
         self.spec.require_writable("empty the buffer")
+        if self.initialized:
+            self._hold_lease()
         super()._empty()
         if self.initialized:
             self.flush()
@@ -455,6 +502,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
             return False
         self.spec.require_writable("delete the store")
         self._cleaned = True
+        self._release_lease()
         if self._table is not None:
             self._table.close()
             self._table = None
@@ -514,6 +562,8 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.spec.require_writable("load a state dict")
+        if self.initialized:
+            self._hold_lease()
         saved = state_dict["_storage"]
         if isinstance(saved, torch.Tensor):
             data = saved
@@ -545,7 +595,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
             "key_codecs": {path: spec.to_json() for path, spec in self.key_codecs.items()},
             "chunks": self.chunks, "shards": self.shards, "cache_bytes": self.cache_bytes,
             "cache": self.cache, "autocommit_seconds": self.autocommit_seconds,
-            "initialized": self.initialized, "len": self._len_value,
+            "lease_ttl": self.lease_ttl, "initialized": self.initialized, "len": self._len_value,
             "last_cursor": self._last_cursor_value, "revision": self._revision,
         }
 
@@ -555,7 +605,8 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
             group, meta = open_group(spec)
             other = type(self)._from_store(spec, group, meta, cache_bytes=state["cache_bytes"],
                                            cache=state["cache"], device=state["device"],
-                                           autocommit_seconds=state["autocommit_seconds"])
+                                           autocommit_seconds=state["autocommit_seconds"],
+                                           lease_ttl=state.get("lease_ttl", DEFAULT_TTL))
         else:
             other = type(self)(state["max_size"], scratch_dir=spec.url,
                                storage_options=spec.storage_options, device=state["device"],
@@ -564,11 +615,15 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
                                chunks=state["chunks"], shards=state["shards"],
                                cache_bytes=state["cache_bytes"], cache=state["cache"],
                                read_only=spec.read_only, auto_cleanup=False,
-                               autocommit_seconds=state["autocommit_seconds"])
+                               autocommit_seconds=state["autocommit_seconds"],
+                               lease_ttl=state.get("lease_ttl", DEFAULT_TTL))
         self.__dict__.update(other.__dict__)
         if other._finalizer is not None:
             other._finalizer.detach()
         self._finalizer = None
+        if other._lease_finalizer is not None:
+            other._lease_finalizer.detach()
+            self._lease_finalizer = weakref.finalize(self, self._lease.release, False)
         self.auto_cleanup = False
         self._len_value = state["len"]
         self._last_cursor_value = state["last_cursor"]
