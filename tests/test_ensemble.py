@@ -10,7 +10,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage as TorchRLLazyTensorStorage
-from torchrl.data.replay_buffers.storages import StorageEnsemble as TorchRLStorageEnsemble
+from torchrl.data.replay_buffers.storages import (
+    StorageEnsemble as TorchRLStorageEnsemble,
+)
 
 import zstore
 from zstore.errors import NotAZStoreError, ReadOnlyError, StoreExistsError
