@@ -748,6 +748,12 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         if self._kind is not None or self._root is not None:
             self._commit()
 
+    def close(self) -> None:
+        """Commit what this storage wrote and release its write lease (it stays usable)."""
+        self.flush()
+        if self._lease is not None:
+            self._lease.release()
+
     # -- persistence: a JSON block in the root group; never pickles into the store -------------
     def _block(self) -> dict[str, Any]:
         """The root ``zstore`` block: what reopening needs (format.md §9)."""
