@@ -204,3 +204,15 @@ def test_plain_objects_compare_and_swap_without_atomicity():
     assert objects.read("obj") == (b"3", token)
     assert not objects.delete("obj", b"1")
     assert objects.delete("obj", token) and objects.read("obj") is None
+
+
+def test_releasing_after_the_store_is_gone_does_not_recreate_it(tmp_path):
+    """Garbage collection may release a lease after a temporary store was deleted."""
+    import shutil
+
+    url = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(8, scratch_dir=url)
+    storage.set(0, TensorDict(x=torch.tensor(1), batch_size=[]))
+    shutil.rmtree(url)
+    storage._lease.release()
+    assert not (tmp_path / "rb").exists()

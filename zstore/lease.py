@@ -156,12 +156,21 @@ class LocalObjects(ConditionalObjects):
             return None
         return data, data
 
+    def create(self, name: str, data: bytes) -> Token | None:
+        os.makedirs(self.spec.url, exist_ok=True)  # the lease comes before the group
+        return super().create(name, data)
+
+    def replace(self, name: str, data: bytes, token: Token) -> Token | None:
+        try:
+            return super().replace(name, data, token)
+        except FileNotFoundError:  # the directory is gone (cleaned up)
+            return None
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         import fcntl
 
-        os.makedirs(self.spec.url, exist_ok=True)
-        fd = os.open(self.spec.url, os.O_RDONLY)
+        fd = os.open(self.spec.url, os.O_RDONLY)  # never re-creates a deleted store
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -176,11 +185,14 @@ class LocalObjects(ConditionalObjects):
         os.replace(tmp, path)
 
     def delete(self, name: str, token: Token) -> bool:
-        with self._locked():
-            found = self.read(name)
-            if found is None or found[1] != token:
-                return False
-            os.remove(os.path.join(self.spec.url, name))
+        try:
+            with self._locked():
+                found = self.read(name)
+                if found is None or found[1] != token:
+                    return False
+                os.remove(os.path.join(self.spec.url, name))
+        except FileNotFoundError:
+            return False
         return True
 
 
