@@ -216,3 +216,18 @@ def test_releasing_after_the_store_is_gone_does_not_recreate_it(tmp_path):
     shutil.rmtree(url)
     storage._lease.release()
     assert not (tmp_path / "rb").exists()
+
+
+def test_a_read_only_buffer_refuses_writes_without_taking_the_lease(tmp_path):
+    url = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(8, scratch_dir=url)
+    storage.set(torch.arange(2), rows(0, 2))
+    storage.close()
+    path = tmp_path / "rb" / METADATA_NAME
+    meta = json.loads(path.read_text())
+    meta["attributes"]["zstore"]["read_only"] = True
+    path.write_text(json.dumps(meta))
+    before = path.read_bytes()
+    with pytest.raises(zstore.ReadOnlyError):
+        zstore.open(url).set(2, TensorDict(x=torch.tensor(2), batch_size=[]))
+    assert lease_record(url, {}) is None and path.read_bytes() == before

@@ -278,7 +278,9 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
     def _hold_lease(self) -> None:
         """Hold the write lease before writing. On taking it, continue from what is committed
         (another writer may have committed since this storage was opened) and fence it."""
-        if self._lease is None or not self._lease.ensure() or self._meta is None:
+        if self._lease is None or (self._meta is not None and self._meta.read_only):
+            return  # a read-only buffer refuses the write itself, and nothing is taken
+        if not self._lease.ensure() or self._meta is None:
             return
         self._lease.read_metadata()
         self._attach(*open_group(self.spec))
@@ -286,7 +288,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
 
     def _fence(self) -> None:
         """Rewrite ``zarr.json`` naming this writer: a former holder's commit now fails."""
-        if self._lease is not None:
+        if self._lease is not None and not self._meta.read_only:
             commit(self._group, self._meta, self._lease)
 
     def _release_lease(self) -> None:
