@@ -277,6 +277,12 @@ def _in_event_loop() -> bool:
     return True
 
 
+def _checked_ttl(ttl: float) -> float:
+    if not (isinstance(ttl, (int, float)) and ttl > 0):
+        raise ValueError(f"lease_ttl must be a positive number of seconds, got {ttl!r}")
+    return float(ttl)
+
+
 def _owner_id() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
 
@@ -299,10 +305,8 @@ class Lease:
     """
 
     def __init__(self, spec: StoreSpec, ttl: float = DEFAULT_TTL):
-        if not ttl > 0:
-            raise ValueError(f"lease_ttl must be a positive number of seconds, got {ttl!r}")
         self.spec = spec
-        self.ttl = float(ttl)
+        self.ttl = _checked_ttl(ttl)
         self.objects = objects_for(spec)
         self.owner = _owner_id()
         self._pid = os.getpid()
@@ -318,19 +322,19 @@ class Lease:
         return self._token is not None and self._pid == os.getpid()
 
     def _record(self, now: float, acquired: float) -> bytes:
-        host, pid, _ = self.owner.split("/")
-        return json.dumps({"version": 1, "owner": self.owner, "host": host, "pid": int(pid),
+        return json.dumps({"version": 1, "owner": self.owner, "host": socket.gethostname(),
+                           "pid": os.getpid(),
                            "acquired": acquired, "renewed": now, "ttl": self.ttl}).encode()
 
     def ensure(self) -> bool:
         """Hold the lease before writing: acquire it, or renew it once half its ttl is gone.
 
-        Returns ``True`` when it was just acquired (the caller must reload the
-        committed state and :meth:`fence` it).
+        Returns ``True`` when it was just acquired: the caller then reloads the
+        committed state and rewrites ``zarr.json`` under its name (the fence).
         """
         with self._lock:
             if self._pid != os.getpid():  # a forked child: nothing of the parent's is ours
-                self.owner, self._pid = _owner_id(), os.getpid()
+                self._pid = os.getpid()
                 self._token = self._metadata_token = None
             if not self.held:
                 self._acquire()
@@ -492,5 +496,5 @@ def writer_lease(spec: StoreSpec, ttl: float = DEFAULT_TTL) -> WriterLease:
         if lease is None or lease.spec != spec:
             lease = _PROCESS_LEASES[spec.url] = Lease(spec, ttl)
         elif not lease.held:
-            lease.ttl = Lease(spec, ttl).ttl  # checked; the next acquisition uses it
+            lease.ttl = _checked_ttl(ttl)  # the next acquisition uses it
         return WriterLease(lease)
