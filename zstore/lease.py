@@ -9,8 +9,8 @@ JSON object ``zstore-lease.json`` next to the group's ``zarr.json``::
 * It is created with an exclusive create, so of two writers only one wins; the
   other gets :class:`~zstore.errors.LeaseError` naming the URL and the holder.
 * The holder renews it (a conditional replace) on every commit, and before a
-  write once half the ttl has passed; it deletes it on ``close()``, ``cleanup()``,
-  garbage collection and interpreter exit.
+  write once half the ttl has passed; it deletes it on ``close()``, ``cleanup()``
+  and interpreter exit, and after garbage collection (on a background thread).
 * A lease not renewed for ``ttl`` seconds (by the clock of whoever looks) is
   **stale**: the next writer takes it over automatically, with a warning. The
   taker then rewrites ``zarr.json`` (naming itself), so a former holder that
@@ -35,10 +35,10 @@ explicit timestamps.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
+import queue
 import socket
 import threading
 import time
@@ -269,14 +269,6 @@ def objects_for(spec: StoreSpec) -> ConditionalObjects:
     return ConditionalObjects(spec)
 
 
-def _in_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
 def _checked_ttl(ttl: float) -> float:
     if not (isinstance(ttl, (int, float)) and ttl > 0):
         raise ValueError(f"lease_ttl must be a positive number of seconds, got {ttl!r}")
@@ -401,23 +393,14 @@ class Lease:
                 "Rows written since the last commit are not committed; reopen the store to "
                 "continue from what is committed.")
 
-    def release(self, blocking: bool = True) -> None:
-        """Delete the lease object if this process still holds it (idempotent).
-
-        ``blocking=False`` (garbage collection, which may run on any thread,
-        even an event loop's) gives up rather than wait for the lock or do I/O
-        from inside an event loop: the lease then expires after its ttl.
-        """
-        if not self._lock.acquire(blocking=blocking):
-            return
-        try:
-            if not self.held or (not blocking and _in_event_loop()):
+    def release(self) -> None:
+        """Delete the lease object if this process still holds it (idempotent)."""
+        with self._lock:
+            if not self.held:
                 return
             token, self._token, self._metadata_token = self._token, None, None
             with contextlib.suppress(Exception):  # the store may be gone (cleanup, exit)
                 self.objects.delete(LEASE_NAME, token)
-        finally:
-            self._lock.release()
 
     # -- the conditional commit -----------------------------------------------------------
     def read_metadata(self) -> bytes | None:
@@ -470,23 +453,49 @@ class WriterLease:
 
     def ensure(self) -> bool:
         """Hold the lease before a write; ``True`` when the process has just acquired it."""
-        fresh = self.lease.ensure()
-        if not self.active or fresh:
-            self.active = True
-            self.lease.users = 1 if fresh else self.lease.users + 1
-        return fresh
+        _start_releaser()
+        with self.lease._lock:
+            fresh = self.lease.ensure()
+            if not self.active or fresh:
+                self.active = True
+                self.lease.users = 1 if fresh else self.lease.users + 1
+            return fresh
 
-    def release(self, blocking: bool = True) -> None:
+    def release(self) -> None:
         """Stop using the lease; the last user of the process releases it."""
-        if not self.active:
-            return
-        self.active = False
-        self.lease.users -= 1
-        if self.lease.users <= 0:
-            self.lease.release(blocking)
+        with self.lease._lock:
+            if not self.active:
+                return
+            self.active = False
+            self.lease.users -= 1
+            if self.lease.users <= 0:
+                self.lease.release()
+
+    def release_later(self) -> None:
+        """:meth:`release` on a background thread: for garbage collection, which may run on
+        any thread (an HTTP server's, an event loop's) where waiting for I/O can deadlock."""
+        _PENDING.put(self)
 
     def __getattr__(self, name: str) -> Any:  # held, owner, renew, read/write_metadata
         return getattr(self.lease, name)
+
+
+_PENDING: queue.SimpleQueue = queue.SimpleQueue()  # put() is safe inside a finalizer
+_RELEASER: dict[int, threading.Thread] = {}  # by process id: a forked child starts its own
+
+
+def _start_releaser() -> None:
+    if _RELEASER.get(os.getpid()) is None:
+        thread = threading.Thread(target=_release_pending, name="zstore-lease-release", daemon=True)
+        _RELEASER[os.getpid()] = thread
+        thread.start()
+
+
+def _release_pending() -> None:
+    while True:
+        handle = _PENDING.get()
+        with contextlib.suppress(Exception):
+            handle.release()
 
 
 def writer_lease(spec: StoreSpec, ttl: float = DEFAULT_TTL) -> WriterLease:

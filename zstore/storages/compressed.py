@@ -350,7 +350,7 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         self.lease_ttl = lease_ttl
         self._lease = None if spec.read_only or lease_ttl is None else writer_lease(spec, lease_ttl)
         if self._lease is not None:
-            weakref.finalize(self, self._lease.release, False)
+            weakref.finalize(self, self._lease.release_later)
 
     def _reset(self) -> None:
         self._len = 0

@@ -212,7 +212,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self._lease_finalizer = None
         if self.lease_ttl is not None and not self.spec.read_only:
             self._lease = writer_lease(self.spec, self.lease_ttl)
-            self._lease_finalizer = weakref.finalize(self, self._lease.release, False)
+            self._lease_finalizer = weakref.finalize(self, self._lease.release_later)
         _LIVE.add(self)
 
     # -- opening --------------------------------------------------------------------------
@@ -625,7 +625,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self._finalizer = None
         if other._lease_finalizer is not None:
             other._lease_finalizer.detach()
-            self._lease_finalizer = weakref.finalize(self, self._lease.release, False)
+            self._lease_finalizer = weakref.finalize(self, self._lease.release_later)
         self.auto_cleanup = False
         self._len_value = state["len"]
         self._last_cursor_value = state["last_cursor"]
