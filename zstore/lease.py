@@ -338,7 +338,11 @@ class Lease:
     def _acquire(self) -> None:
         self.owner = _owner_id()  # a new id per acquisition: its fence differs from any old commit
         now = clock()
-        token = self.objects.create(LEASE_NAME, self._record(now, now))
+        try:
+            token = self.objects.create(LEASE_NAME, self._record(now, now))
+        except FileNotFoundError:
+            self.spec.check_parent()  # a missing bucket: StoreNotFoundError naming it
+            raise
         if token is None:
             found = self.objects.read(LEASE_NAME)
             if found is None:  # released between our create and read: try once more
