@@ -231,3 +231,21 @@ def test_a_read_only_buffer_refuses_writes_without_taking_the_lease(tmp_path):
     with pytest.raises(zstore.ReadOnlyError):
         zstore.open(url).set(2, TensorDict(x=torch.tensor(2), batch_size=[]))
     assert lease_record(url, {}) is None and path.read_bytes() == before
+
+
+def test_a_storage_that_wrote_nothing_never_commits_its_stale_view(location):
+    """Two objects of one process share the lease; flushing the one that only reads must not
+    commit the length it saw when it opened over the other's newer commit."""
+    url = location.new()
+    writer = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options)
+    writer.set(torch.arange(2), rows(0, 2))
+    writer.flush()
+    reader = zstore.open(url, location.options)
+    writer.set(torch.arange(2, 4), rows(2, 2))
+    writer.flush()
+    reader.flush()
+    pickle.dumps(reader)  # pickling flushes too
+    assert committed(url, location.options) == [0, 1, 2, 3]
+    writer.close()
+    reader.close()
+    assert lease_record(url, location.options) is None

@@ -460,9 +460,9 @@ class WriterLease:
         _start_releaser()
         with self.lease._lock:
             fresh = self.lease.ensure()
-            if not self.active or fresh:
+            if not self.active:
                 self.active = True
-                self.lease.users = 1 if fresh else self.lease.users + 1
+                self.lease.users += 1
             return fresh
 
     def release(self) -> None:

@@ -737,8 +737,8 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         if self.spec.read_only:
             return
         if self._lease is not None:
-            if not self._lease.held:
-                return  # this process wrote nothing: nothing to commit
+            if not (self._lease.active and self._lease.held):
+                return  # this storage wrote nothing, or lost the lease
             self._lease.renew()
         if self._table is not None:
             self._table.flush()

@@ -460,8 +460,8 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
                 or self._meta.read_only:
             return
         if self._lease is not None:
-            if not (self._lease.held or self._uncommitted):
-                return  # nothing written by this storage: nothing to commit, no lease to take
+            if not (self._uncommitted or (self._lease.active and self._lease.held)):
+                return  # nothing of this storage's to commit, or it lost the lease
             self._lease.renew()  # a writer that lost the lease stops before storing anything
         self.table.flush()
         meta = self._meta
