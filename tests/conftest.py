@@ -111,7 +111,9 @@ LOCATIONS = ["memory", "local", "s3"]
 
 def pytest_generate_tests(metafunc):
     """Parametrise ``location``: memory / local / moto S3, plus rclone S3 when marked."""
-    if "location" in metafunc.fixturenames:
+    explicit = any("location" in str(marker.args[0]) for marker in
+                   metafunc.definition.iter_markers("parametrize") if marker.args)
+    if "location" in metafunc.fixturenames and not explicit:  # else the test chose its own
         kinds = LOCATIONS + (["s3-rclone"] if metafunc.definition.get_closest_marker(
             "all_s3_servers") else [])
         metafunc.parametrize("location", kinds, indirect=True)

@@ -65,3 +65,36 @@ def test_forked_child_sees_committed_rows_only_and_never_commits_for_the_parent(
     assert os.waitstatus_to_exitcode(status) == 0
     storage.flush()
     assert zstore.open(url, mode="r")[:]["x"].tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_never_reuses_the_parents_filesystem(s3_options, s3_bucket):
+    """fsspec caches filesystems and s3fs runs its own event loop: a child gets new ones."""
+    base = f"s3://{s3_bucket}/fork-fs-{os.getpid()}"
+    storage = zstore.LazyMemmapStorage(16, scratch_dir=f"{base}/lms", storage_options=s3_options,
+                                       codec="zstd", chunks=4)
+    storage.set(torch.arange(6), rows(0, 6))
+    storage.flush()
+    assert storage[:]["x"].tolist() == [0, 1, 2, 3, 4, 5]  # the parent's cache is warm
+    items = zstore.CompressedListStorage(8, scratch_dir=f"{base}/items", storage_options=s3_options)
+    items.set(0, torch.arange(3))
+    items.close()  # committed, lease released: the child may write
+    reopened = zstore.open(f"{base}/items", s3_options)
+    assert reopened.get(0).tolist() == [0, 1, 2]
+    parent_fs = storage.spec.filesystem()[0]
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            ok = storage.spec.filesystem()[0] is not parent_fs
+            ok = ok and storage[:]["x"].tolist() == [0, 1, 2, 3, 4, 5]
+            reopened.set(1, torch.arange(4))
+            reopened.close()
+        except BaseException:  # noqa: BLE001 - any failure in the child is a failed check
+            ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [t.tolist() for t in zstore.open(f"{base}/items", s3_options, mode="r").get([0, 1])] == \
+        [[0, 1, 2], [0, 1, 2, 3]]
+    assert storage.spec.filesystem()[0] is parent_fs  # the parent keeps its own
+    storage.close()

@@ -20,6 +20,7 @@ from .errors import (
     CorruptChunkError,
     FormatVersionError,
     InvalidKeyError,
+    LeaseError,
     MissingKeyError,
     NotAZStoreError,
     ReadOnlyError,
@@ -35,6 +36,7 @@ from .storages import (
     LazyTensorStorage,
     ListStorage,
     Storage,
+    StorageEnsemble,
     TensorStorage,
     stack_items,
 )
@@ -45,10 +47,10 @@ from .writers import ImmutableDatasetWriter, RoundRobinWriter, TensorDictRoundRo
 
 __all__ = [
     "open", "open_dataset", "seal", "Dataset", "Storage", "ListStorage", "LazyStackStorage", "TensorStorage", "LazyTensorStorage",
-    "LazyMemmapStorage", "CompressedListStorage", "stack_items", "Writer", "RoundRobinWriter", "TensorDictRoundRobinWriter",
+    "LazyMemmapStorage", "CompressedListStorage", "StorageEnsemble", "stack_items", "Writer", "RoundRobinWriter", "TensorDictRoundRobinWriter",
     "ImmutableDatasetWriter", "ReplayBuffer", "Sampler", "RandomSampler", "SliceSampler",
     "StoreSpec", "CodecSpec", "CacheStats", "cache_tier",
     "ZStoreError", "BackendNotInstalledError", "StoreNotFoundError", "NotAZStoreError",
     "FormatVersionError", "ReadOnlyError", "SchemaError", "MissingKeyError", "InvalidKeyError",
-    "CorruptChunkError", "StoreExistsError", "display", "plots",
+    "CorruptChunkError", "StoreExistsError", "LeaseError", "display", "plots",
 ]

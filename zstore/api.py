@@ -8,12 +8,13 @@ from typing import Any, Mapping
 from .cache import DEFAULT_CACHE_BYTES
 from .errors import NotAZStoreError
 from .group import ZSTORE_ATTR, open_zarr_group, read_meta
+from .lease import DEFAULT_TTL
 from .store import StoreSpec
 
 
 def open(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None, *,
          mode: str = "r+", cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host",
-         device: Any = None):
+         device: Any = None, lease_ttl: float | None = DEFAULT_TTL):
     """Reopen a buffer written by zstore, with its class, rows, length and cursor.
 
     Args:
@@ -23,6 +24,8 @@ def open(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = Non
         cache_bytes: byte budget of the hot-chunk cache.
         cache: cache tier: ``"host"``, ``"pinned"`` or ``"cuda"``.
         device: CUDA device for the ``"cuda"`` tier.
+        lease_ttl: ttl of the single-writer lease a ``"r+"`` storage takes at its
+            first write (docs/scaling.md); readers (``"r"``) take none.
 
     >>> rb = zstore.open("s3://bucket/rb", {"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
     """
@@ -36,7 +39,7 @@ def open(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = Non
     name = block.get("storage_class") if isinstance(block, Mapping) else None
     if hasattr(PERSISTENT_CLASSES.get(name), "_from_group"):  # a container of buffers
         return PERSISTENT_CLASSES[name]._from_group(spec, group, dict(block), cache_bytes=cache_bytes,
-                                                    cache=cache, device=device)
+                                                    cache=cache, device=device, lease_ttl=lease_ttl)
     meta = read_meta(group, spec.redacted())
     try:
         cls = PERSISTENT_CLASSES[meta.storage_class]
@@ -44,4 +47,5 @@ def open(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = Non
         raise NotAZStoreError(
             f"{spec.redacted()} records storage class {meta.storage_class!r}, which this zstore "
             f"cannot open (known: {sorted(PERSISTENT_CLASSES)})") from None
-    return cls._from_store(spec, group, meta, cache_bytes=cache_bytes, cache=cache, device=device)
+    return cls._from_store(spec, group, meta, cache_bytes=cache_bytes, cache=cache, device=device,
+                           lease_ttl=lease_ttl)

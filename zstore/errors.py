@@ -54,3 +54,7 @@ class CorruptChunkError(ZStoreError, IOError):
 
 class StoreExistsError(ZStoreError, RuntimeError):
     """A buffer already exists where a new one was to be created."""
+
+
+class LeaseError(ZStoreError, RuntimeError):
+    """Another writer holds the store's write lease, or this writer lost it."""

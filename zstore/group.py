@@ -8,11 +8,13 @@ only that block.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
+from zarr.core.buffer import default_buffer_prototype
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
 from . import _faults
@@ -20,6 +22,9 @@ from .dtypes import storage_numpy_dtype, torch_dtype_name
 from .errors import NotAZStoreError, StoreNotFoundError, ZStoreError
 from .layout import StoreMeta
 from .store import StoreSpec
+
+if TYPE_CHECKING:
+    from .lease import Lease
 
 ZSTORE_ATTR = "zstore"
 TENSORDICT_ATTR = "__tensordict__"
@@ -84,12 +89,15 @@ def existing_meta(spec: StoreSpec) -> StoreMeta | None:
         return None
 
 
-def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
+def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None) -> zarr.Group:
     """Create the group and one array per leaf; commit the ``zstore`` block last.
 
     A location holding something that is not a zstore buffer is refused; a
-    creation interrupted earlier (marked incomplete) is overwritten.
+    creation interrupted earlier (marked incomplete) is overwritten. ``lease``
+    (held by the caller) makes the final commit conditional.
     """
+    from .lease import LEASE_NAME
+
     spec.require_writable("create a buffer")
     spec.check_parent()
     store = spec.open()
@@ -105,7 +113,7 @@ def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
                     f"{spec.redacted()} already holds a Zarr group that is not a zstore buffer; "
                     "choose an empty location")
         except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError):
-            if not spec.is_empty():
+            if not spec.is_empty(ignore=(LEASE_NAME,)):
                 raise NotAZStoreError(
                     f"{spec.redacted()} is not empty and holds no zstore buffer; choose an empty "
                     "location (zstore never writes among other files)") from None
@@ -115,7 +123,7 @@ def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
         raise
     except Exception as exc:  # the network after the client's retries: name the store
         raise _io_error(f"cannot create a buffer at {spec.redacted()}", exc) from exc
-    commit(group, meta, spec.redacted())
+    commit(group, meta, lease, spec.redacted())
     return group
 
 
@@ -202,18 +210,42 @@ def checked_array(group: zarr.Group, leaf, rows: int, layout: tuple[int, int | N
     return array
 
 
-def commit(group: zarr.Group, meta: StoreMeta, where: str = "the buffer") -> None:
+def commit(group: zarr.Group, meta: StoreMeta, lease: "Lease | None" = None,
+           where: str = "the buffer") -> None:
     """Write the ``zstore`` block: the single object that makes stored rows visible.
 
-    A failed write raises ``OSError`` naming ``where`` (a redacted URL); the
-    store then keeps its previous commit.
+    With a ``lease`` the write is conditional (see :func:`put_attrs`). A failed
+    write raises ``OSError`` naming ``where`` (a redacted URL), or
+    :class:`~zstore.errors.LeaseError`; the store then keeps its previous commit.
     """
     attrs = {key: value for key, value in group.attrs.asdict().items() if key != _INCOMPLETE_ATTR}
     attrs[ZSTORE_ATTR] = meta.to_json()
     _faults.crash_point("commit.before")
     try:
-        group.attrs.put(attrs)
+        put_attrs(group, attrs, lease)
+    except ZStoreError:
+        raise
     except Exception as exc:
         raise OSError(f"cannot commit {where}: writing its zarr.json failed ({type(exc).__name__}: "
                       f"{exc}); the store keeps its previous commit") from exc
     _faults.crash_point("commit.after")
+
+
+def put_attrs(group: zarr.Group, attrs: dict[str, Any], lease: "Lease | None" = None) -> None:
+    """Replace the attributes of the group at the store's root: one ``zarr.json`` write.
+
+    With a ``lease``, the write names the lease holder and is conditional: it
+    happens only if ``zarr.json`` is still the version this writer last read or
+    wrote (S3 ``If-Match``, a locked compare on local and ``memory://`` stores),
+    else :class:`~zstore.errors.LeaseError` and nothing is written.
+    """
+    if lease is None:
+        group.attrs.put(attrs)
+        return
+    from .lease import METADATA_NAME, WRITER_ATTR
+
+    attrs = {**attrs, WRITER_ATTR: lease.owner}
+    metadata = dataclasses.replace(group.metadata, attributes=attrs)
+    lease.write_metadata(metadata.to_buffer_dict(default_buffer_prototype())[METADATA_NAME].to_bytes())
+    group.metadata.attributes.clear()
+    group.metadata.attributes.update(attrs)

@@ -142,16 +142,18 @@ class StoreSpec:
         except FileNotFoundError:
             return 0
 
-    def is_empty(self) -> bool:
-        """Whether nothing is stored at (or below) this location."""
+    def is_empty(self, ignore: tuple[str, ...] = ()) -> bool:
+        """Whether nothing is stored at (or below) this location, except top-level ``ignore`` names."""
         if self.is_local:
             path = Path(self.url)
-            return not path.exists() or (path.is_dir() and not any(path.iterdir()))
+            return not path.exists() or (path.is_dir() and
+                                         not any(p.name not in ignore for p in path.iterdir()))
         fs, path = self.filesystem()
         try:
-            return not fs.ls(path, detail=False)
+            names = fs.ls(path, detail=False)
         except FileNotFoundError:
             return True
+        return not [name for name in names if name.rstrip("/").rsplit("/", 1)[-1] not in ignore]
 
     def check_parent(self) -> None:
         """Raise :class:`StoreNotFoundError` when the bucket (or root) to write in is missing."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import uuid
 import warnings
 import weakref
@@ -44,7 +45,8 @@ from ..display import KeyRow, Summary, dtype_name
 from ..dtypes import torch_dtype_from_name, torch_dtype_name
 from ..errors import (CorruptChunkError, FormatVersionError, MissingKeyError, NotAZStoreError, SchemaError,
                       StoreExistsError, ZStoreError)
-from ..group import ZSTORE_ATTR, open_group
+from ..group import ZSTORE_ATTR, open_group, put_attrs
+from ..lease import DEFAULT_TTL, LEASE_NAME, writer_lease
 from ..layout import FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, key_to_path
 from ..store import StoreSpec
 from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
@@ -293,6 +295,8 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         chunks: items per chunk (an int or ``{key path: rows}``; default about
             1 MiB of each key).
         cache_bytes: byte budget of each table's hot-chunk cache.
+        lease_ttl: the single-writer lease's ttl in seconds, taken at the first
+            write (see :class:`~zstore.LazyMemmapStorage`); ``None``: no lease.
 
     ``flush()`` commits; a storage at a URL then reopens with ``zstore.open(url)``
     and pickles as its spec (the copy shares the arrays). A ``memory://`` storage
@@ -311,13 +315,13 @@ class CompressedListStorage(CompressionRatio, ListStorage):
                  device: Any = "cpu", compilable: bool = False, scratch_dir: Any = None,
                  storage_options: Mapping[str, Any] | None = None, codec: Any = "default",
                  chunks: int | Mapping[str, int] | None = None,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, lease_ttl: float | None = DEFAULT_TTL):
         super().__init__(max_size, compilable=compilable, device=device)
         owned = scratch_dir is None
         if owned:
             scratch_dir = f"memory://zstore-compressed/{uuid.uuid4().hex}"
         self._configure(StoreSpec.parse(scratch_dir, storage_options), owned, compression_fn,
-                        decompression_fn, compression_level, codec, chunks, cache_bytes)
+                        decompression_fn, compression_level, codec, chunks, cache_bytes, lease_ttl)
         if not owned and _root_block(self.spec) is not None:
             raise StoreExistsError(f"{self.spec.redacted()} already holds a {type(self).__name__}; "
                                    "reopen it with zstore.open(url), or choose another location")
@@ -325,7 +329,7 @@ class CompressedListStorage(CompressionRatio, ListStorage):
 
     def _configure(self, spec: StoreSpec, owned: bool, compression_fn: Callable | None,
                    decompression_fn: Callable | None, compression_level: int, codec: Any,
-                   chunks: Any, cache_bytes: int) -> None:
+                   chunks: Any, cache_bytes: int, lease_ttl: float | None = DEFAULT_TTL) -> None:
         self.compression_level = compression_level
         if (compression_fn is None) != (decompression_fn is None):
             raise ValueError("pass both compression_fn and decompression_fn, or neither")
@@ -343,7 +347,12 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         self.cache_bytes = int(cache_bytes)
         self._owned = owned
         self._root = None  # the root Zarr group, once committed
+        self._pid = os.getpid()  # the process that opened _root
         self._finalizer = weakref.finalize(self, _delete_store, spec) if owned else None
+        self.lease_ttl = lease_ttl
+        self._lease = None if spec.read_only or lease_ttl is None else writer_lease(spec, lease_ttl)
+        if self._lease is not None:
+            weakref.finalize(self, self._lease.release_later)
 
     def _reset(self) -> None:
         self._len = 0
@@ -365,7 +374,7 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         """An inner LazyMemmapStorage at ``<url>/<name>`` (ragged parts: default chunking)."""
         return LazyMemmapStorage(capacity, scratch_dir=f"{self.spec.url}/{name}",
                                  storage_options=self.spec.storage_options, codec=codec,
-                                 cache_bytes=self.cache_bytes, auto_cleanup=False)
+                                 cache_bytes=self.cache_bytes, auto_cleanup=False, lease_ttl=None)
 
     def _reopen(self, name: str) -> LazyMemmapStorage:
         """The committed inner LazyMemmapStorage ``name``."""
@@ -373,7 +382,7 @@ class CompressedListStorage(CompressionRatio, ListStorage):
                                self.spec.read_only)
         group, meta = open_group(spec)
         return LazyMemmapStorage._from_store(spec, group, meta, cache_bytes=self.cache_bytes,
-                                             cache="host")
+                                             cache="host", lease_ttl=None)
 
     def _new_table(self) -> LazyMemmapStorage | None:
         columns = {p: True for p in self._fixed}
@@ -389,7 +398,20 @@ class CompressedListStorage(CompressionRatio, ListStorage):
                    **{p: c for p, c in self.key_codecs.items() if p in self._fixed}},
             chunks={p: c for p, c in chunks.items() if p in self._fixed}
             if isinstance(chunks, Mapping) else chunks,
-            cache_bytes=self.cache_bytes, auto_cleanup=False)
+            cache_bytes=self.cache_bytes, auto_cleanup=False, lease_ttl=None)
+
+    def _hold_lease(self) -> None:
+        """Hold the root's write lease before writing (the inner tables have none). On taking
+        it, continue from the committed root block and fence it (as LazyMemmapStorage does)."""
+        if self._lease is None or not self._lease.ensure() or self._root is None:
+            return
+        self._lease.read_metadata()
+        block = _root_block(self.spec)
+        if block is not None:
+            self._root = _open_root(self.spec)
+            self._pid = os.getpid()
+            self._restore(block)
+        self._commit()
 
     # -- items <-> columns ------------------------------------------------------------------
     def _flatten(self, data: Any, lead: int) -> tuple[dict[str, torch.Tensor], dict[str, tuple]]:
@@ -629,6 +651,8 @@ class CompressedListStorage(CompressionRatio, ListStorage):
 
     def _write_positions(self, positions: list, data: Any, single: bool, bump: bool = True) -> None:
         """Check cursors as ListStorage does, then write; one revision per element."""
+        if not self.spec.read_only:
+            self._hold_lease()
         length = self._len
         checked = []
         for position in positions:
@@ -681,6 +705,7 @@ class CompressedListStorage(CompressionRatio, ListStorage):
 
     def _empty(self) -> None:
         self.spec.require_writable("empty the storage")
+        self._hold_lease()
         self._drop_arrays()
         self._reset()
         self._bump_mutation_revision()
@@ -697,6 +722,8 @@ class CompressedListStorage(CompressionRatio, ListStorage):
     def cleanup(self) -> None:
         """Delete every array of this storage and its metadata (the storage is then empty)."""
         self.spec.require_writable("delete the store")
+        if self._lease is not None:
+            self._lease.release()
         self._drop_arrays()
         self._reset()
         self._bump_mutation_revision()
@@ -711,6 +738,10 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         other processes and ``nbytes`` see)."""
         if self.spec.read_only:
             return
+        if self._lease is not None:
+            if not (self._lease.active and self._lease.held):
+                return  # this storage wrote nothing, or lost the lease
+            self._lease.renew()
         if self._table is not None:
             self._table.flush()
         for ragged in self._ragged.values():
@@ -718,6 +749,12 @@ class CompressedListStorage(CompressionRatio, ListStorage):
                 ragged.flush()
         if self._kind is not None or self._root is not None:
             self._commit()
+
+    def close(self) -> None:
+        """Commit what this storage wrote and release its write lease (it stays usable)."""
+        self.flush()
+        if self._lease is not None:
+            self._lease.release()
 
     # -- persistence: a JSON block in the root group; never pickles into the store -------------
     def _block(self) -> dict[str, Any]:
@@ -742,11 +779,13 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         }
 
     def _commit(self) -> None:
+        if self._root is not None and self._pid != os.getpid():
+            self._root, self._pid = _open_root(self.spec), os.getpid()  # never a parent's fsspec
         if self._root is None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self._root = zarr.open_group(self.spec.open(), mode="a", use_consolidated=False)
-        self._root.attrs.put({ZSTORE_ATTR: self._block()})
+        put_attrs(self._root, {ZSTORE_ATTR: self._block()}, self._lease)
 
     def _restore(self, block: Mapping[str, Any]) -> None:
         """Adopt the state recorded in a root block (arrays reopened, nothing read yet)."""
@@ -773,7 +812,8 @@ class CompressedListStorage(CompressionRatio, ListStorage):
     def _from_group(cls, spec: StoreSpec, group, block: Mapping[str, Any], *,
                     cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host", device: Any = None,
                     compression_fn: Callable | None = None,
-                    decompression_fn: Callable | None = None) -> "CompressedListStorage":
+                    decompression_fn: Callable | None = None,
+                    lease_ttl: float | None = DEFAULT_TTL) -> "CompressedListStorage":
         """Reopen a committed storage (used by :func:`zstore.open` and unpickling)."""
         _check_version(block, spec.redacted())
         if cache != "host":
@@ -787,7 +827,7 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         codec = {"default": block["codec"], **block.get("codecs", {})}
         self._configure(spec, False, compression_fn, decompression_fn,
                         int(block.get("compression_level", 3)), codec, block.get("chunks"),
-                        cache_bytes)
+                        cache_bytes, lease_ttl)
         self._root = group
         self._restore(block)
         return self
@@ -801,11 +841,13 @@ class CompressedListStorage(CompressionRatio, ListStorage):
                  "compression_level": self.compression_level,
                  "codec": {"default": self.default_codec.to_json(),
                            **{p: c.to_json() for p, c in self.key_codecs.items()}},
-                 "chunks": self.chunks, "cache_bytes": self.cache_bytes, "revision": self._revision}
+                 "chunks": self.chunks, "cache_bytes": self.cache_bytes, "revision": self._revision,
+                 "lease_ttl": self.lease_ttl}
         if self.spec.protocol == "memory":
             fs, root = self.spec.filesystem()
             files = fs.find(root) if self._root is not None else []
-            state["files"] = {f[len(root):].lstrip("/"): fs.cat_file(f) for f in files}
+            state["files"] = {f[len(root):].lstrip("/"): fs.cat_file(f) for f in files
+                              if f[len(root):].lstrip("/") != LEASE_NAME}
         else:
             state["spec"] = self.spec.to_json()
         return state
@@ -822,7 +864,7 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         ListStorage.__init__(self, state["max_size"], device=state["device"])
         self._configure(spec, owned, state["compression_fn"], state["decompression_fn"],
                         state["compression_level"], state["codec"], state["chunks"],
-                        state["cache_bytes"])
+                        state["cache_bytes"], state.get("lease_ttl", DEFAULT_TTL))
         block = _root_block(spec)
         if block is None:
             self._reset()

@@ -29,6 +29,7 @@ from ..errors import MissingKeyError, ReadOnlyError, SchemaError, StoreExistsErr
 from ..display import KeyRow, Summary, dtype_name
 from ..group import commit, create_group, existing_meta, open_group
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta
+from ..lease import DEFAULT_TTL, writer_lease
 from ..store import StoreSpec
 from ..table import ChunkedTable, MmapTable, Table
 from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
@@ -153,6 +154,12 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
             last commit is older than this; ``flush()`` and ``close()`` (also at
             interpreter exit) commit too. A killed writer loses at most the rows
             written since the last commit.
+        lease_ttl: seconds the single-writer lease stays valid without renewal.
+            The first write takes the store's lease (a second writer gets
+            :class:`~zstore.errors.LeaseError`); commits renew it, ``close()``
+            releases it, and a lease older than its ttl is taken over by the
+            next writer (docs/scaling.md). ``None``: no lease (the caller
+            guarantees a single writer).
 
     >>> s = LazyMemmapStorage(100, scratch_dir="memory://doc-rb")
     >>> s.set(torch.arange(4), TensorDict(obs=torch.arange(4.0), batch_size=[4]))
@@ -167,7 +174,8 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
                  chunks: int | Mapping[str, int] | None = None,
                  shards: int | Mapping[str, int] | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host",
-                 read_only: bool = False, autocommit_seconds: float = 5.0):
+                 read_only: bool = False, autocommit_seconds: float = 5.0,
+                 lease_ttl: float | None = DEFAULT_TTL):
         tier = cache_tier(cache, device if device not in (None, "auto") else None)
         device = "cpu" if device in (None, "auto") else device
         if torch.device(device).type != tier.device.type:
@@ -188,6 +196,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self.cache_bytes = int(cache_bytes)
         self.cache = tier.name
         self.autocommit_seconds = autocommit_seconds
+        self.lease_ttl = lease_ttl
         self.auto_cleanup = temporary if auto_cleanup is None else auto_cleanup
         self._setup_runtime()
 
@@ -201,12 +210,18 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self._last_commit = time.monotonic()
         self._cleaned = False
         self._finalizer = weakref.finalize(self, _delete_store, self.spec) if self.auto_cleanup else None
+        self._lease = None
+        self._lease_finalizer = None
+        if self.lease_ttl is not None and not self.spec.read_only:
+            self._lease = writer_lease(self.spec, self.lease_ttl)
+            self._lease_finalizer = weakref.finalize(self, self._lease.release_later)
         _LIVE.add(self)
 
     # -- opening --------------------------------------------------------------------------
     @classmethod
     def _from_store(cls, spec: StoreSpec, group, meta: StoreMeta, *, cache_bytes: int,
-                    cache: str, device: Any = None, autocommit_seconds: float = 5.0):
+                    cache: str, device: Any = None, autocommit_seconds: float = 5.0,
+                    lease_ttl: float | None = DEFAULT_TTL):
         """Reopen a committed buffer (used by :func:`zstore.open`)."""
         self = cls.__new__(cls)
         tier = cache_tier(cache, device)
@@ -221,6 +236,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self.cache_bytes = int(cache_bytes)
         self.cache = tier.name
         self.autocommit_seconds = autocommit_seconds
+        self.lease_ttl = lease_ttl
         self.auto_cleanup = False
         self._setup_runtime()
         self._attach(group, meta)
@@ -262,8 +278,30 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
                                "with zstore.open(url)")
         return self._table
 
+    # -- the single-writer lease (zstore.lease) ---------------------------------------------
+    def _hold_lease(self) -> None:
+        """Hold the write lease before writing. On taking it, continue from what is committed
+        (another writer may have committed since this storage was opened) and fence it."""
+        if self._lease is None or (self._meta is not None and self._meta.read_only):
+            return  # a read-only buffer refuses the write itself, and nothing is taken
+        if not self._lease.ensure() or self._meta is None:
+            return
+        self._lease.read_metadata()
+        self._attach(*open_group(self.spec))
+        self._fence()
+
+    def _fence(self) -> None:
+        """Rewrite ``zarr.json`` naming this writer: a former holder's commit now fails."""
+        if self._lease is not None and not self._meta.read_only:
+            commit(self._group, self._meta, self._lease)
+
+    def _release_lease(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+
     def _init(self, example: Any) -> None:
         self.spec.require_writable("create a buffer")
+        self._hold_lease()
         schema = Schema.from_example(example, self.ndim)
         if is_tensorclass(example):
             schema.tensorclass = type(example)
@@ -288,13 +326,15 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
                                object_store=self.spec.protocol in _OBJECT_STORES)
         meta = StoreMeta(type(self).__name__, self.max_size, self.ndim, rows, schema, self.codec,
                          layout, key_codecs=dict(self.key_codecs))
-        self._attach(create_group(self.spec, meta), meta)
+        self._attach(create_group(self.spec, meta, self._lease), meta)
 
     @property
     def _all_raw(self) -> bool:
         return self.codec.is_raw and all(spec.is_raw for spec in self.key_codecs.values())
 
     def _adopt(self, schema: Schema) -> None:
+        if self._lease is not None:
+            self._lease.read_metadata()
         group, meta = open_group(self.spec)
         if meta.ndim != self.ndim or meta.schema.lane_shape != schema.lane_shape:
             raise SchemaError(
@@ -308,6 +348,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
                 f"{[leaf.to_json() for leaf in schema.leaves]}")
         meta.schema.tensorclass = schema.tensorclass
         self._attach(group, meta)
+        self._fence()
 
     def dumps(self, path: Any) -> None:
         """Checkpoint to ``path``; onto this storage's own store it is a ``flush()`` (commit)."""
@@ -379,6 +420,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
 
     def _write(self, cursor: Any, data: Any) -> None:
         self.spec.require_writable("write")
+        self._hold_lease()
         table = self.table
         if isinstance(cursor, tuple):
             self._write_cells(cursor, data)
@@ -432,12 +474,16 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         if not self.initialized or self.spec.read_only or self._table is None \
                 or self._meta.read_only:
             return
+        if self._lease is not None:
+            if not (self._uncommitted or (self._lease.active and self._lease.held)):
+                return  # nothing of this storage's to commit, or it lost the lease
+            self._lease.renew()  # a writer that lost the lease stops before storing anything
         self.table.flush()
         meta = self._meta
         meta.length = self._len_value
         meta.last_cursor = self._last_cursor_value if self._last_cursor_value < meta.rows else -1
         meta.high_water = self.table.high_water
-        commit(self._group, meta, self.spec.redacted())
+        commit(self._group, meta, self._lease, self.spec.redacted())
         self._committed = (meta.length, meta.last_cursor)
         self._uncommitted = False
         self._last_commit = time.monotonic()
@@ -462,6 +508,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
             self._table.close()
         self._table = None
         self.initialized = False if self._meta is None else self.initialized
+        self._release_lease()
         _LIVE.discard(self)
 
     def __enter__(self) -> "LazyMemmapStorage":
@@ -472,6 +519,8 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
 
     def _empty(self) -> None:
         self.spec.require_writable("empty the buffer")
+        if self.initialized:
+            self._hold_lease()
         super()._empty()
         if self.initialized:
             self.flush()
@@ -482,6 +531,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
             return False
         self.spec.require_writable("delete the store")
         self._cleaned = True
+        self._release_lease()
         if self._table is not None:
             self._table.close()
             self._table = None
@@ -541,6 +591,8 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.spec.require_writable("load a state dict")
+        if self.initialized:
+            self._hold_lease()
         saved = state_dict["_storage"]
         if isinstance(saved, torch.Tensor):
             data = saved
@@ -573,7 +625,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
             "key_codecs": {path: spec.to_json() for path, spec in self.key_codecs.items()},
             "chunks": self.chunks, "shards": self.shards, "cache_bytes": self.cache_bytes,
             "cache": self.cache, "autocommit_seconds": self.autocommit_seconds,
-            "initialized": self.initialized, "len": self._len_value,
+            "lease_ttl": self.lease_ttl, "initialized": self.initialized, "len": self._len_value,
             "last_cursor": self._last_cursor_value, "revision": self._revision,
         }
 
@@ -583,7 +635,8 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
             group, meta = open_group(spec)
             other = type(self)._from_store(spec, group, meta, cache_bytes=state["cache_bytes"],
                                            cache=state["cache"], device=state["device"],
-                                           autocommit_seconds=state["autocommit_seconds"])
+                                           autocommit_seconds=state["autocommit_seconds"],
+                                           lease_ttl=state.get("lease_ttl", DEFAULT_TTL))
         else:
             other = type(self)(state["max_size"], scratch_dir=spec.url,
                                storage_options=spec.storage_options, device=state["device"],
@@ -592,11 +645,15 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
                                chunks=state["chunks"], shards=state["shards"],
                                cache_bytes=state["cache_bytes"], cache=state["cache"],
                                read_only=spec.read_only, auto_cleanup=False,
-                               autocommit_seconds=state["autocommit_seconds"])
+                               autocommit_seconds=state["autocommit_seconds"],
+                               lease_ttl=state.get("lease_ttl", DEFAULT_TTL))
         self.__dict__.update(other.__dict__)
         if other._finalizer is not None:
             other._finalizer.detach()
         self._finalizer = None
+        if other._lease_finalizer is not None:
+            other._lease_finalizer.detach()
+            self._lease_finalizer = weakref.finalize(self, self._lease.release_later)
         self.auto_cleanup = False
         self._len_value = state["len"]
         self._last_cursor_value = state["last_cursor"]

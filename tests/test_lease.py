@@ -1,0 +1,251 @@
+"""The single-writer lease and the conditional commit, on memory://, local and S3 stores.
+
+"Another writer" here is a :class:`zstore.lease.Lease` of its own (another owner,
+exactly what another process holds); tests/test_multiwriter.py does the same
+with real processes. Time is driven through ``zstore.lease.clock``: no sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import zstore
+from zstore import lease as lease_mod
+from zstore.errors import LeaseError
+from zstore.lease import LEASE_NAME, METADATA_NAME, WRITER_ATTR, Lease, objects_for
+from zstore.store import StoreSpec
+
+T0 = 1_000_000.0
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A settable clock for the lease (``clock.now = ...``)."""
+
+    class Clock:
+        now = T0
+
+        def __call__(self) -> float:
+            return self.now
+
+    fake = Clock()
+    monkeypatch.setattr(lease_mod, "clock", fake)
+    return fake
+
+
+def rows(start: int, n: int) -> TensorDict:
+    return TensorDict(x=torch.arange(start, start + n, dtype=torch.int64), batch_size=[n])
+
+
+def lease_record(url: str, options: dict) -> dict | None:
+    found = objects_for(StoreSpec.parse(url, options)).read(LEASE_NAME)
+    return None if found is None else json.loads(found[0])
+
+
+def committed(url: str, options: dict) -> list[int]:
+    return zstore.open(url, options, mode="r")[:]["x"].tolist()
+
+
+def test_first_write_takes_the_lease_close_releases_it(location, clock):
+    url = location.new()
+    storage = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options)
+    assert lease_record(url, location.options) is None  # constructing writes nothing
+    storage.set(torch.arange(3), rows(0, 3))
+    record = lease_record(url, location.options)
+    assert record["ttl"] == lease_mod.DEFAULT_TTL and record["renewed"] == T0
+    host, pid, _ = record["owner"].split("/")
+    assert (record["host"], record["pid"]) == (host, int(pid))
+    clock.now = T0 + 7
+    storage.flush()  # a commit renews
+    assert lease_record(url, location.options)["renewed"] == T0 + 7
+    assert lease_record(url, location.options)["acquired"] == T0
+    storage.close()
+    assert lease_record(url, location.options) is None
+    assert committed(url, location.options) == [0, 1, 2]
+
+
+def test_second_writer_is_refused_and_readers_are_not(location, clock):
+    url = location.new()
+    spec = StoreSpec.parse(url, location.options)
+    other = Lease(spec, ttl=30)
+    other.ensure()  # another process is writing here
+    storage = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options)
+    with pytest.raises(LeaseError) as info:
+        storage.set(torch.arange(3), rows(0, 3))
+    message = str(info.value)
+    assert url in message and other.owner in message and "ttl 30 s" in message
+    assert "secret" not in location.options or location.options["secret"] not in message
+    assert spec.is_empty(ignore=(LEASE_NAME,))  # refused before anything was written
+    other.release()
+    storage.set(torch.arange(3), rows(0, 3))
+    storage.flush()
+    other = Lease(spec, ttl=30)
+    with pytest.raises(LeaseError, match="one writer per store"):
+        other.ensure()
+    reader = zstore.open(url, location.options, mode="r")  # readers never look at the lease
+    assert reader[:]["x"].tolist() == [0, 1, 2]
+    also = zstore.open(url, location.options)  # r+ takes nothing until it writes
+    assert len(also) == 3
+    storage.close()
+
+
+def test_writers_of_one_process_share_its_lease(location, clock):
+    url = location.new()
+    first = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options)
+    first.set(torch.arange(2), rows(0, 2))
+    first.flush()
+    second = zstore.open(url, location.options)
+    second.set(torch.arange(2, 4), rows(2, 2))
+    second.flush()
+    first.close()  # the process's lease stays while `second` uses it
+    assert lease_record(url, location.options) is not None
+    second.close()
+    assert lease_record(url, location.options) is None
+    assert committed(url, location.options) == [0, 1, 2, 3]
+
+
+def test_stale_lease_is_taken_over_and_the_old_holder_is_fenced(location, clock):
+    url = location.new()
+    spec = StoreSpec.parse(url, location.options)
+    writer = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options)
+    writer.set(torch.arange(3), rows(0, 3))
+    writer.flush()
+    writer.close()
+    old = Lease(spec, ttl=2)
+    old.ensure()
+    old.read_metadata()  # the old holder has opened the buffer, then stalls
+    taker = zstore.open(url, location.options, lease_ttl=5)
+    clock.now = T0 + 2  # exactly at the ttl: still valid
+    with pytest.raises(LeaseError, match="being written by"):
+        taker.set(3, TensorDict(x=torch.tensor(3), batch_size=[]))
+    clock.now = T0 + 2.5
+    with pytest.warns(UserWarning, match="took over the stale write lease"):
+        taker.set(3, TensorDict(x=torch.tensor(3), batch_size=[]))
+    record = lease_record(url, location.options)
+    assert record["owner"] != old.owner and record["ttl"] == 5
+    # the old holder wakes up: neither its renewal nor its commit goes through
+    stale_commit = objects_for(spec).read(METADATA_NAME)[0]
+    with pytest.raises(LeaseError, match="changed by another writer"):
+        old.write_metadata(stale_commit)
+    with pytest.raises(LeaseError, match="lost the write lease"):
+        old.renew()
+    taker.flush()
+    assert committed(url, location.options) == [0, 1, 2, 3]
+    group_attrs = json.loads(objects_for(spec).read(METADATA_NAME)[0])["attributes"]
+    assert group_attrs[WRITER_ATTR] == record["owner"]
+    taker.close()
+
+
+def test_a_writer_that_lost_its_lease_cannot_commit(location, clock):
+    url = location.new()
+    spec = StoreSpec.parse(url, location.options)
+    writer = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options,
+                                      lease_ttl=1, autocommit_seconds=1e9)
+    writer.set(torch.arange(2), rows(0, 2))
+    writer.flush()
+    clock.now = T0 + 10
+    thief = Lease(spec, ttl=60)
+    with pytest.warns(UserWarning, match="took over"):
+        thief.ensure()
+    with pytest.raises(LeaseError, match="lost the write lease"):
+        writer.set(torch.arange(2, 4), rows(2, 2))  # the write renews first: it fails, writes nothing
+    writer.flush()  # nothing of its own to commit
+    assert committed(url, location.options) == [0, 1]
+    assert len(writer) == 2
+    thief.release()
+    writer.close()
+
+
+def test_lease_record_of_a_storage_is_never_copied(tmp_path, clock):
+    storage = zstore.CompressedListStorage(8)  # memory://, pickled as its chunks
+    storage.set(0, torch.arange(3))
+    storage.flush()
+    copy = pickle.loads(pickle.dumps(storage))
+    copy.set(1, torch.arange(4))  # its own store: no inherited lease
+    assert [t.tolist() for t in copy.get([0, 1])] == [[0, 1, 2], [0, 1, 2, 3]]
+
+
+def test_compressed_list_storage_takes_one_lease_on_its_root(location, clock):
+    url = location.new()
+    spec = StoreSpec.parse(url, location.options)
+    storage = zstore.CompressedListStorage(8, scratch_dir=url, storage_options=location.options)
+    storage.set(0, TensorDict(obs=torch.ones(3), batch_size=[]))
+    storage.flush()
+    assert lease_record(url, location.options) is not None
+    fs, root = spec.filesystem()
+    leases = [p for p in fs.find(root) if p.endswith(LEASE_NAME)]
+    assert len(leases) == 1  # the inner tables have none
+    other = Lease(spec)
+    with pytest.raises(LeaseError):
+        other.ensure()
+    storage.cleanup()
+    assert lease_record(url, location.options) is None
+
+
+def test_lease_ttl_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="lease_ttl"):
+        zstore.LazyMemmapStorage(4, scratch_dir=str(tmp_path / "rb"), lease_ttl=0)
+
+
+def test_plain_objects_compare_and_swap_without_atomicity():
+    """The fallback for stores without conditional writes keeps the same contract."""
+    spec = StoreSpec.parse("memory://zstore-tests/plain-cas")
+    objects = lease_mod.ConditionalObjects(spec)
+    assert not objects.atomic
+    token = objects.create("obj", b"1")
+    assert objects.create("obj", b"2") is None
+    assert objects.replace("obj", b"3", b"wrong") is None
+    token = objects.replace("obj", b"3", token)
+    assert objects.read("obj") == (b"3", token)
+    assert not objects.delete("obj", b"1")
+    assert objects.delete("obj", token) and objects.read("obj") is None
+
+
+def test_releasing_after_the_store_is_gone_does_not_recreate_it(tmp_path):
+    """Garbage collection may release a lease after a temporary store was deleted."""
+    import shutil
+
+    url = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(8, scratch_dir=url)
+    storage.set(0, TensorDict(x=torch.tensor(1), batch_size=[]))
+    shutil.rmtree(url)
+    storage._lease.release()
+    assert not (tmp_path / "rb").exists()
+
+
+def test_a_read_only_buffer_refuses_writes_without_taking_the_lease(tmp_path):
+    url = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(8, scratch_dir=url)
+    storage.set(torch.arange(2), rows(0, 2))
+    storage.close()
+    path = tmp_path / "rb" / METADATA_NAME
+    meta = json.loads(path.read_text())
+    meta["attributes"]["zstore"]["read_only"] = True
+    path.write_text(json.dumps(meta))
+    before = path.read_bytes()
+    with pytest.raises(zstore.ReadOnlyError):
+        zstore.open(url).set(2, TensorDict(x=torch.tensor(2), batch_size=[]))
+    assert lease_record(url, {}) is None and path.read_bytes() == before
+
+
+def test_a_storage_that_wrote_nothing_never_commits_its_stale_view(location):
+    """Two objects of one process share the lease; flushing the one that only reads must not
+    commit the length it saw when it opened over the other's newer commit."""
+    url = location.new()
+    writer = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options)
+    writer.set(torch.arange(2), rows(0, 2))
+    writer.flush()
+    reader = zstore.open(url, location.options)
+    writer.set(torch.arange(2, 4), rows(2, 2))
+    writer.flush()
+    reader.flush()
+    pickle.dumps(reader)  # pickling flushes too
+    assert committed(url, location.options) == [0, 1, 2, 3]
+    writer.close()
+    reader.close()
+    assert lease_record(url, location.options) is None

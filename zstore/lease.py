@@ -1,0 +1,513 @@
+"""The single-writer lease, and compare-and-swap writes of small objects in a store.
+
+A writable persistent storage takes a **lease** before its first write: a small
+JSON object ``zstore-lease.json`` next to the group's ``zarr.json``::
+
+    {"version": 1, "owner": "host/pid/uuid", "host": ..., "pid": ...,
+     "acquired": <unix s>, "renewed": <unix s>, "ttl": <s>}
+
+* It is created with an exclusive create, so of two writers only one wins; the
+  other gets :class:`~zstore.errors.LeaseError` naming the URL and the holder.
+* The holder renews it (a conditional replace) on every commit, and before a
+  write once half the ttl has passed; it deletes it on ``close()``, ``cleanup()``
+  and interpreter exit, and after garbage collection (on a background thread).
+* A lease not renewed for ``ttl`` seconds (by the clock of whoever looks) is
+  **stale**: the next writer takes it over automatically, with a warning. The
+  taker then rewrites ``zarr.json`` (naming itself), so a former holder that
+  wakes up cannot commit any more: its conditional commit fails.
+* Readers (``mode="r"``) never look at the lease.
+
+Compare-and-swap per backend (:func:`objects_for`):
+
+* S3: ``If-None-Match: *`` on create, ``If-Match: <etag>`` on replace and delete
+  (AWS S3 since 2024, MinIO, moto).
+* Local directories: every check-and-write holds an exclusive ``flock`` on the
+  store directory, and objects are replaced by ``os.replace`` (atomic for
+  readers). Safe between processes of one machine, not across NFS clients.
+* ``memory://``: a process-wide lock.
+* Anything else (GCS, Azure, HTTP ...): plain reads and writes. The lease then
+  catches writers that start one after the other, not two that race within a
+  round trip; see docs/scaling.md.
+
+``clock`` (``time.time``) is module state so tests can drive staleness with
+explicit timestamps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .errors import LeaseError
+from .store import StoreSpec
+
+LEASE_NAME = "zstore-lease.json"
+METADATA_NAME = "zarr.json"
+WRITER_ATTR = "zstore_writer"
+DEFAULT_TTL = 60.0
+
+#: Wall-clock time in seconds (replaced by tests to drive lease expiry explicitly).
+clock: Callable[[], float] = time.time
+
+Token = Any  # what identifies one version of an object: an ETag, or the bytes themselves
+
+
+class ConditionalObjects:
+    """Small objects under one store location, written with compare-and-swap.
+
+    ``read`` returns ``(data, token)`` or ``None``; ``create`` returns the new
+    token or ``None`` when the object exists; ``replace`` and ``delete`` act only
+    if the object is still at ``token`` (``None`` / ``False`` otherwise). This
+    base class has no atomicity: a check and the write that follows are two
+    requests (``atomic`` is ``False``).
+    """
+
+    atomic = False
+
+    def __init__(self, spec: StoreSpec):
+        self.spec = spec
+
+    def _path(self, name: str) -> tuple[Any, str]:
+        fs, root = self.spec.filesystem()
+        return fs, f"{root.rstrip('/')}/{name}"
+
+    def read(self, name: str) -> tuple[bytes, Token] | None:
+        """The object's bytes and token, ``None`` when missing."""
+        fs, path = self._path(name)
+        try:
+            data = fs.cat_file(path)
+        except FileNotFoundError:
+            return None
+        return data, data
+
+    def create(self, name: str, data: bytes) -> Token | None:
+        """Store a new object; ``None`` if one exists."""
+        with self._locked():
+            if self._read_unlocked(name) is not None:
+                return None
+            self._write(name, data)
+        return data
+
+    def replace(self, name: str, data: bytes, token: Token) -> Token | None:
+        """Overwrite the object if it is still at ``token``."""
+        with self._locked():
+            found = self._read_unlocked(name)
+            if found is None or found[1] != token:
+                return None
+            self._write(name, data)
+        return data
+
+    def delete(self, name: str, token: Token) -> bool:
+        """Remove the object if it is still at ``token``."""
+        with self._locked():
+            found = self._read_unlocked(name)
+            if found is None or found[1] != token:
+                return False
+            fs, path = self._path(name)
+            fs.rm_file(path)
+        return True
+
+    # what subclasses with a lock override
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        yield
+
+    def _read_unlocked(self, name: str) -> tuple[bytes, Token] | None:
+        return self.read(name)
+
+    def _write(self, name: str, data: bytes) -> None:
+        fs, path = self._path(name)
+        fs.pipe_file(path, data)
+
+
+_MEMORY_LOCK = threading.RLock()
+
+
+class MemoryObjects(ConditionalObjects):
+    """``memory://``: one process, one lock."""
+
+    atomic = True
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with _MEMORY_LOCK:
+            yield
+
+
+class LocalObjects(ConditionalObjects):
+    """A local directory: ``flock`` on the directory around each check-and-write."""
+
+    atomic = True
+
+    def read(self, name: str) -> tuple[bytes, Token] | None:
+        try:
+            with open(os.path.join(self.spec.url, name), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        return data, data
+
+    def create(self, name: str, data: bytes) -> Token | None:
+        os.makedirs(self.spec.url, exist_ok=True)  # the lease comes before the group
+        return super().create(name, data)
+
+    def replace(self, name: str, data: bytes, token: Token) -> Token | None:
+        try:
+            return super().replace(name, data, token)
+        except FileNotFoundError:  # the directory is gone (cleaned up)
+            return None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        import fcntl
+
+        fd = os.open(self.spec.url, os.O_RDONLY)  # never re-creates a deleted store
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def _write(self, name: str, data: bytes) -> None:
+        path = os.path.join(self.spec.url, name)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    def delete(self, name: str, token: Token) -> bool:
+        try:
+            with self._locked():
+                found = self.read(name)
+                if found is None or found[1] != token:
+                    return False
+                os.remove(os.path.join(self.spec.url, name))
+        except FileNotFoundError:
+            return False
+        return True
+
+
+class S3Objects(ConditionalObjects):
+    """S3: conditional requests (``If-None-Match`` / ``If-Match`` on the ETag)."""
+
+    atomic = True
+
+    def _call(self, method: str, name: str, **kwargs) -> Any:
+        from fsspec.asyn import sync
+
+        fs, path = self._path(name)
+        bucket, key, _ = fs.split_path(path)
+
+        async def run():
+            out = await fs._call_s3(method, Bucket=bucket, Key=key, **kwargs)
+            if method == "get_object":
+                async with out["Body"] as body:
+                    out["Data"] = await body.read()
+            return out
+
+        result = sync(fs.loop, run)
+        fs.invalidate_cache(path)
+        return result
+
+    def read(self, name: str) -> tuple[bytes, Token] | None:
+        try:
+            out = self._call("get_object", name)
+        except FileNotFoundError:
+            return None
+        return out["Data"], out["ETag"]
+
+    def create(self, name: str, data: bytes) -> Token | None:
+        try:
+            return self._call("put_object", name, Body=data, IfNoneMatch="*")["ETag"]
+        except OSError as exc:
+            if isinstance(exc, FileExistsError) or _precondition_failed(exc):
+                return None
+            raise
+
+    def replace(self, name: str, data: bytes, token: Token) -> Token | None:
+        try:
+            return self._call("put_object", name, Body=data, IfMatch=token)["ETag"]
+        except OSError as exc:
+            if _precondition_failed(exc) or isinstance(exc, FileNotFoundError):
+                return None
+            raise
+
+    def delete(self, name: str, token: Token) -> bool:
+        try:
+            self._call("delete_object", name, IfMatch=token)
+        except OSError as exc:
+            if _precondition_failed(exc) or isinstance(exc, FileNotFoundError):
+                return False
+            raise
+        return True
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether an s3fs error is a failed precondition (412) or a conditional conflict (409)."""
+    response = getattr(exc.__cause__, "response", None) or {}
+    code = response.get("Error", {}).get("Code")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict")
+
+
+def objects_for(spec: StoreSpec) -> ConditionalObjects:
+    """The compare-and-swap implementation for ``spec``'s store."""
+    if spec.is_local:
+        return LocalObjects(spec)
+    if spec.protocol == "memory":
+        return MemoryObjects(spec)
+    if spec.protocol in ("s3", "s3a"):
+        return S3Objects(spec)
+    return ConditionalObjects(spec)
+
+
+def _checked_ttl(ttl: float) -> float:
+    if not (isinstance(ttl, (int, float)) and ttl > 0):
+        raise ValueError(f"lease_ttl must be a positive number of seconds, got {ttl!r}")
+    return float(ttl)
+
+
+def _owner_id() -> str:
+    return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
+
+
+def _describe(holder: dict[str, Any], now: float) -> str:
+    age = now - float(holder.get("renewed", 0.0))
+    return (f"{holder.get('owner', '<unknown>')} (renewed {age:.1f} s ago, "
+            f"ttl {float(holder.get('ttl', 0.0)):g} s)")
+
+
+class Lease:
+    """The write lease of one store, held by one owner (``host/pid/uuid``).
+
+    Acquired lazily by :meth:`ensure` (before a write), renewed by
+    :meth:`renew` (on commit), dropped by :meth:`release`. After a fork the
+    child does not hold its parent's lease: it must acquire its own (and is
+    refused while the parent lives), and its ``release`` leaves the parent's
+    lease alone. Storages do not make their own: they share the process's
+    lease of a store through :func:`writer_lease`.
+    """
+
+    def __init__(self, spec: StoreSpec, ttl: float = DEFAULT_TTL):
+        self.spec = spec
+        self.ttl = _checked_ttl(ttl)
+        self.objects = objects_for(spec)
+        self.owner = _owner_id()
+        self._pid = os.getpid()
+        self._token: Token | None = None
+        self._renewed = self._acquired = 0.0
+        self._metadata_token: Token | None = None
+        self._lock = threading.RLock()
+        self.users = 0  # storages of this process using it (see WriterLease)
+
+    @property
+    def held(self) -> bool:
+        """Whether this process holds the lease (as far as it knows)."""
+        return self._token is not None and self._pid == os.getpid()
+
+    def _record(self, now: float, acquired: float) -> bytes:
+        return json.dumps({"version": 1, "owner": self.owner, "host": socket.gethostname(),
+                           "pid": os.getpid(),
+                           "acquired": acquired, "renewed": now, "ttl": self.ttl}).encode()
+
+    def ensure(self) -> bool:
+        """Hold the lease before writing: acquire it, or renew it once half its ttl is gone.
+
+        Returns ``True`` when it was just acquired: the caller then reloads the
+        committed state and rewrites ``zarr.json`` under its name (the fence).
+        """
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: nothing of the parent's is ours
+                self._pid = os.getpid()
+                self._token = self._metadata_token = None
+            if not self.held:
+                self._acquire()
+                return True
+            if clock() - self._renewed > self.ttl / 2:
+                self.renew()
+            return False
+
+    def _acquire(self) -> None:
+        self.owner = _owner_id()  # a new id per acquisition: its fence differs from any old commit
+        now = clock()
+        try:
+            token = self.objects.create(LEASE_NAME, self._record(now, now))
+        except FileNotFoundError:
+            self.spec.check_parent()  # a missing bucket: StoreNotFoundError naming it
+            raise
+        if token is None:
+            found = self.objects.read(LEASE_NAME)
+            if found is None:  # released between our create and read: try once more
+                token = self.objects.create(LEASE_NAME, self._record(now, now))
+            else:
+                token = self._take_over(found, now)
+        if token is None:
+            raise LeaseError(f"cannot take the write lease on {self.spec.redacted()}: another "
+                             "writer took it at the same moment")
+        self._token, self._renewed, self._acquired = token, now, now
+
+    def _take_over(self, found: tuple[bytes, Token], now: float) -> Token | None:
+        data, token = found
+        try:
+            holder = json.loads(data)
+            renewed, ttl = float(holder["renewed"]), float(holder["ttl"])
+        except (ValueError, KeyError, TypeError):
+            holder, renewed, ttl = {"owner": "<unreadable lease>"}, float("-inf"), 0.0
+        if now <= renewed + ttl:
+            raise LeaseError(
+                f"{self.spec.redacted()} is being written by {_describe(holder, now)}: one writer "
+                "per store. Open it with mode='r' to read; a lease not renewed for its ttl "
+                "is taken over automatically by the next writer.")
+        taken = self.objects.replace(LEASE_NAME, self._record(now, now), token)
+        if taken is not None:
+            warnings.warn(f"took over the stale write lease on {self.spec.redacted()} from "
+                          f"{_describe(holder, now)}", stacklevel=4)
+        return taken
+
+    def renew(self) -> None:
+        """Push ``renewed`` forward; :class:`LeaseError` if the lease was lost."""
+        with self._lock:
+            if not self.held:
+                raise LeaseError(f"this writer does not hold the write lease on "
+                                 f"{self.spec.redacted()}: it lost it, or never wrote")
+            now = clock()
+            token = self.objects.replace(LEASE_NAME, self._record(now, self._acquired), self._token)
+            if token is None:
+                self._token = self._metadata_token = None
+                raise LeaseError(self._lost_message(self.objects.read(LEASE_NAME), now))
+            self._token, self._renewed = token, now
+
+    def _lost_message(self, found: tuple[bytes, Token] | None, now: float) -> str:
+        if found is None:
+            holder = "nobody (the lease was deleted)"
+        else:
+            try:
+                holder = _describe(json.loads(found[0]), now)
+            except ValueError:
+                holder = "<unreadable lease>"
+        return (f"lost the write lease on {self.spec.redacted()}: it is now held by {holder}. "
+                "Rows written since the last commit are not committed; reopen the store to "
+                "continue from what is committed.")
+
+    def release(self) -> None:
+        """Delete the lease object if this process still holds it (idempotent)."""
+        with self._lock:
+            if not self.held:
+                return
+            token, self._token, self._metadata_token = self._token, None, None
+            with contextlib.suppress(Exception):  # the store may be gone (cleanup, exit)
+                self.objects.delete(LEASE_NAME, token)
+
+    # -- the conditional commit -----------------------------------------------------------
+    def read_metadata(self) -> bytes | None:
+        """Read ``zarr.json`` and remember its token: the version later commits replace."""
+        found = self.objects.read(METADATA_NAME)
+        self._metadata_token = None if found is None else found[1]
+        return None if found is None else found[0]
+
+    def write_metadata(self, data: bytes) -> None:
+        """Replace ``zarr.json`` if it is still the version this writer last read or wrote.
+
+        The caller renews the lease before storing the data it commits, so a
+        writer that lost the lease fails before writing; the conditional
+        replace stops one that lost it in between.
+        """
+        with self._lock:
+            if not self.held:
+                raise LeaseError(f"cannot commit to {self.spec.redacted()}: this writer does not "
+                                 "hold its write lease")
+            if self._metadata_token is None:
+                self.read_metadata()
+            if self._metadata_token is None:
+                token = self.objects.create(METADATA_NAME, data)
+            else:
+                token = self.objects.replace(METADATA_NAME, data, self._metadata_token)
+            if token is None:
+                self._metadata_token = None
+                raise LeaseError(
+                    f"commit refused on {self.spec.redacted()}: its zarr.json was changed by "
+                    "another writer since this one last committed (it lost the write lease). "
+                    "Nothing was committed; reopen the store to continue.")
+            self._metadata_token = token
+
+
+_PROCESS_LEASES: dict[str, Lease] = {}
+_PROCESS_LOCK = threading.Lock()
+
+
+class WriterLease:
+    """One storage's use of its process's lease on a store.
+
+    All storage objects of one process writing the same URL share one lease
+    (as they share the process's files): the lease keeps *other processes*
+    out. It is released when the last of them is closed or collected.
+    """
+
+    def __init__(self, lease: Lease):
+        self.lease = lease
+        self.active = False
+
+    def ensure(self) -> bool:
+        """Hold the lease before a write; ``True`` when the process has just acquired it."""
+        _start_releaser()
+        with self.lease._lock:
+            fresh = self.lease.ensure()
+            if not self.active:
+                self.active = True
+                self.lease.users += 1
+            return fresh
+
+    def release(self) -> None:
+        """Stop using the lease; the last user of the process releases it."""
+        with self.lease._lock:
+            if not self.active:
+                return
+            self.active = False
+            self.lease.users -= 1
+            if self.lease.users <= 0:
+                self.lease.release()
+
+    def release_later(self) -> None:
+        """:meth:`release` on a background thread: for garbage collection, which may run on
+        any thread (an HTTP server's, an event loop's) where waiting for I/O can deadlock."""
+        _PENDING.put(self)
+
+    def __getattr__(self, name: str) -> Any:  # held, owner, renew, read/write_metadata
+        return getattr(self.lease, name)
+
+
+_PENDING: queue.SimpleQueue = queue.SimpleQueue()  # put() is safe inside a finalizer
+_RELEASER: dict[int, threading.Thread] = {}  # by process id: a forked child starts its own
+
+
+def _start_releaser() -> None:
+    if _RELEASER.get(os.getpid()) is None:
+        thread = threading.Thread(target=_release_pending, name="zstore-lease-release", daemon=True)
+        _RELEASER[os.getpid()] = thread
+        thread.start()
+
+
+def _release_pending() -> None:
+    while True:
+        handle = _PENDING.get()
+        with contextlib.suppress(Exception):
+            handle.release()
+
+
+def writer_lease(spec: StoreSpec, ttl: float = DEFAULT_TTL) -> WriterLease:
+    """A storage's handle on this process's lease of ``spec`` (created on first use)."""
+    with _PROCESS_LOCK:
+        lease = _PROCESS_LEASES.get(spec.url)
+        if lease is None or lease.spec != spec:
+            lease = _PROCESS_LEASES[spec.url] = Lease(spec, ttl)
+        elif not lease.held:
+            lease.ttl = _checked_ttl(ttl)  # the next acquisition uses it
+        return WriterLease(lease)

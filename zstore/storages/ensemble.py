@@ -1,0 +1,266 @@
+"""StorageEnsemble: several storages read as one (SPEC §2.8), persistent as an index group.
+
+TorchRL's semantics: ``len`` is the number of members, ``get`` takes
+``{"buffer_ids": ..., "index": ...}`` and returns ``(buffer_id, sample)`` pairs
+(each through its member's transform), indexing selects members, writing is
+refused. The typical use across processes: every collector writes its own
+storage under one prefix; trainers read them together.
+
+With ``scratch_dir``, the ensemble is also written to a store: a Zarr group
+whose ``zstore`` block lists its members (their paths relative to the
+ensemble's URL when they live under it, absolute URLs otherwise)::
+
+    s3://bucket/run/zarr.json      {"zstore": {"storage_class": "StorageEnsemble",
+                                               "members": ["collector-0", "collector-1"], ...}}
+    s3://bucket/run/collector-0/   a LazyMemmapStorage (its own group and lease)
+
+``zstore.open("s3://bucket/run")`` then reopens every member with the same
+``storage_options`` and mode. Transforms are code: they are not stored.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import warnings
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import zarr
+from zarr.errors import GroupNotFoundError, NodeNotFoundError
+
+from ..cache import DEFAULT_CACHE_BYTES
+from ..errors import FormatVersionError, NotAZStoreError, StoreExistsError
+from ..group import ZSTORE_ATTR
+from ..layout import FORMAT_VERSION
+from ..lease import DEFAULT_TTL
+from ..store import StoreSpec
+from .base import Storage
+
+_INDEX_ERROR = ("Expected an index of type torch.Tensor, range, np.ndarray, int, slice or "
+                "ellipsis, got {} instead.")
+
+
+class StorageEnsemble(Storage):
+    """Read several storages as one (TorchRL's ``StorageEnsemble``), optionally persistent.
+
+    Args:
+        storages: the member storages.
+        transforms: one callable (or ``None``) per member, applied to what
+            :meth:`get` returns for that member.
+        scratch_dir: where to record the ensemble (a path or any fsspec URL), so
+            that ``zstore.open(scratch_dir)`` reopens it; every member must then
+            be a committed storage at a URL. ``None``: in memory only.
+        storage_options: fsspec options for ``scratch_dir`` (also used to reopen
+            the members; never written to the store).
+
+    >>> a = zstore.LazyMemmapStorage(10, scratch_dir="memory://doc-ens/a")
+    >>> b = zstore.LazyMemmapStorage(10, scratch_dir="memory://doc-ens/b")
+    >>> for s, v in ((a, 0.0), (b, 1.0)):
+    ...     s.set(torch.arange(3), TensorDict(x=torch.full((3,), v), batch_size=[3])); s.flush()
+    >>> ens = zstore.StorageEnsemble(a, b, scratch_dir="memory://doc-ens")
+    >>> [(i, td["x"].tolist()) for i, td in zstore.open("memory://doc-ens", mode="r").get(
+    ...     {"buffer_ids": [1, 0], "index": [torch.tensor([2]), torch.tensor([0])]})]
+    [(1, [1.0]), (0, [0.0])]
+    """
+
+    _default_checkpointer = "StorageEnsembleCheckpointer"
+
+    def __init__(self, *storages: Storage, transforms: Sequence[Any] | None = None,
+                 scratch_dir: Any = None, storage_options: Mapping[str, Any] | None = None):
+        self._rng_private = None
+        self._storages = tuple(storages)
+        self._transforms = transforms
+        super().__init__(max_size=sum(storage.max_size for storage in storages))
+        if transforms is not None and len(transforms) != len(storages):
+            raise TypeError("transforms must have the same length as the storages provided.")
+        self.spec: StoreSpec | None = None
+        if scratch_dir is not None:
+            self.spec = StoreSpec.parse(scratch_dir, storage_options)
+            self._write_index()
+
+    # -- TorchRL's StorageEnsemble -----------------------------------------------------------
+    @property
+    def _rng(self) -> torch.Generator | None:
+        return self._rng_private
+
+    @_rng.setter
+    def _rng(self, value: torch.Generator | None) -> None:
+        self._rng_private = value
+        for storage in self._storages:
+            storage._rng = value
+
+    def extend(self, value: Any) -> None:
+        """Refused: write to a member (``ensemble[i]``) instead."""
+        raise RuntimeError
+
+    def add(self, value: Any) -> None:
+        """Refused: write to a member (``ensemble[i]``) instead."""
+        raise RuntimeError
+
+    def get(self, item: Any) -> list[tuple[int, Any]]:
+        """``[(buffer_id, member.get(index)), ...]`` for ``item["buffer_ids"]`` / ``item["index"]``."""
+        buffer_ids = item.get("buffer_ids")
+        index = item.get("index")
+        results = []
+        for buffer_id, sample in zip(buffer_ids, index):
+            buffer_id = buffer_id.item() if isinstance(buffer_id, torch.Tensor) else buffer_id
+            results.append((buffer_id, self._storages[buffer_id].get(sample)))
+        if self._transforms is not None:
+            results = [(i, result if self._transforms[i] is None else self._transforms[i](result))
+                       for i, result in results]
+        return results
+
+    def __len__(self) -> int:
+        """The number of member storages (TorchRL's meaning), not of items."""
+        return len(self._storages)
+
+    def __getitem__(self, index: Any) -> Any:
+        """An int selects a member; a slice, list, range, array or 1-D tensor a sub-ensemble;
+        a tuple selects members with its first element and indexes inside them with the rest."""
+        if isinstance(index, tuple):
+            if index and index[0] is Ellipsis:
+                index = (slice(None), *index[1:])
+            result = self[index[0]]
+            if len(index) == 1:
+                return result
+            if result is self:
+                return [storage[index[1:]] for storage in self._storages]
+            if isinstance(result, StorageEnsemble):
+                return result[(slice(None), *index[1:])]
+            return result[index[1:]]
+        if isinstance(index, slice) and index == slice(None):
+            return self
+        if isinstance(index, (list, range, np.ndarray)):
+            index = torch.as_tensor(index)
+        if isinstance(index, torch.Tensor):
+            if index.ndim > 1:
+                raise RuntimeError(f"Cannot index a {type(self)} with tensor indices that have "
+                                   "more than one dimension.")
+            if index.is_floating_point():
+                raise TypeError("A floating point index was received when an integer dtype was "
+                                "expected.")
+        if isinstance(index, int) or (not isinstance(index, slice) and len(index) == 0):
+            try:
+                return self._storages[int(index)]
+            except (IndexError, TypeError, ValueError, RuntimeError):
+                raise IndexError(_INDEX_ERROR.format(type(index))) from None
+        if isinstance(index, torch.Tensor):
+            chosen = index.tolist()
+        else:
+            chosen = list(range(len(self._storages)))[index]
+        transforms = [None] * len(chosen) if self._transforms is None else \
+            [self._transforms[i] for i in chosen]
+        return StorageEnsemble(*(self._storages[i] for i in chosen), transforms=transforms)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"0": member0.state_dict(), "1": ...}``."""
+        return OrderedDict((str(i), storage.state_dict()) for i, storage in enumerate(self._storages))
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load each member from its entry of :meth:`state_dict`."""
+        for i, storage in enumerate(self._storages):
+            storage.load_state_dict(state_dict[str(i)])
+
+    def _empty(self) -> None:
+        for storage in self._storages:
+            storage._empty()
+
+    def __repr__(self) -> str:
+        storages = textwrap.indent(f"storages={self._storages}", " " * 4)
+        transforms = textwrap.indent(f"transforms={self._transforms}", " " * 4)
+        where = "" if self.spec is None else f"    url={self.spec.redacted()},\n"
+        return f"StorageEnsemble(\n{where}{storages}, \n{transforms})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_rng_private"] = None  # generators are process-local, as in Storage
+        return state
+
+    # -- beyond TorchRL --------------------------------------------------------------------
+    def flush(self) -> None:
+        """Commit every member that has something to commit."""
+        for storage in self._storages:
+            if hasattr(storage, "flush"):
+                storage.flush()
+
+    def close(self) -> None:
+        """Close every member that can be closed (commits, releases write leases)."""
+        for storage in self._storages:
+            if hasattr(storage, "close"):
+                storage.close()
+
+    # -- persistence: an index group ---------------------------------------------------------
+    def _member_ref(self, i: int, storage: Storage) -> str:
+        spec = getattr(storage, "spec", None)
+        where = f"cannot record the ensemble at {self.spec.redacted()}: member {i} ({type(storage).__name__})"
+        if not isinstance(spec, StoreSpec):
+            raise TypeError(f"{where} does not live in a store; every member must be a storage "
+                            "at a URL (LazyMemmapStorage, CompressedListStorage, StorageEnsemble)")
+        if getattr(storage, "auto_cleanup", False) or getattr(storage, "_owned", False):
+            raise ValueError(f"{where} is a temporary store deleted at exit ({spec.redacted()}); "
+                             "give it a scratch_dir")
+        if hasattr(storage, "flush"):
+            storage.flush()
+        if not spec.exists():
+            raise ValueError(f"{where} has nothing committed at {spec.redacted()} yet; write to "
+                             "it and flush() before recording the ensemble")
+        prefix = self.spec.url + "/"
+        return spec.url.removeprefix(prefix)
+
+    def _write_index(self) -> None:
+        from .. import __version__
+
+        spec = self.spec
+        spec.require_writable("record a StorageEnsemble")
+        spec.check_parent()
+        block = {"format_version": FORMAT_VERSION, "storage_class": type(self).__name__,
+                 "max_size": self.max_size,
+                 "members": [self._member_ref(i, s) for i, s in enumerate(self._storages)],
+                 "created": {"zstore_version": __version__}}
+        store = spec.open()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                group = zarr.open_group(store, mode="r+", use_consolidated=False)
+            except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError):
+                zarr.create_group(store, attributes={ZSTORE_ATTR: block})
+                return
+        found = group.attrs.get(ZSTORE_ATTR)
+        if not (isinstance(found, Mapping) and found.get("storage_class") == type(self).__name__):
+            raise StoreExistsError(
+                f"{spec.redacted()} already holds a Zarr group that is not a StorageEnsemble "
+                f"({found.get('storage_class') if isinstance(found, Mapping) else 'no zstore block'}); "
+                "choose another location")
+        group.attrs.put({ZSTORE_ATTR: block})
+
+    @classmethod
+    def _from_group(cls, spec: StoreSpec, group, block: Mapping[str, Any], *,
+                    cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host", device: Any = None,
+                    lease_ttl: float | None = DEFAULT_TTL) -> StorageEnsemble:
+        """Reopen a recorded ensemble (used by :func:`zstore.open`): every member, same mode."""
+        from ..api import open as open_store
+
+        where = spec.redacted()
+        version = block.get("format_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise NotAZStoreError(f"{where}: the 'zstore' block has no valid format_version "
+                                  f"(got {version!r})")
+        if version > FORMAT_VERSION:
+            raise FormatVersionError(f"{where} was written in zstore format v{version}; this zstore "
+                                     f"reads up to v{FORMAT_VERSION}: upgrade zstore")
+        members = block.get("members")
+        if not isinstance(members, list) or not all(
+                isinstance(m, str) and m and ".." not in m.split("/") for m in members):
+            raise NotAZStoreError(f"{where}: malformed StorageEnsemble block (members {members!r})")
+        storages = []
+        for ref in members:
+            url = ref if "://" in ref or ref.startswith("/") else f"{spec.url}/{ref}"
+            storages.append(open_store(url, spec.storage_options, mode="r" if spec.read_only else "r+",
+                                       cache_bytes=cache_bytes, cache=cache, device=device,
+                                       lease_ttl=lease_ttl))
+        self = cls(*storages)
+        self.spec = spec
+        return self
