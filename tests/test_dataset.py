@@ -326,7 +326,7 @@ def test_a_seal_interrupted_before_its_commit_leaves_a_writable_buffer(tmp_path,
     storage = zstore.LazyMemmapStorage(100, scratch_dir=url, codec="zstd", chunks=16)
     storage.set(torch.arange(40), td[:40])
 
-    def crash(group, meta):
+    def crash(*args):
         raise KeyboardInterrupt("killed before the commit")
 
     monkeypatch.setattr(sealing, "commit", crash)

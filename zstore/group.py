@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import zarr
 from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
 from . import _faults
@@ -118,7 +119,9 @@ def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None)
                     f"{spec.redacted()} is not empty and holds no zstore buffer; choose an empty "
                     "location (zstore never writes among other files)") from None
     try:
-        group = _create_arrays(store, meta, overwrite)
+        if overwrite:  # an interrupted creation: remove it, but not the lease the caller holds
+            sync(_remove_all_but(store, (LEASE_NAME,)))
+        group = _create_arrays(store, meta)
     except ZStoreError:
         raise
     except Exception as exc:  # the network after the client's retries: name the store
@@ -127,11 +130,25 @@ def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None)
     return group
 
 
-def _create_arrays(store, meta: StoreMeta, overwrite: bool) -> zarr.Group:
+async def _remove_all_but(store, keep: tuple[str, ...]) -> None:
+    """Delete every object of ``store`` except the top-level names in ``keep``."""
+    names = [name async for name in store.list_dir("") if name not in keep]
+    for name in names:
+        try:
+            await store.delete_dir(name)  # a prefix (folder) ...
+        except ValueError:  # ... which LocalStore refuses for a file
+            pass
+        await store.delete(name)  # ... or an object (file)
+    fs = getattr(store, "fs", None)
+    if fs is not None:  # listings cached before the deletes would still show them
+        fs.invalidate_cache()
+
+
+def _create_arrays(store, meta: StoreMeta) -> zarr.Group:
     """The group (marked incomplete) and its arrays, before the first commit."""
     lanes = list(meta.schema.lane_shape)
     root_batch = [meta.rows, *lanes]
-    group = zarr.create_group(store, overwrite=overwrite,
+    group = zarr.create_group(store, overwrite=False,
                               attributes={_INCOMPLETE_ATTR: True,
                                           TENSORDICT_ATTR: _tensordict_attrs(root_batch)})
     made: set[str] = set()

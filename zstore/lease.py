@@ -3,7 +3,7 @@
 A writable persistent storage takes a **lease** before its first write: a small
 JSON object ``zstore-lease.json`` next to the group's ``zarr.json``::
 
-    {"version": 1, "owner": "host/pid/uuid", "host": ..., "pid": ...,
+    {"version": 1, "owner": "host/pid/uuid", "host": ..., "pid": ..., "boot_id": ...,
      "acquired": <unix s>, "renewed": <unix s>, "ttl": <s>}
 
 * It is created with an exclusive create, so of two writers only one wins; the
@@ -12,7 +12,10 @@ JSON object ``zstore-lease.json`` next to the group's ``zarr.json``::
   write once half the ttl has passed; it deletes it on ``close()``, ``cleanup()``
   and interpreter exit, and after garbage collection (on a background thread).
 * A lease not renewed for ``ttl`` seconds (by the clock of whoever looks) is
-  **stale**: the next writer takes it over automatically, with a warning. The
+  **stale**: the next writer takes it over automatically, with a warning. So
+  is, at once, a lease whose holder was a process of the same machine (same
+  host name and boot id) that no longer runs: a job restarted after a crash
+  on the same machine does not wait for the ttl. The
   taker then rewrites ``zarr.json`` (naming itself), so a former holder that
   wakes up cannot commit any more: its conditional commit fails.
 * Readers (``mode="r"``) never look at the lease.
@@ -279,6 +282,39 @@ def _owner_id() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
 
 
+def _boot_id() -> str | None:
+    """This machine's boot id (Linux), so a host name shared by two machines is not enough."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _dead_here(holder: dict[str, Any]) -> bool:
+    """Whether the holder was a process of this machine (same boot) that no longer runs."""
+    boot = _boot_id()
+    if boot is None or holder.get("boot_id") != boot or holder.get("host") != socket.gethostname():
+        return False
+    try:
+        pid = int(holder["pid"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    try:  # killed but not reaped yet: a zombie runs no more
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _describe(holder: dict[str, Any], now: float) -> str:
     age = now - float(holder.get("renewed", 0.0))
     return (f"{holder.get('owner', '<unknown>')} (renewed {age:.1f} s ago, "
@@ -315,7 +351,7 @@ class Lease:
 
     def _record(self, now: float, acquired: float) -> bytes:
         return json.dumps({"version": 1, "owner": self.owner, "host": socket.gethostname(),
-                           "pid": os.getpid(),
+                           "pid": os.getpid(), "boot_id": _boot_id(),
                            "acquired": acquired, "renewed": now, "ttl": self.ttl}).encode()
 
     def ensure(self) -> bool:
@@ -361,13 +397,18 @@ class Lease:
             renewed, ttl = float(holder["renewed"]), float(holder["ttl"])
         except (ValueError, KeyError, TypeError):
             holder, renewed, ttl = {"owner": "<unreadable lease>"}, float("-inf"), 0.0
-        if now <= renewed + ttl:
+        dead = _dead_here(holder)
+        if now <= renewed + ttl and not dead:
             raise LeaseError(
                 f"{self.spec.redacted()} is being written by {_describe(holder, now)}: one writer "
                 "per store. Open it with mode='r' to read; a lease not renewed for its ttl "
                 "is taken over automatically by the next writer.")
         taken = self.objects.replace(LEASE_NAME, self._record(now, now), token)
-        if taken is not None:
+        if taken is not None and dead:
+            warnings.warn(f"took over the write lease on {self.spec.redacted()} from "
+                          f"{_describe(holder, now)}: that process no longer runs on this "
+                          "machine", stacklevel=4)
+        elif taken is not None:
             warnings.warn(f"took over the stale write lease on {self.spec.redacted()} from "
                           f"{_describe(holder, now)}", stacklevel=4)
         return taken

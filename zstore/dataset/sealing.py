@@ -43,21 +43,26 @@ def seal_storage(storage) -> int:
         raise NotAZStoreError(f"cannot seal {where}: nothing was written to it")
     if storage._meta.read_only:
         raise ReadOnlyError(f"cannot seal {where}: the buffer is marked read-only")
+    storage._hold_lease()  # sealing is a write: one writer at a time
     storage.flush()
     meta = storage._meta
     group = storage._group
     index = compute_index(group, meta, meta.length, meta.last_cursor)
     write_index(group, meta, index, INDEX_CODEC)
+    lease = storage._lease  # held since the flush (None where a store has no lease)
     with warnings.catch_warnings():  # "consolidated metadata is not in the v3 spec (yet)"
         warnings.simplefilter("ignore")
         zarr.consolidate_metadata(group.store)
+    if lease is not None:  # the holder rewrote zarr.json: later commits replace this version
+        lease.read_metadata()
     group = zarr.open_group(group.store, mode="r+", use_consolidated=True)
     meta.sealed = meta.read_only = True
     meta.extra = {**meta.extra, "episodes": {"count": len(index), "path": INDEX_PATH}}
-    commit(group, meta)
+    commit(group, meta, lease, where)
     storage._group = group
     storage.table.read_only = True
     storage.spec = storage.spec.as_read_only()
+    storage._release_lease()  # a dataset has no writer
     return len(index)
 
 
