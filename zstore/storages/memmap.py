@@ -309,6 +309,15 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         meta.schema.tensorclass = schema.tensorclass
         self._attach(group, meta)
 
+    def dumps(self, path: Any) -> None:
+        """Checkpoint to ``path``; onto this storage's own store it is a ``flush()`` (commit)."""
+        if StoreSpec.parse(path, self.spec.storage_options).url == self.spec.url:
+            self.flush()
+            return
+        super().dumps(path)
+
+    save = dump = dumps
+
     def loads(self, path: Any) -> None:
         """Adopt the buffer at ``path`` when it is this storage's own store; else use the checkpointer."""
         target = StoreSpec.parse(path, self.spec.storage_options)
@@ -319,6 +328,8 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
             self._bump_mutation_revision()
             return
         super().loads(path)
+
+    load = loads
 
     # -- the hooks ------------------------------------------------------------------------
     def _container_shape(self) -> tuple[int, ...]:
@@ -546,6 +557,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
                 self._init(data[0])
             n = min(len(data), self._meta.rows)
             self._write(torch.arange(n), data[:n])
+            self._mark_rows(slice(0, n))
         self._len_value = int(state_dict["_len"])
         self._bump_mutation_revision()
         if self.initialized:

@@ -113,6 +113,10 @@ class TensorStorage(Storage):
         self._storage = storage
         self._len_value = int(max_size) if storage is not None else 0
         self._last_cursor = None
+        # per-row write revisions: checkpoints know which chunks changed without hashing
+        self._row_rev: torch.Tensor | None = None
+        self._write_rev = 0
+        self._ckpt_marks: dict[str, tuple[str, int]] = {}
         if device == "auto" and storage is not None:
             device = _first_leaf(storage).device
         self.device = _resolve_device(device)
@@ -219,6 +223,7 @@ class TensorStorage(Storage):
         if not self.initialized:
             self._init(data if single else _apply(data, lambda x: x[0]))
         self._write(cursor, data)
+        self._mark_rows(cursor)
         if set_cursor:
             self._set_last_cursor(cursor)
             n = self.ndim - 1 if single else self.ndim
@@ -229,6 +234,22 @@ class TensorStorage(Storage):
         if not self.initialized:
             raise RuntimeError("Cannot get elements out of a non-initialized storage.")
         return self._read(index)
+
+    def _mark_rows(self, cursor: Any) -> None:
+        """Stamp the rows ``cursor`` wrote with a new write revision (read by checkpoints)."""
+        rows = self._container_shape()[0]
+        if self._row_rev is None or len(self._row_rev) != rows:
+            self._row_rev = torch.zeros(rows, dtype=torch.int64)
+            self._ckpt_marks = {}
+        self._write_rev += 1
+        first = cursor[0] if isinstance(cursor, tuple) else cursor
+        if isinstance(first, range):
+            first = slice(first.start, first.stop, first.step)
+        elif not isinstance(first, (int, slice, np.integer)):
+            first = torch.as_tensor(first).to("cpu")
+            if first.dtype == torch.bool and first.ndim > 1:
+                first = first.nonzero(as_tuple=True)[0]
+        self._row_rev[first] = self._write_rev
 
     def _empty(self) -> None:
         self._len_value = 0
@@ -314,6 +335,8 @@ class TensorStorage(Storage):
             raise TypeError(f"Objects of type {type(saved)} are not supported by "
                             f"{type(self).__name__}.load_state_dict")
         self.initialized = bool(state_dict["initialized"]) and self._storage is not None
+        if self.initialized:
+            self._mark_rows(slice(None))
         self._len_value = int(state_dict["_len"])
         self._bump_mutation_revision()
 
@@ -343,6 +366,7 @@ class TensorStorage(Storage):
         current = self.get(index)
         current.update(patch)
         self._write(index, current)
+        self._mark_rows(index)
         self._bump_mutation_revision()
 
     # -- display ---------------------------------------------------------------------------

@@ -1,0 +1,161 @@
+"""What a checkpoint needs to know about a tensor storage, and how to fill one back.
+
+:class:`TensorState` reads a :class:`~zstore.TensorStorage` (in RAM or on Zarr)
+as columns ``{key path: tensor [rows, ...]}`` plus its counters; :func:`restore`
+initialises (if needed) a storage with the checkpoint's capacity and writes rows
+into it, then restores the length and write cursor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from zstore.layout import Schema
+from zstore.storages.tensor import _apply, _lead_shape
+
+from ._dest import CheckpointError
+
+
+@dataclasses.dataclass
+class TensorState:
+    """A tensor storage seen as columns: schema, capacity, counters and a row reader."""
+
+    schema: Schema
+    rows: int
+    max_size: int
+    ndim: int
+    length: int
+    last_cursor: int
+    high: int  # rows [0, high) hold data (written at least once or below the length)
+    read: Callable[[int, int], dict[str, torch.Tensor]]
+
+    @property
+    def lanes(self) -> tuple[int, ...]:
+        """The lane dims after the row dim (``ndim > 1``)."""
+        return tuple(self.schema.lane_shape)
+
+    @property
+    def is_full(self) -> bool:
+        """Whether every cell was written (the ring has wrapped or is exactly full)."""
+        return self.length >= self.max_size
+
+    @property
+    def filled_rows(self) -> int:
+        """Rows holding the storage's ``length`` cells."""
+        return self.rows if self.is_full else -(-self.length // max(1, math.prod(self.lanes)))
+
+    @classmethod
+    def of(cls, storage: Any) -> TensorState:
+        """Read the state of an initialised tensor storage."""
+        if not getattr(storage, "initialized", False):
+            raise RuntimeError("Cannot save a non-initialized storage.")
+        rows = storage._container_shape()[0]
+        if hasattr(storage, "_schema"):  # LazyMemmapStorage: its columns are the table's
+            schema, table = storage._schema, storage.table
+            high = max(table.high_water, 0)
+
+            def read(lo: int, hi: int) -> dict[str, torch.Tensor]:
+                return table.read(torch.arange(lo, hi))
+        else:
+            schema = storage_schema(storage)
+            columns = schema.columns(storage._storage, 1)
+            revs = storage._row_rev
+            written = torch.nonzero(revs).reshape(-1) if revs is not None else None
+            high = rows if written is None else (int(written[-1]) + 1 if len(written) else 0)
+
+            def read(lo: int, hi: int) -> dict[str, torch.Tensor]:
+                return {path: value[lo:hi] for path, value in columns.items()}
+        cursor = storage._last_cursor_value
+        state = cls(schema, rows, storage.max_size, storage.ndim, len(storage),
+                    cursor if 0 <= cursor < rows else -1, 0, read)
+        state.high = min(rows, max(high, state.filled_rows))
+        return state
+
+    def data(self, lo: int, hi: int) -> Any:
+        """Rows ``[lo, hi)`` as the storage's own kind of data."""
+        return self.schema.build(self.read(lo, hi), (hi - lo, *self.lanes))
+
+
+def storage_schema(storage: Any) -> Schema:
+    """The schema of an initialised tensor storage (its keys, dtypes and shapes)."""
+    if hasattr(storage, "_schema"):
+        return storage._schema
+    return Schema.from_example(_apply(storage._storage, lambda x: x[0]), storage.ndim)
+
+
+def shift_of(state: TensorState) -> int:
+    """The ring position after the newest row (TorchRL's ``shift``)."""
+    if state.last_cursor >= 0:
+        return (state.last_cursor + 1) % state.rows if state.is_full else state.last_cursor + 1
+    return 0 if state.is_full else state.filled_rows
+
+
+def prepare(storage: Any, example: Any, schema: Schema | None, rows: int, max_size: int,
+            where: str) -> None:
+    """Initialise ``storage`` for a checkpoint of ``rows`` rows, or check that it fits."""
+    if not storage.initialized:
+        lanes = math.prod(schema.lane_shape) if schema is not None else max(1, max_size // rows)
+        if schema is not None and storage.ndim != len(schema.lane_shape) + 1:
+            raise CheckpointError(f"{where} holds an ndim={len(schema.lane_shape) + 1} storage; "
+                                  f"this storage has ndim={storage.ndim}")
+        if -(-storage.max_size // lanes) != rows:
+            raise CheckpointError(
+                f"{where} holds a storage of {rows} rows (max_size={max_size}); this storage "
+                f"has max_size={storage.max_size}: the capacities must match")
+        storage.max_size = max_size
+        storage._init(example)
+    shape = tuple(storage._container_shape())
+    lanes = tuple(schema.lane_shape) if schema is not None else shape[1:]
+    if shape != (rows, *lanes):
+        raise CheckpointError(
+            f"{where} holds a storage of shape {[rows, *lanes]} (max_size={max_size}); this "
+            f"storage has shape {list(shape)} (max_size={storage.max_size}): the capacities "
+            "must match")
+    if schema is not None:
+        mine = {leaf.path: leaf for leaf in storage_schema(storage).leaves}
+        theirs = {leaf.path: leaf for leaf in schema.leaves}
+        if mine != theirs:
+            missing = sorted(set(theirs) - set(mine))
+            extra = sorted(set(mine) - set(theirs))
+            changed = sorted(p for p in set(mine) & set(theirs) if mine[p] != theirs[p])
+            raise CheckpointError(
+                f"{where}: the checkpoint's keys do not match the storage's (only in the "
+                f"checkpoint: {missing}; only in the storage: {extra}; other dtype/shape: {changed})")
+
+
+def restore(storage: Any, data: Any, record: Any, schema: Schema | None, where: str) -> None:
+    """Fill ``storage`` with rows ``data`` (from row 0) and the counters of ``record``
+    (``rows``, ``max_size``, ``length``, ``last_cursor``), initialising it if needed."""
+    prepare(storage, _apply(data, lambda x: x[0]), schema, int(record["rows"]),
+            int(record["max_size"]), where)
+    write_rows(storage, 0, data)
+    finish(storage, int(record["length"]), int(record["last_cursor"]),
+           _lead_shape(data, 1)[0])
+
+
+def write_rows(storage: Any, lo: int, data: Any) -> None:
+    """Write ``data`` (a batch of rows) at rows ``lo, lo + 1, ...`` of ``storage``."""
+    n = _lead_shape(data, 1)[0]
+    if n:
+        storage._write(slice(lo, lo + n), data)
+
+
+def finish(storage: Any, length: int, last_cursor: int, loaded: int,
+           mark: tuple[str, str] | None = None) -> None:
+    """Restore counters after loading rows ``[0, loaded)``; remember that they equal
+    checkpoint ``mark`` = (destination URL, generation), for incremental dumps."""
+    storage._len = int(length)
+    storage._last_cursor_value = int(last_cursor)
+    storage._last_cursor = int(last_cursor) if last_cursor >= 0 else None
+    if hasattr(storage, "_row_rev"):
+        storage._mark_rows(slice(0, loaded))
+        storage._row_rev[loaded:] = 0  # rows past the checkpoint's: as never written
+        storage._ckpt_marks = {} if mark is None else {mark[0]: (mark[1], storage._write_rev)}
+    if hasattr(storage, "flush"):
+        storage.flush()
+

@@ -1,0 +1,349 @@
+"""Checkpointers: round trips on memory://, local and S3, TED compaction, incremental dumps.
+
+The reference is the storage's own content before the dump (and TorchRL where
+TorchRL is right): after ``loads`` a fresh storage must hold the same rows
+bit for bit, with the same length, capacity and write cursor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import checkpoint
+import zstore
+from checkpoint import (
+    CheckpointError,
+    FlatStorageCheckpointer,
+    H5StorageCheckpointer,
+    NestedStorageCheckpointer,
+    TensorStorageCheckpointer,
+)
+from zstore import LazyMemmapStorage, LazyTensorStorage, RoundRobinWriter, StoreSpec
+
+CHECKPOINTERS = {
+    "tensor": lambda: TensorStorageCheckpointer(chunks=8),
+    "flat": FlatStorageCheckpointer,
+    "nested": NestedStorageCheckpointer,
+    "h5": H5StorageCheckpointer,
+}
+
+
+class TEDStream:
+    """Transitions of ``lanes`` parallel envs in TED layout, continuous across batches.
+
+    Episodes end at random (terminated or truncated); ``("next", "obs")`` at t
+    equals ``obs`` at t + 1 inside an episode, as a collector writes them.
+    """
+
+    def __init__(self, lanes: tuple[int, ...] = (), seed: int = 0):
+        self.g = torch.Generator().manual_seed(seed)
+        self.lanes = lanes
+        self.obs = torch.randn((*lanes, 3), generator=self.g)
+
+    def batch(self, n: int) -> TensorDict:
+        lanes = self.lanes
+        obs, nxt = [], []
+        done = torch.rand((n, *lanes, 1), generator=self.g) < 0.2
+        trunc = done & (torch.rand((n, *lanes, 1), generator=self.g) < 0.5)
+        for t in range(n):
+            obs.append(self.obs)
+            step = self.obs + torch.randn(self.obs.shape, generator=self.g)
+            nxt.append(step)
+            reset = torch.randn(self.obs.shape, generator=self.g)
+            self.obs = torch.where(done[t], reset, step)
+        zeros = torch.zeros((n, *lanes, 1), dtype=torch.bool)
+        return TensorDict(
+            obs=torch.stack(obs), action=torch.randint(0, 9, (n, *lanes, 2), generator=self.g),
+            done=zeros, terminated=zeros.clone(), truncated=zeros.clone(),
+            next=TensorDict(obs=torch.stack(nxt), done=done, terminated=done & ~trunc,
+                            truncated=trunc, reward=torch.randn((n, *lanes, 1), generator=self.g),
+                            batch_size=[n, *lanes]),
+            batch_size=[n, *lanes])
+
+
+def assert_same(a, b) -> None:
+    """Same keys, and every leaf bit-for-bit equal."""
+    ka = set(a.keys(include_nested=True, leaves_only=True))
+    kb = set(b.keys(include_nested=True, leaves_only=True))
+    assert ka == kb, (ka ^ kb)
+    for key in ka:
+        x, y = a.get(key), b.get(key)
+        assert x.shape == y.shape and x.dtype == y.dtype, key
+        assert torch.equal(_bytes(x), _bytes(y)), key
+
+
+def _bytes(x: torch.Tensor) -> torch.Tensor:
+    flat = x.contiguous().reshape(-1)
+    return flat if flat.dtype == torch.bool else flat.view(torch.uint8)
+
+
+def make_storage(kind: str, capacity: int, ndim: int, location):
+    if kind == "lazy":
+        return LazyTensorStorage(capacity, ndim=ndim)
+    return LazyMemmapStorage(capacity, ndim=ndim, scratch_dir=location.new("lms"),
+                             storage_options=location.options, codec="zstd", chunks=8)
+
+
+def fill(storage, case: str, stream: TEDStream) -> None:
+    writer = RoundRobinWriter()
+    writer.register_storage(storage)
+    sizes = {"partial": [5, 4], "full": [7, 6, 9], "exact": [12]}[case]
+    for n in sizes:
+        writer.extend(stream.batch(n))
+
+
+def spec(location, name: str) -> StoreSpec:
+    return StoreSpec.parse(location.new(name), location.options)
+
+
+# every checkpointer x storage x case on local disk; a cross-section on memory:// and S3
+MATRIX = (
+    [("local", c, k, case) for c in CHECKPOINTERS for k in ("lazy", "memmap")
+     for case in ("partial", "full", "exact", "ndim2")]
+    + [("memory", c, "memmap", case) for c in CHECKPOINTERS for case in ("partial", "ndim2")]
+    + [("s3", c, k, case) for c in CHECKPOINTERS for k, case in (("memmap", "full"), ("lazy", "ndim2"))]
+)
+
+
+@pytest.mark.parametrize(("location", "ckpt", "kind", "case"), MATRIX, indirect=["location"])
+def test_round_trip(location, ckpt, kind, case):
+    ndim, lanes = (2, (3,)) if case == "ndim2" else (1, ())
+    source = make_storage(kind, 12 * math.prod(lanes), ndim, location)
+    source.checkpointer = CHECKPOINTERS[ckpt]()
+    fill(source, "full" if case == "ndim2" else case, TEDStream(lanes, seed=len(case)))
+    dest = spec(location, f"ck-{ckpt}")
+    source.dumps(dest)
+    target = make_storage(kind, 12 * math.prod(lanes), ndim, location)  # not initialised
+    target.checkpointer = CHECKPOINTERS[ckpt]()
+    target.loads(dest)
+    assert (len(target), target.max_size, target.shape) == (len(source), source.max_size, source.shape)
+    assert target._last_cursor_index == source._last_cursor_index
+    assert_same(target.get(slice(None)), source.get(slice(None)))
+    # keep writing after the reload, then dump and load again (TorchRL crashes on a full one)
+    writer = RoundRobinWriter()
+    writer.register_storage(target)
+    writer._cursor = (target._last_cursor_index + 1) % target._max_size_along_dim0()
+    writer.extend(TEDStream(lanes, seed=99).batch(3))
+    target.dumps(dest)
+    again = make_storage(kind, 12 * math.prod(lanes), ndim, location)
+    again.checkpointer = CHECKPOINTERS[ckpt]()
+    again.loads(dest)
+    assert len(again) == len(target) and again._last_cursor_index == target._last_cursor_index
+    assert_same(again.get(slice(None)), target.get(slice(None)))
+
+
+def test_tensor_and_pytree_storages(location):
+    for data in (torch.arange(24.0).reshape(12, 2),
+                 {"a": torch.arange(12), "b": (torch.ones(12, 2), torch.zeros(12, dtype=torch.bool))}):
+        source = LazyTensorStorage(20)
+        source.set(torch.arange(12), data)
+        dest = spec(location, "pytree")
+        source.dumps(dest)
+        target = LazyTensorStorage(20)
+        target.loads(dest)
+        assert len(target) == 12
+        got, want = target.get(slice(None)), source.get(slice(None))
+        for x, y in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+            assert torch.equal(x, y)
+    full = zstore.TensorStorage(torch.arange(10))
+    full.dumps(dest)
+    back = LazyTensorStorage(10)
+    back.loads(dest)
+    assert torch.equal(back.get(slice(None)), torch.arange(10)) and len(back) == 10
+
+
+def test_checkpoint_is_a_zstore_buffer(tmp_path):
+    source = LazyTensorStorage(100)
+    source.checkpointer = TensorStorageCheckpointer(chunks=8)
+    fill(source, "partial", TEDStream())
+    source.dumps(tmp_path / "ck")
+    record = checkpoint._dest.Destination(StoreSpec.parse(tmp_path / "ck")).read_commit()
+    opened = zstore.open(tmp_path / "ck" / record["generation"], mode="r")
+    assert len(opened) == 9 and opened.max_size == 100 and opened._last_cursor_index == 8
+    assert_same(opened.get(slice(None)), source.get(slice(None)))
+    # only the filled rows were written: chunks 0 and 1 (rows 0-15), none of the other 11
+    chunks = tmp_path / "ck" / record["generation"] / "obs" / "c"
+    assert sorted(p.name for p in chunks.iterdir()) == ["0", "1"]
+
+
+# -- TED compaction: where TorchRL loses data, zstore does not -------------------------------
+
+def awkward_ted(n: int = 10) -> TensorDict:
+    data = TEDStream(seed=3).batch(n)
+    data["done"][4] = True                       # a root-level done flag
+    data["next", "obs"][6] += 1.0                # ("next", obs) != next obs (multi-step transform)
+    data["next", "info"] = torch.arange(n, dtype=torch.float32)[:, None]   # next-only key
+    data["next", "obs"][2, 0] = float("nan")     # NaNs compare bitwise
+    return data
+
+
+@pytest.mark.parametrize("ckpt", ["flat", "nested", "h5"])
+def test_ted_compaction_is_lossless(tmp_path, ckpt):
+    source = LazyTensorStorage(16)
+    source.checkpointer = CHECKPOINTERS[ckpt]()
+    source.set(torch.arange(10), awkward_ted())
+    source.dumps(tmp_path / "ck")
+    target = LazyTensorStorage(16)
+    target.checkpointer = CHECKPOINTERS[ckpt]()
+    target.loads(tmp_path / "ck")
+    assert_same(target.get(slice(None)), source.get(slice(None)))
+
+
+def test_hooks_match_torchrl_where_torchrl_is_right():
+    """On plain TED data (its assumptions hold), the TED hooks restore what TorchRL's do."""
+    pytest.importorskip("torchrl")
+    import warnings
+
+    from torchrl.data.replay_buffers.utils import Flat2TED as TFlat2TED
+    from torchrl.data.replay_buffers.utils import TED2Flat as TTED2Flat
+
+    chrono = TEDStream(seed=5).batch(12)
+    data = torch.cat([chrono[7:], chrono[:7]], 0)  # a wrapped ring: row 5 is the oldest
+    save = checkpoint.TED2Flat()
+    save.shift, save.is_full = 5, True
+    ours = checkpoint.Flat2TED()(save(data))
+    theirs_save = TTED2Flat()
+    theirs_save.shift, theirs_save.is_full = 5, True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = TFlat2TED()(theirs_save(data.clone()), out=None)
+    assert_same(ours, data)
+    assert_same(ours.exclude("done", "terminated", "truncated"),
+                theirs.exclude("done", "terminated", "truncated").to_tensordict())
+
+
+def test_h5_compression_and_file_destination(tmp_path):
+    source = LazyTensorStorage(64)
+    source.checkpointer = H5StorageCheckpointer(h5_kwargs={"compression": "gzip"})
+    fill(source, "partial", TEDStream())
+    source.dumps(tmp_path / "buffer.h5")
+    assert (tmp_path / "buffer.h5").is_file()
+    target = LazyTensorStorage(64)
+    target.checkpointer = H5StorageCheckpointer()
+    target.loads(tmp_path / "buffer.h5")
+    assert_same(target.get(slice(None)), source.get(slice(None)))
+
+
+# -- incremental dumps -------------------------------------------------------------------------
+
+def _record(dest):
+    return checkpoint._dest.Destination(dest).read_commit()
+
+
+def test_incremental_dump_writes_only_changed_chunks(location):
+    source = LazyMemmapStorage(400, scratch_dir=location.new("lms"), storage_options=location.options)
+    source.checkpointer = TensorStorageCheckpointer(chunks=16)
+    writer = RoundRobinWriter()
+    writer.register_storage(source)
+    stream = TEDStream(seed=1)
+    keys = ["obs", ("next", "obs"), ("next", "done")]
+    writer.extend(stream.batch(320).select(*keys))
+    dest = spec(location, "inc")
+    source.dumps(dest)
+    full = _record(dest)
+    assert not full["incremental"]
+    writer.extend(stream.batch(4).select(*keys))  # 4 new rows: one chunk per key changes
+    source.dumps(dest)
+    inc = _record(dest)
+    assert inc["incremental"] and inc["generation"] != full["generation"]
+    assert inc["bytes_written"] * 20 <= full["bytes_written"]  # one 16-row chunk of 320 rows
+    target = LazyTensorStorage(400)
+    target.loads(dest)
+    assert_same(target.get(slice(None)), source.get(slice(None)))
+    checkpoint._dest.settle()                     # old generations are deleted in the background
+    assert len(checkpoint._dest.Destination(dest).children()) == 2  # zarr.json + one generation
+    # the loaded storage dumps incrementally too
+    target[3] = stream.batch(1)[0].select(*keys)  # an in-place overwrite (length unchanged)
+    target.dumps(dest)
+    assert _record(dest)["incremental"]
+    again = LazyTensorStorage(400)
+    again.loads(dest)
+    assert_same(again.get(slice(None)), target.get(slice(None)))
+
+
+def test_incremental_never_trusts_another_writers_generation(tmp_path):
+    stream = TEDStream(seed=2)
+    a, b = LazyTensorStorage(64), LazyTensorStorage(64)
+    a.set(torch.arange(64), stream.batch(64))
+    b.set(torch.arange(64), stream.batch(64))
+    a.dumps(tmp_path / "ck")
+    b.dumps(tmp_path / "ck")          # another storage's generation is now current
+    a.set(0, stream.batch(1)[0])
+    a.dumps(tmp_path / "ck")          # must be a full dump, not a patch of b's rows
+    assert not _record(StoreSpec.parse(tmp_path / "ck"))["incremental"]
+    back = LazyTensorStorage(64)
+    back.loads(tmp_path / "ck")
+    assert_same(back.get(slice(None)), a.get(slice(None)))
+
+
+def test_memmap_storage_on_its_own_store(tmp_path):
+    url = str(tmp_path / "rb")
+    storage = LazyMemmapStorage(50, scratch_dir=url, autocommit_seconds=1e9)
+    storage.set(torch.arange(10), TEDStream().batch(10))
+    assert len(zstore.open(url, mode="r")) == 0    # not committed yet
+    storage.dumps(url)                             # a dump onto its own store is a commit
+    assert len(zstore.open(url, mode="r")) == 10
+    adopted = LazyMemmapStorage(50, scratch_dir=url)
+    adopted.loads(url)                             # adopts the store in place
+    assert len(adopted) == 10 and adopted._last_cursor_index == 9
+    assert_same(adopted.get(slice(None)), storage.get(slice(None)))
+
+
+# -- errors --------------------------------------------------------------------------------
+
+def test_errors_name_the_location(tmp_path):
+    with pytest.raises(RuntimeError, match="non-initialized"):
+        LazyTensorStorage(10).dumps(tmp_path / "a")
+    with pytest.raises(CheckpointError, match="no checkpoint at .*nothing"):
+        LazyTensorStorage(10).loads(tmp_path / "nothing")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    source = LazyTensorStorage(10)
+    source.set(torch.arange(3), TEDStream().batch(3))
+    with pytest.raises(CheckpointError, match="other files"):
+        source.dumps(tmp_path / "other")
+    source.dumps(tmp_path / "ck")
+    small = LazyTensorStorage(8)
+    with pytest.raises(CheckpointError, match="max_size=10"):
+        small.loads(tmp_path / "ck")
+    with pytest.raises(NotImplementedError, match="ListStorage"):
+        zstore.ListStorage(4).dumps(tmp_path / "list")
+    for wrong in (LazyMemmapStorage(10, scratch_dir=str(tmp_path / "wrong")), LazyTensorStorage(10)):
+        wrong.set(0, TensorDict(other=torch.zeros(1), batch_size=[]))
+        with pytest.raises(CheckpointError, match=r"only in the storage: \['other'\]"):
+            wrong.loads(tmp_path / "ck")
+        assert len(wrong) == 1 and wrong.get(0)["other"].item() == 0  # unchanged
+
+
+def test_compressed_checkpoint(location):
+    """A codec sends chunks through zarr's codec pipeline (full and incremental dumps)."""
+    source = LazyTensorStorage(100)
+    source.checkpointer = TensorStorageCheckpointer(codec="zstd:3+crc32c", chunks=16)
+    stream = TEDStream(seed=6)
+    source.set(torch.arange(70), stream.batch(70))
+    dest = spec(location, "zstd")
+    source.dumps(dest)
+    source[20] = stream.batch(1)[0]
+    source.dumps(dest)
+    record = _record(dest)
+    assert record["incremental"]
+    target = LazyMemmapStorage(100, scratch_dir=location.new("lms"), storage_options=location.options)
+    target.loads(dest)
+    assert_same(target.get(slice(None)), source.get(slice(None)))
+    opened = zstore.open(dest.url + "/" + record["generation"], location.options, mode="r")
+    assert str(opened.codec) == "zstd:3+crc32c" and len(opened) == 70
+
+
+def test_docs_example(capsys):
+    """The example in docs/checkpoints.md runs and prints what it says."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "checkpoints.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", text, re.DOTALL)[0]
+    exec(compile(code, "docs/checkpoints.md", "exec"), {})  # noqa: S102 - our own docs
+    assert capsys.readouterr().out.split() == ["10", "1000", "9"]
