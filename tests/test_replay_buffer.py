@@ -268,8 +268,6 @@ def test_read_only_dataset_samples_and_refuses_writes(location):
         dataset.extend(episodes([2]))
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                   reason="needs the checkpoint package from branch ckpt")
 @pytest.mark.parametrize("kind", ["LazyMemmapStorage", "LazyTensorStorage"])
 def test_dumps_loads_round_trip(kind, tmp_path):
     local = _Directory(tmp_path)

@@ -366,8 +366,6 @@ def test_plain_torchrl_writer_restarts_at_zero(location):
 CHECKPOINTED = ("LazyMemmapStorage", "CompressedListStorage", "TensorStorage", "LazyTensorStorage")
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                   reason="needs the checkpoint package from branch ckpt")
 @pytest.mark.parametrize("kind_", CHECKPOINTED)
 def test_dumps_loads_round_trip(kind_, tmp_path):
     where = _memory_location()

@@ -19,19 +19,23 @@ def rows(start: int, n: int) -> TensorDict:
     return TensorDict(x=values.unsqueeze(-1).expand(n, 2).clone(), batch_size=[n])
 
 
-def test_failed_background_write_is_never_committed(tmp_path):
+def test_failed_background_write_is_never_committed_and_is_retried(tmp_path):
     url = str(tmp_path / "rb")
     storage = zstore.LazyMemmapStorage(16, scratch_dir=url, codec="zstd", chunks=4)
     storage.set(torch.arange(4), rows(0, 4))
     storage.flush()  # committed: rows 0..3
-    (tmp_path / "rb" / "x" / "c" / "1").write_bytes(b"")  # chunk 1's folder is now a file
-    storage.set(torch.arange(4, 8), rows(4, 4))  # completes chunk 1: its upload starts and fails
-    for _ in range(2):  # sticky: a lost write can never be followed by a commit
+    blocker = tmp_path / "rb" / "x" / "c" / "1"
+    blocker.write_bytes(b"")  # chunk 1's folder is now a file: its uploads fail
+    storage.set(torch.arange(4, 8), rows(4, 4))  # completes chunk 1: the upload starts
+    for _ in range(2):  # a commit never follows a lost write, however often asked
         with pytest.raises(OSError, match=r"cannot write rows \(4, 8\) of key 'x'"):
             storage.flush()
     again = zstore.open(url, mode="r")
-    assert len(again) == 4
-    assert again[:]["x"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert len(again) == 4 and again[:]["x"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+    blocker.unlink()  # the fault goes away: the kept rows are stored, then committed
+    storage.flush()
+    again = zstore.open(url, mode="r")
+    assert again[:]["x"][:, 0].tolist() == [float(v) for v in range(8)]
 
 
 @pytest.mark.all_s3_servers
@@ -60,8 +64,8 @@ def test_disjoint_units_do_not_wait_for_each_other():
         order.append("fast")
 
     writes = WriteBehind("test", limit_bytes=1 << 20)
-    writes.submit(slow(), 10, frozenset({0}))
-    writes.submit(fast(), 10, frozenset({1}))  # returns although unit 0 is still in flight
+    writes.submit(slow, 10, frozenset({0}))
+    writes.submit(fast, 10, frozenset({1}))  # returns although unit 0 is still in flight
     assert writes.in_flight == 2
     gate.set()
     writes.drain()
@@ -71,8 +75,10 @@ def test_disjoint_units_do_not_wait_for_each_other():
 def test_byte_limit_awaits_the_oldest_write():
     done: list[int] = []
 
-    async def write(i: int) -> None:
-        done.append(i)
+    def write(i: int):
+        async def run() -> None:
+            done.append(i)
+        return run
 
     writes = WriteBehind("test", limit_bytes=100)
     for i in range(5):
@@ -82,16 +88,42 @@ def test_byte_limit_awaits_the_oldest_write():
     assert done == [0, 1, 2, 3, 4]
 
 
-def test_failure_names_the_store_and_keeps_raising():
-    async def broken() -> None:
-        raise OSError("disk full")
+def flaky(failures: int, log: list[str], name: str):
+    """A write that fails its first ``failures`` attempts."""
+    attempts = iter(range(1_000))
 
-    async def fine() -> None:
-        pass
+    async def run() -> None:
+        if next(attempts) < failures:
+            raise OSError(f"{name} failed")
+        log.append(name)
+    return run
 
+
+def test_a_transient_failure_is_retried_before_later_writes_of_its_unit():
+    log: list[str] = []
     writes = WriteBehind("s3://bucket/rb")
-    writes.submit(broken(), 1, frozenset({0}))
-    with pytest.raises(OSError, match=r"earlier write to s3://bucket/rb failed.*disk full"):
+    writes.submit(flaky(1, log, "old"), 1, frozenset({0, 1}))
+    writes.submit(flaky(0, log, "new"), 1, frozenset({1}))  # waits: "old" lands first
+    writes.drain()
+    assert log == ["old", "new"]
+
+
+def test_a_write_rewriting_the_whole_unit_supersedes_a_failed_one():
+    log: list[str] = []
+    writes = WriteBehind("s3://bucket/rb")
+    writes.submit(flaky(99, log, "old"), 1, frozenset({0}))
+    with pytest.raises(OSError, match="old failed"):
         writes.drain()
-    with pytest.raises(OSError, match="disk full"):
-        writes.submit(fine(), 1, frozenset({1}))
+    writes.submit(flaky(0, log, "new"), 1, frozenset({0}))
+    writes.drain()
+    assert log == ["new"]
+
+
+def test_a_persistent_failure_names_the_store_and_keeps_raising():
+    writes = WriteBehind("s3://bucket/rb")
+    writes.submit(flaky(99, [], "put"), 1, frozenset({0, 1}))
+    for _ in range(2):
+        with pytest.raises(OSError, match=r"writing to s3://bucket/rb failed.*put failed"):
+            writes.drain()
+    with pytest.raises(OSError, match="put failed"):  # a write of one of its units cannot jump it
+        writes.submit(flaky(0, [], "later"), 1, frozenset({1}))

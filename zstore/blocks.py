@@ -21,12 +21,14 @@ import torch
 import zarr
 from zarr.core.sync import sync
 
+from . import _faults
 from .cache import ChunkCache
 from .chunkio import MAX_IN_FLIGHT, ColumnReader, Throttle
 from .dtypes import compute_dtype, from_numpy, from_storage, storage_numpy_dtype, to_storage
 from .errors import CorruptChunkError
 from .group import checked_array
 from .layout import Leaf
+from .retry import with_retries
 from .writeback import WriteBehind
 
 
@@ -64,6 +66,8 @@ class BlockGroup:
         self.n_blocks = -(-rows // chunk_rows)
         self.store = group.store
         self.writes = WriteBehind(where)
+        fs = getattr(self.store, "fs", None)
+        self.remote = fs is not None and "memory" not in fs.protocol
         arrays = {leaf.path: checked_array(group, leaf, rows, (chunk_rows, shard_rows), where)
                   for leaf in leaves}
         self.arrays = {path: array._async_array for path, array in arrays.items()}
@@ -87,8 +91,20 @@ class BlockGroup:
         return start, min(start + self.R, self.rows)
 
     def _fetch(self, blocks: list[int]) -> dict[str, list[np.ndarray | None]]:
-        """Decoded ``blocks`` of every key, all requests in flight at once (None: never stored)."""
-        self.writes.drain()  # read what was written, never what was there before
+        """Decoded ``blocks`` of every key, all requests in flight at once (None: never stored).
+
+        Uploads in flight land first (read what was written, never what was there
+        before). On a remote store, and for a reader, a payload that fails to
+        decode is fetched again (:mod:`zstore.retry`): a damaged transfer, or a
+        shard the writer replaced between the reader's index and data requests,
+        is not a corrupt object. A reader re-reads shard indexes on every fetch.
+        """
+        self.writes.drain()
+        if self.keep_indexes and not self.remote:  # a local writer owns its store
+            return self._fetch_once(blocks)
+        return with_retries(lambda: self._fetch_once(blocks), (CorruptChunkError,))
+
+    def _fetch_once(self, blocks: list[int]) -> dict[str, list[np.ndarray | None]]:
         async def column(leaf, limit):
             reader = self.readers[leaf.path]
             if reader is not None:
@@ -134,6 +150,7 @@ class BlockGroup:
             except Exception as exc:
                 raise OSError(f"cannot write rows {spans[i]} of key {path!r} to {self.where}: "
                               f"{type(exc).__name__}: {exc}") from exc
+            _faults.crash_point("store.unit")
 
         async def run() -> None:
             results = await asyncio.gather(
@@ -143,11 +160,12 @@ class BlockGroup:
             if failures:
                 raise failures[0]
 
+        _faults.crash_point("store.before")
         for reader in self.readers.values():
             if reader is not None:
                 reader.forget([start // self.R for start, _ in spans])
         nbytes = sum(array.nbytes for arrays in data.values() for array in arrays)
-        self.writes.submit(run(), nbytes, frozenset(start // (self.R * self.k) for start, _ in spans))
+        self.writes.submit(run, nbytes, frozenset(start // (self.R * self.k) for start, _ in spans))
 
     # -- filling the cache ----------------------------------------------------------------
     def _copy_in(self, leaf: Leaf, slot: int, array: np.ndarray | None) -> None:
@@ -173,7 +191,11 @@ class BlockGroup:
                 self._copy_in(leaf, slot, None)
         wanted = blocks[stored].tolist()
         if wanted:
-            fetched = self._fetch(wanted)
+            try:
+                fetched = self._fetch(wanted)
+            except BaseException:
+                self.cache.invalidate(blocks)  # the slots hold nothing of these blocks
+                raise
             for leaf in self.leaves:
                 for slot, array in zip(slots[stored].tolist(), fetched[leaf.path]):
                     self._copy_in(leaf, slot, array)
@@ -378,3 +400,4 @@ class BlockGroup:
         """Store every dirty block and wait until every write has landed."""
         self._persist(self.cache.dirty_blocks())
         self.writes.drain()
+        _faults.crash_point("store.after")

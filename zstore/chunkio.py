@@ -181,7 +181,8 @@ class ColumnReader:
             if raw is None:
                 index = None
             else:
-                body = _checksum_stripper(lambda: f"{self.where}: shard {shard} index")(raw)
+                body = _checksum_stripper(
+                    lambda: f"{self.where}: key {self.path!r}, shard {shard} index")(raw)
                 index = np.frombuffer(body, dtype="<u8").reshape(self.per_shard, 2)
             self.indexes[shard] = index
         return self.indexes[shard]

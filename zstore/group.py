@@ -15,8 +15,9 @@ import numpy as np
 import zarr
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
+from . import _faults
 from .dtypes import storage_numpy_dtype, torch_dtype_name
-from .errors import NotAZStoreError, StoreNotFoundError
+from .errors import NotAZStoreError, StoreNotFoundError, ZStoreError
 from .layout import StoreMeta
 from .store import StoreSpec
 
@@ -40,6 +41,15 @@ def open_group(spec: StoreSpec) -> tuple[zarr.Group, StoreMeta]:
     return group, read_meta(group, spec.redacted())
 
 
+def _io_error(what: str, exc: Exception) -> OSError:
+    """An ``OSError`` (of ``exc``'s type when it is one) saying ``what`` failed and why."""
+    kind = type(exc) if isinstance(exc, OSError) else OSError
+    try:
+        return kind(f"{what}: {type(exc).__name__}: {exc}")
+    except TypeError:  # an OSError subclass with another signature
+        return OSError(f"{what}: {type(exc).__name__}: {exc}")
+
+
 def open_zarr_group(spec: StoreSpec) -> zarr.Group:
     """The Zarr group of the buffer at ``spec``, its ``zstore`` block not yet read."""
     if not spec.exists():
@@ -57,6 +67,8 @@ def open_zarr_group(spec: StoreSpec) -> zarr.Group:
         raise NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: no Zarr group there") from exc
     except (ValueError, TypeError, KeyError) as exc:
         raise NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: {exc}") from exc
+    except Exception as exc:  # the network after the client's retries: name the store
+        raise _io_error(f"cannot read {spec.redacted()}", exc) from exc
     if group.attrs.get(_INCOMPLETE_ATTR):
         raise NotAZStoreError(f"{spec.redacted()} holds a buffer whose creation never finished")
     return group
@@ -97,6 +109,18 @@ def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
                 raise NotAZStoreError(
                     f"{spec.redacted()} is not empty and holds no zstore buffer; choose an empty "
                     "location (zstore never writes among other files)") from None
+    try:
+        group = _create_arrays(store, meta, overwrite)
+    except ZStoreError:
+        raise
+    except Exception as exc:  # the network after the client's retries: name the store
+        raise _io_error(f"cannot create a buffer at {spec.redacted()}", exc) from exc
+    commit(group, meta, spec.redacted())
+    return group
+
+
+def _create_arrays(store, meta: StoreMeta, overwrite: bool) -> zarr.Group:
+    """The group (marked incomplete) and its arrays, before the first commit."""
     lanes = list(meta.schema.lane_shape)
     root_batch = [meta.rows, *lanes]
     group = zarr.create_group(store, overwrite=overwrite,
@@ -121,8 +145,23 @@ def create_group(spec: StoreSpec, meta: StoreMeta) -> zarr.Group:
             fill_value=np.zeros((), dtype=np_dtype).item(),
             attributes={ZSTORE_ATTR: {"torch_dtype": torch_dtype_name(leaf.dtype)}},
         )
-    commit(group, meta)
     return group
+
+
+#: Codecs an array may name: those zstore writes (and gzip). Anything else — a pickle
+#: codec above all — is refused before a byte of the array is decoded.
+SAFE_CODECS = frozenset({"bytes", "zstd", "blosc", "gzip", "crc32c", "sharding_indexed"})
+
+
+def _codec_names(codecs) -> set[str]:
+    names = set()
+    for codec in codecs:
+        codec = codec if isinstance(codec, dict) else {"name": str(codec)}
+        names.add(str(codec.get("name")))
+        config = codec.get("configuration") or {}
+        for inner in ("codecs", "index_codecs"):
+            names |= _codec_names(config.get(inner, []))
+    return names
 
 
 def checked_array(group: zarr.Group, leaf, rows: int, layout: tuple[int, int | None],
@@ -136,6 +175,9 @@ def checked_array(group: zarr.Group, leaf, rows: int, layout: tuple[int, int | N
         array = group[leaf.path]
     except (KeyError, NodeNotFoundError, FileNotFoundError):
         raise NotAZStoreError(f"{where}: key {leaf.path!r} is in the metadata but has no array") from None
+    except (ValueError, TypeError) as exc:  # e.g. its zarr.json is not JSON
+        raise NotAZStoreError(f"{where}: the array of key {leaf.path!r} has malformed metadata "
+                              f"({type(exc).__name__}: {exc})") from None
     if not isinstance(array, zarr.Array):
         raise NotAZStoreError(f"{where}: {leaf.path!r} is a group, the metadata says an array")
     chunk_rows, shard_rows = layout
@@ -149,6 +191,9 @@ def checked_array(group: zarr.Group, leaf, rows: int, layout: tuple[int, int | N
              "chunks": tuple(array.chunks), "shards": None if array.shards is None else tuple(array.shards)}
     wrong = [f"{name} {found[name]} (metadata says {value})" for name, value in expected.items()
              if found[name] != value]
+    unknown = sorted(_codec_names(array.metadata.to_dict().get("codecs", [])) - SAFE_CODECS)
+    if unknown:
+        wrong.append(f"codecs {unknown} (zstore reads only {sorted(SAFE_CODECS)})")
     if raw and (array.compressors or array.filters):
         wrong.append(f"codecs {array.compressors} (metadata says raw)")
     if wrong:
@@ -157,8 +202,18 @@ def checked_array(group: zarr.Group, leaf, rows: int, layout: tuple[int, int | N
     return array
 
 
-def commit(group: zarr.Group, meta: StoreMeta) -> None:
-    """Write the ``zstore`` block: the single object that makes stored rows visible."""
+def commit(group: zarr.Group, meta: StoreMeta, where: str = "the buffer") -> None:
+    """Write the ``zstore`` block: the single object that makes stored rows visible.
+
+    A failed write raises ``OSError`` naming ``where`` (a redacted URL); the
+    store then keeps its previous commit.
+    """
     attrs = {key: value for key, value in group.attrs.asdict().items() if key != _INCOMPLETE_ATTR}
     attrs[ZSTORE_ATTR] = meta.to_json()
-    group.attrs.put(attrs)
+    _faults.crash_point("commit.before")
+    try:
+        group.attrs.put(attrs)
+    except Exception as exc:
+        raise OSError(f"cannot commit {where}: writing its zarr.json failed ({type(exc).__name__}: "
+                      f"{exc}); the store keeps its previous commit") from exc
+    _faults.crash_point("commit.after")

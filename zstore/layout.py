@@ -260,6 +260,8 @@ class Schema:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Schema":
         """Inverse of :meth:`to_json`, validated."""
+        if not isinstance(data, Mapping):
+            raise SchemaError(f"the schema must be a JSON object, got {type(data).__name__}")
         kind = data.get("kind")
         if kind not in ("tensordict", "tensorclass", "tensor", "pytree"):
             raise SchemaError(f"unknown container kind {kind!r}")
@@ -400,7 +402,7 @@ class StoreMeta:
                             for path, spec in (data.get("codecs") or {}).items()},
                 **ints,
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # wrong JSON types too
             if isinstance(exc, (SchemaError, InvalidKeyError)):
                 raise SchemaError(f"{where}: {exc}") from None
             raise NotAZStoreError(f"{where}: malformed 'zstore' block ({exc!r})") from None

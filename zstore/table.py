@@ -26,6 +26,7 @@ from typing import Mapping
 import torch
 import zarr
 
+from . import _faults
 from .blocks import BlockGroup, gather_cells
 from .cache import DEFAULT_CACHE_BYTES, CacheStats
 from .dtypes import compute_dtype, from_storage, to_storage
@@ -222,12 +223,12 @@ class MmapTable(Table):
             numel = math.prod(shape)
             chunk = Path(root, leaf.path, "c", *(["0"] * len(shape)))
             nbytes = numel * torch.empty((), dtype=dtype).element_size()
-            if not chunk.exists() or chunk.stat().st_size != nbytes:
+            size = chunk.stat().st_size if chunk.exists() else 0
+            if size not in (0, nbytes):  # 0: created, never sized (killed in between)
+                raise CorruptChunkError(
+                    f"chunk file {chunk} of key {leaf.path!r} has {size} bytes, expected {nbytes}")
+            if size == 0:
                 if read_only:
-                    if chunk.exists():
-                        raise CorruptChunkError(
-                            f"chunk file {chunk} of key {leaf.path!r} has {chunk.stat().st_size} "
-                            f"bytes, expected {nbytes}")
                     self.maps[leaf.path] = torch.zeros(shape, dtype=dtype)
                     continue
                 chunk.parent.mkdir(parents=True, exist_ok=True)
@@ -262,6 +263,7 @@ class MmapTable(Table):
         if first is not None:
             for leaf in self.leaves:
                 self.maps[leaf.path][first:first + len(rows)].copy_(to_storage(values[leaf.path]))
+                _faults.crash_point("mmap.write")
             self.high_water = max(self.high_water, first + len(rows))
             return
         urows, last = _positions_of_last(rows)
@@ -272,6 +274,7 @@ class MmapTable(Table):
                 self.maps[leaf.path].index_copy_(0, urows, value.cpu())
             else:
                 self.maps[leaf.path].index_copy_(0, rows, value.cpu())
+            _faults.crash_point("mmap.write")
         self.high_water = max(self.high_water, int(urows[-1]) + 1)
 
     def write_row(self, row: int, values: Mapping[str, torch.Tensor]) -> None:

@@ -12,22 +12,33 @@ Rules that keep the commit protocol intact:
 * two writes of the same unit never overlap: the second waits for the first,
   so the store always ends with the newest bytes;
 * at most ``limit_bytes`` of data wait in flight (the oldest is awaited first);
-* a failed write is sticky: every later ``submit`` / ``drain`` raises it, so a
-  commit can never follow a lost write. The storage must be reopened, which
-  shows its last committed state (as after a crash).
+* a failed write keeps its data and is started again before any later write
+  of its unit, so nothing is lost to a transient failure. ``drain()`` retries
+  failed writes once more and raises if one still fails: the commit that
+  follows a drain can never cover a lost write. A backlog of failed writes
+  larger than ``limit_bytes`` makes ``submit`` raise as well.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Coroutine, Hashable
+from collections.abc import Callable, Coroutine, Hashable
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 from zarr.core.sync import _get_loop
 
 #: Bytes of encoded data a group keeps in flight before ``submit`` waits.
 DEFAULT_LIMIT_BYTES = 64 << 20
+
+
+@dataclass
+class _Write:
+    start: Callable[[], Coroutine]  # a new coroutine doing the whole write, each call
+    nbytes: int
+    units: frozenset
+    future: Future | None = None
 
 
 class WriteBehind:
@@ -36,48 +47,78 @@ class WriteBehind:
     def __init__(self, where: str, limit_bytes: int = DEFAULT_LIMIT_BYTES):
         self.where = where
         self.limit_bytes = limit_bytes
-        self._pending: deque[tuple[Future, int, frozenset]] = deque()
-        self._bytes = 0
-        self._failure: BaseException | None = None
+        self._pending: deque[_Write] = deque()
+        self._failed: list[_Write] = []
+        self._error: BaseException | None = None
 
     @property
     def in_flight(self) -> int:
         """Writes started and not yet awaited."""
         return len(self._pending)
 
-    def submit(self, write: Coroutine, nbytes: int, units: frozenset[Hashable]) -> None:
-        """Start ``write`` (``nbytes`` of data covering ``units``) and return."""
-        self._raise_failure(write)
-        while self._pending and (self._bytes + nbytes > self.limit_bytes
-                                 or any(units & entry[2] for entry in self._pending)):
+    def submit(self, start: Callable[[], Coroutine], nbytes: int,
+               units: frozenset[Hashable]) -> None:
+        """Start ``start()`` (a write of ``nbytes`` covering ``units``) and return.
+
+        Raises when a failed write of an overlapping unit fails again, or when
+        failed writes pile up beyond ``limit_bytes``.
+        """
+        # a failed write of units this one rewrites whole is superseded: it was built from
+        # the cache (a read from the store would have drained, and raised, first)
+        self._failed = [w for w in self._failed if not w.units <= units]
+        restarted = {id(write) for write in self._failed}
+        self._restart_failed()
+        while self._pending and (self._bytes(self._pending) + nbytes > self.limit_bytes
+                                 or any(units & w.units for w in self._pending)):
+            write = self._pending[0]
             self._await_oldest()
-            self._raise_failure(write)
-        future = asyncio.run_coroutine_threadsafe(write, _get_loop())
-        self._pending.append((future, nbytes, units))
-        self._bytes += nbytes
+            if self._failed and self._failed[-1] is write and write.units & units:
+                if id(write) in restarted:
+                    self._raise()
+                restarted.add(id(write))
+                self._restart_failed()  # once more, still before this write
+            if self._bytes(self._failed) > self.limit_bytes:
+                self._raise()
+        self._start(_Write(start, nbytes, units))
 
     def drain(self) -> None:
-        """Wait for every write in flight; raise the first failure."""
-        while self._pending:
-            self._await_oldest()
-        self._raise_failure()
+        """Wait for every write in flight, retry failed ones once; raise if one still fails."""
+        for attempt in range(2):
+            while self._pending:
+                self._await_oldest()
+            if not self._failed:
+                self._error = None
+                return
+            if attempt == 0:
+                self._restart_failed()
+        self._raise()
+
+    # -- internals ----------------------------------------------------------------------
+    @staticmethod
+    def _bytes(writes) -> int:
+        return sum(w.nbytes for w in writes)
+
+    def _start(self, write: _Write) -> None:
+        write.future = asyncio.run_coroutine_threadsafe(write.start(), _get_loop())
+        self._pending.append(write)
+
+    def _restart_failed(self) -> None:
+        """Start failed writes again (oldest first): before any later write of their units."""
+        failed, self._failed = self._failed, []
+        for write in failed:
+            self._start(write)
 
     def _await_oldest(self) -> None:
-        future, nbytes, _ = self._pending.popleft()
-        self._bytes -= nbytes
+        write = self._pending.popleft()
         try:
-            future.result()
-        except BaseException as exc:  # noqa: BLE001 - kept and raised by every later call
-            if self._failure is None:
-                self._failure = exc
+            write.future.result()
+        except Exception as exc:  # noqa: BLE001 - kept with its data, retried, then raised
+            self._failed.append(write)
+            self._error = exc
 
-    def _raise_failure(self, write: Coroutine | None = None) -> None:
-        if self._failure is None:
-            return
-        if write is not None:
-            write.close()  # never started: no "coroutine was never awaited" warning
+    def _raise(self) -> None:
         raise OSError(
-            f"an earlier write to {self.where} failed, so nothing more is committed there: "
-            f"{self._failure}. Rows written since the last commit are lost; reopen the store "
-            "with zstore.open(url) to continue from its last committed state"
-        ) from self._failure
+            f"writing to {self.where} failed ({len(self._failed)} write(s) still failing after "
+            f"a retry): {self._error}. Nothing was committed since; the rows are kept: call "
+            "flush() again to retry, or reopen the store to go back to its last commit"
+        ) from self._error

@@ -437,7 +437,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         meta.length = self._len_value
         meta.last_cursor = self._last_cursor_value if self._last_cursor_value < meta.rows else -1
         meta.high_water = self.table.high_water
-        commit(self._group, meta)
+        commit(self._group, meta, self.spec.redacted())
         self._committed = (meta.length, meta.last_cursor)
         self._uncommitted = False
         self._last_commit = time.monotonic()

@@ -1,0 +1,166 @@
+"""Damaged stores: each kind of damage gives its own error naming the key, chunk or file.
+
+Complements ``test_errors.py`` (undecodable zstd chunk, newer format version)
+and ``test_compressed.py`` (CompressedListStorage chunks): here the damage is
+done to the stored objects themselves, on memory://, local and S3 stores —
+flipped bytes, truncated chunks and shards, missing or malformed metadata.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import zstore
+from zstore import CorruptChunkError, NotAZStoreError, StoreSpec
+
+LAYOUTS = {
+    "crc32c": {"codec": "zstd+crc32c", "chunks": 4, "shards": 4},  # shards = chunks: unsharded
+    "raw-crc32c": {"codec": "raw+crc32c", "chunks": 4, "shards": 4},
+    "zstd": {"codec": "zstd", "chunks": 4, "shards": 4},
+    "raw": {"codec": None, "chunks": 4, "shards": 4},
+    "sharded": {"codec": "zstd", "chunks": 4, "shards": 8},
+}
+
+
+def rows(n: int) -> TensorDict:
+    x = torch.arange(n)
+    return TensorDict(obs=x.float().unsqueeze(-1).expand(n, 3).clone(), a=x, batch_size=[n])
+
+
+def build(location, layout: str, n: int = 12):
+    url = location.new()
+    storage = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options,
+                                       **LAYOUTS[layout])
+    storage.set(torch.arange(n), rows(n))
+    storage.close()
+    fs, root = StoreSpec.parse(url, location.options).filesystem()
+    return url, fs, root
+
+
+def damage(fs, path: str, change) -> None:
+    fs.pipe_file(path, change(fs.cat_file(path)))
+
+
+def flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1:]
+
+
+@pytest.mark.parametrize("layout", ["crc32c", "raw-crc32c"])
+def test_a_flipped_byte_under_crc32c_names_key_and_chunk(location, layout):
+    url, fs, root = build(location, layout)
+    for at in (0, 7, -5):  # payload start, middle, checksum itself
+        damage(fs, f"{root}/obs/c/1/0", lambda data, at=at: flip(data, at))
+        reader = zstore.open(url, location.options, mode="r")
+        assert reader[0]["a"].item() == 0  # other chunks still read
+        with pytest.raises(CorruptChunkError, match=r"'obs', chunk 1"):
+            reader[5]
+        damage(fs, f"{root}/obs/c/1/0", lambda data, at=at: flip(data, at))  # undo
+        # regression: the failed load used to leave the block's cache slot claimed (zeros)
+        assert reader[5]["obs"].tolist() == [5.0] * 3
+
+
+def test_without_a_checksum_a_flipped_raw_byte_is_not_detectable(tmp_path):
+    """Documented limit: raw chunks carry no checksum; use a ``+crc32c`` preset to detect bit rot."""
+    from conftest import Location
+
+    url, fs, root = build(Location("local", str(tmp_path), {}), "raw")
+    damage(fs, f"{root}/a/c/1", lambda data: flip(data, 8))
+    assert zstore.open(url, mode="r")[5]["a"].item() != 5  # silently different: hence crc32c
+
+
+@pytest.mark.parametrize("layout", ["crc32c", "zstd", "raw"])
+def test_a_truncated_chunk_names_key_and_chunk(location, layout):
+    url, fs, root = build(location, layout)
+    damage(fs, f"{root}/a/c/2", lambda data: data[: len(data) // 2])
+    reader = zstore.open(url, location.options, mode="r")
+    with pytest.raises(CorruptChunkError, match=r"'a', chunk 2"):
+        reader[9]
+    assert reader[3]["a"].item() == 3
+
+
+def test_a_truncated_shard_names_key_and_shard(location):
+    url, fs, root = build(location, "sharded")
+    damage(fs, f"{root}/a/c/1", lambda data: data[: len(data) - 7])  # cuts into the index
+    reader = zstore.open(url, location.options, mode="r")
+    with pytest.raises(CorruptChunkError, match=r"'a', shard 1"):
+        reader[9]
+    damage(fs, f"{root}/a/c/0", lambda data: data[5:])  # index intact, chunks shifted
+    with pytest.raises(CorruptChunkError, match=r"'a'"):
+        reader[1]
+
+
+@pytest.mark.parametrize("kind", ["mmap-reader", "mmap-writer"])
+def test_a_truncated_memory_mapped_chunk_file_is_refused_not_resized(tmp_path, kind):
+    """Regression: a writer used to extend a short chunk file with zeros (silent data loss)."""
+    url = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(16, scratch_dir=url)
+    storage.set(torch.arange(12), rows(12))
+    storage.close()
+    chunk = tmp_path / "rb" / "a" / "c" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:40])
+    with pytest.raises(CorruptChunkError, match=r"'a'.*40 bytes"):
+        zstore.open(url, mode="r" if kind == "mmap-reader" else "r+")
+    assert chunk.stat().st_size == 40
+
+
+def test_a_missing_array_names_the_key(location):
+    url, fs, root = build(location, "zstd")
+    fs.rm(f"{root}/obs/zarr.json")
+    with pytest.raises(NotAZStoreError, match=r"'obs'"):
+        zstore.open(url, location.options, mode="r")
+
+
+@pytest.mark.parametrize("target", ["root", "array"])
+def test_malformed_zarr_json_is_not_a_zstore_buffer(location, target):
+    url, fs, root = build(location, "zstd")
+    path = f"{root}/zarr.json" if target == "root" else f"{root}/a/zarr.json"
+    damage(fs, path, lambda data: data[: len(data) // 2])  # not JSON any more
+    with pytest.raises(NotAZStoreError) as info:
+        zstore.open(url, location.options, mode="r")
+    assert url in str(info.value)
+    assert target == "root" or "'a'" in str(info.value)  # regression: was a bare JSONDecodeError
+
+
+BAD_BLOCKS = {
+    "length-negative": (lambda b: b.update(length=-1), "length"),
+    "length-past-capacity": (lambda b: b.update(length=10**6), "length"),
+    "missing-rows": (lambda b: b.pop("rows"), "rows"),
+    "capacity-2**62": (lambda b: b.update(max_size=2**62, rows=2**62), "max_size"),
+    "unknown-dtype": (lambda b: b["schema"]["leaves"][0].update(dtype="object"), "dtype"),
+    "escaping-key": (lambda b: b["schema"]["leaves"][0].update(path="../../etc"), ".."),
+    "cursor-past-rows": (lambda b: b.update(last_cursor=99), "last_cursor"),
+    "schema-not-an-object": (lambda b: b.update(schema=[1, 2]), "schema"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_BLOCKS))
+def test_malformed_zstore_block_is_refused_naming_the_field(tmp_path, bad):
+    from conftest import Location
+
+    url, fs, root = build(Location("local", str(tmp_path), {}), "zstd")
+    change, field = BAD_BLOCKS[bad]
+    doc = json.loads(fs.cat_file(f"{root}/zarr.json"))
+    change(doc["attributes"]["zstore"])
+    fs.pipe_file(f"{root}/zarr.json", json.dumps(doc).encode())
+    for mode in ("r", "r+"):
+        with pytest.raises(zstore.ZStoreError) as info:
+            zstore.open(url, mode=mode)
+        assert field in str(info.value) and url in str(info.value)
+
+
+@pytest.mark.parametrize("codec", [{"name": "numcodecs.pickle"},
+                                   {"name": "transpose", "configuration": {"order": [1, 0]}}])
+def test_an_array_naming_a_foreign_codec_is_refused_before_decoding(tmp_path, codec):
+    """Nothing in a store is unpickled: only the codecs zstore writes are accepted."""
+    from conftest import Location
+
+    url, fs, root = build(Location("local", str(tmp_path), {}), "zstd")
+    doc = json.loads(fs.cat_file(f"{root}/obs/zarr.json"))
+    doc["codecs"] = [codec, *doc["codecs"]]
+    fs.pipe_file(f"{root}/obs/zarr.json", json.dumps(doc).encode())
+    with pytest.raises(NotAZStoreError, match=r"'obs'"):
+        zstore.open(url, mode="r")
