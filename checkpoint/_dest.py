@@ -15,7 +15,6 @@ import atexit
 import json
 import os
 import shutil
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -23,9 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from zstore.errors import ZStoreError
+from zstore.progress import progress
 from zstore.store import StoreSpec
 
 COMMIT_ATTR = "zstore_checkpoint"
@@ -81,10 +79,10 @@ def as_spec(path: Any, storage_options: Mapping[str, Any] | None = None) -> Stor
     return StoreSpec.parse(path, storage_options)
 
 
-def progress_bar(total: int, desc: str, enabled: bool) -> tqdm:
-    """A byte progress bar shown after 2 s, only on a terminal and when ``enabled``."""
-    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, delay=2.0, leave=False,
-                disable=not (enabled and sys.stderr.isatty()))
+def progress_bar(total: int, desc: str, enabled: bool):
+    """A byte progress bar shown after 2 s, in a terminal or notebook, when ``enabled``."""
+    return progress(total, desc, enabled=None if enabled else False, unit="B", unit_scale=True,
+                    delay=2.0, leave=False)
 
 
 class Destination:

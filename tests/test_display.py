@@ -92,8 +92,10 @@ def check_keys(storage, n_rows: int, *, codec: str | None = None, sizes: bool = 
 
 
 def du(url: str, options: dict | None = None) -> int:
+    """Bytes stored under ``url``, leaving out the writer's lease (bookkeeping, not data)."""
     fs, path = fsspec.core.url_to_fs(url, **(options or {}))
-    return int(fs.du(path, total=True))
+    return int(sum(size for name, size in fs.du(path, total=False).items()
+                   if not name.endswith("/zstore-lease.json")))
 
 
 # -- in-RAM storages --------------------------------------------------------------------------

@@ -207,9 +207,7 @@ class BlockGroup:
         miss = slots < 0
         n_miss = int(miss.sum())
         if n_miss:
-            self.cache.stats.misses += n_miss
             slots[miss] = self._load(blocks[miss], slots[~miss], torch.ones(n_miss, dtype=torch.bool))
-        self.cache.stats.hits += len(blocks) - n_miss
         self.cache.touch(slots)
         return slots
 
@@ -218,14 +216,16 @@ class BlockGroup:
         """Rows (or cells) of this group's keys; ``rows`` is a CPU int64 tensor."""
         blocks = torch.div(rows, self.R, rounding_mode="floor")
         slots = self.cache.slot_of[blocks]
-        if bool((slots < 0).any()):
+        n_miss = int((slots < 0).sum())
+        if n_miss:
             ublocks, inverse = torch.unique(blocks, return_inverse=True)
             if len(ublocks) > self.cache.n_slots - self.cache.n_dirty:
                 return self._read_in_rounds(rows, lanes, ublocks, inverse)
             slots = self.slots_for_read(ublocks)[inverse]
         else:
-            self.cache.stats.hits += len(rows)
             self.cache.touch(slots)
+        self.cache.stats.hits += len(rows) - n_miss  # rows: served from a cached block ...
+        self.cache.stats.misses += n_miss  # ... or from one that had to be loaded
         pos = (slots * self.R + (rows - blocks * self.R)).to(self.device, non_blocking=True)
         out = {}
         for leaf in self.leaves:
@@ -259,7 +259,7 @@ class BlockGroup:
     def prefetch(self, rows: torch.Tensor) -> None:
         """Load the blocks of ``rows`` (as many as fit next to the dirty ones)."""
         blocks = torch.unique(torch.div(rows, self.R, rounding_mode="floor"))
-        blocks = blocks[: max(0, self.cache.clean_capacity() - 1)]
+        blocks = blocks[: self.cache.clean_capacity()]
         if len(blocks):
             self.slots_for_read(blocks)
 

@@ -87,8 +87,8 @@ def cache_tier(name: str | CacheTier, device: torch.device | str | None = None) 
 class CacheStats:
     """Counters of a :class:`ChunkCache`.
 
-    ``hits`` / ``misses`` count lookups (a row read from a cached block is a hit;
-    a block that had to be loaded is a miss); ``loads`` and the byte counters
+    ``hits`` / ``misses`` count rows read (a row whose block was cached is a hit,
+    one whose block had to be loaded a miss; prefetches count neither); ``loads`` and the byte counters
     count blocks (``loaded_bytes`` decoded, ``fetched_bytes`` as stored);
     ``requests`` counts store requests and ``peak_in_flight`` the most that
     were in flight at once.
@@ -108,7 +108,7 @@ class CacheStats:
 
     @property
     def hit_rate(self) -> float:
-        """Fraction of block lookups served from the cache."""
+        """Fraction of rows read that were served from the cache."""
         total = self.hits + self.misses
         return self.hits / total if total else 0.0
 

@@ -134,13 +134,16 @@ class StoreSpec:
         fs, path = self.filesystem()
         return fs.exists(path)
 
-    def stored_bytes(self) -> int:
-        """Bytes of every object at or below this location (0 when nothing is there)."""
+    def stored_bytes(self, ignore: tuple[str, ...] = ()) -> int:
+        """Bytes of every object at or below this location (0 when nothing is there),
+        except the top-level objects named in ``ignore``."""
         fs, path = self.filesystem()
         try:
-            return int(fs.du(path, total=True))
+            sizes = fs.du(path, total=False)
         except FileNotFoundError:
             return 0
+        skip = {f"{path.rstrip('/')}/{name}" for name in ignore}
+        return int(sum(size for name, size in sizes.items() if name not in skip))
 
     def is_empty(self, ignore: tuple[str, ...] = ()) -> bool:
         """Whether nothing is stored at (or below) this location, except top-level ``ignore`` names."""

@@ -896,7 +896,7 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         if self._kind is None:
             return 0
         self.flush()
-        return self.spec.stored_bytes()
+        return self.spec.stored_bytes(ignore=(LEASE_NAME,))
 
     @property
     def raw_nbytes(self) -> int:
@@ -957,6 +957,6 @@ class CompressedListStorage(CompressionRatio, ListStorage):
                                stored_bytes=stored_bytes_under(self.spec, where) if listed else None,
                                raw_bytes=self._raw_bytes_of(path)))
         return dataclasses.replace(
-            base, rows=tuple(rows), facts=unlisted_sizes_fact(self.spec), stored_bytes=self.spec.stored_bytes() if listed else None,
+            base, rows=tuple(rows), facts=unlisted_sizes_fact(self.spec), stored_bytes=self.spec.stored_bytes(ignore=(LEASE_NAME,)) if listed else None,
             raw_bytes=sum(row.raw_bytes for row in rows), cache_tier="host", cache_budget=self.cache_bytes,
             cache_stats=self.cache_stats)

@@ -29,7 +29,7 @@ from ..errors import MissingKeyError, ReadOnlyError, SchemaError, StoreExistsErr
 from ..display import KeyRow, Summary, dtype_name
 from ..group import commit, create_group, existing_meta, open_group
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta
-from ..lease import DEFAULT_TTL, writer_lease
+from ..lease import DEFAULT_TTL, LEASE_NAME, writer_lease
 from ..store import StoreSpec
 from ..table import ChunkedTable, MmapTable, Table
 from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
@@ -572,7 +572,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
             return 0
         if not (self.spec.read_only or self._meta.read_only):
             self.table.flush()
-        return self.spec.stored_bytes()
+        return self.spec.stored_bytes(ignore=(LEASE_NAME,))
 
     @property
     def raw_nbytes(self) -> int:
@@ -690,7 +690,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         else:
             facts += unlisted_sizes_fact(self.spec)
         return {"rows": rows, "facts": facts,
-                "stored_bytes": self.spec.stored_bytes() if listed else None,
+                "stored_bytes": self.spec.stored_bytes(ignore=(LEASE_NAME,)) if listed else None,
                 "raw_bytes": filled * self._schema.row_bytes, "episodes": base.episodes,
                 "cache_tier": self.cache if self._table is not None else None,
                 "cache_budget": self.cache_bytes,
