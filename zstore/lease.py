@@ -499,6 +499,7 @@ class WriterLease:
     def ensure(self) -> bool:
         """Hold the lease before a write; ``True`` when the process has just acquired it."""
         _start_releaser()
+        _release_deferred()
         with self.lease._lock:
             fresh = self.lease.ensure()
             if not self.active:
@@ -518,8 +519,16 @@ class WriterLease:
 
     def release_later(self) -> None:
         """:meth:`release` on a background thread: for garbage collection, which may run on
-        any thread (an HTTP server's, an event loop's) where waiting for I/O can deadlock."""
-        _PENDING.put(self)
+        any thread (an HTTP server's, an event loop's) where waiting for I/O can deadlock.
+
+        A ``memory://`` store is a plain dict shared by every thread, which another
+        thread — or a collection in the middle of a listing — must not change under an
+        iteration: its release waits for this process's next lease operation instead.
+        """
+        if self.lease.spec.protocol == "memory":
+            _DEFERRED.append(self)
+        else:
+            _PENDING.put(self)
 
     def __getattr__(self, name: str) -> Any:  # held, owner, renew, read/write_metadata
         return getattr(self.lease, name)
@@ -527,6 +536,16 @@ class WriterLease:
 
 _PENDING: queue.SimpleQueue = queue.SimpleQueue()  # put() is safe inside a finalizer
 _RELEASER: dict[int, threading.Thread] = {}  # by process id: a forked child starts its own
+
+
+_DEFERRED: list[WriterLease] = []  # memory:// releases, done at a safe point (append is atomic)
+
+
+def _release_deferred() -> None:
+    while _DEFERRED:
+        handle = _DEFERRED.pop()
+        with contextlib.suppress(Exception):
+            handle.release()
 
 
 def _start_releaser() -> None:
