@@ -29,6 +29,18 @@ from .errors import (
 )
 
 FORMAT_VERSION = 1
+
+
+def check_format_version(block: Mapping[str, Any], where: str) -> None:
+    """Refuse a ``zstore`` block without a valid ``format_version``, or from a newer zstore."""
+    version = block.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise NotAZStoreError(f"{where}: the 'zstore' block has no valid format_version "
+                              f"(got {version!r})")
+    if version > FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{where} was written in zstore format v{version}; this zstore reads up to "
+            f"v{FORMAT_VERSION}: upgrade zstore (pip install -U zstore)")
 #: Name of the array that holds a storage of plain tensors (TorchRL's file name).
 SINGLE_TENSOR_KEY = "_-single-tensor-_"
 #: Largest number of elements zstore accepts for one buffer leaf (guards absurd metadata).
@@ -376,15 +388,7 @@ class StoreMeta:
         """Parse and validate a ``zstore`` block read from ``where`` (named in errors)."""
         if not isinstance(data, Mapping):
             raise NotAZStoreError(f"{where} is not a zstore buffer: no 'zstore' block in its attributes")
-        version = data.get("format_version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise NotAZStoreError(f"{where}: the 'zstore' block has no valid format_version "
-                                  f"(got {version!r})")
-        if version > FORMAT_VERSION:
-            raise FormatVersionError(
-                f"{where} was written in zstore format v{version}; this zstore reads up to "
-                f"v{FORMAT_VERSION}: upgrade zstore (pip install -U zstore)"
-            )
+        check_format_version(data, where)
         try:
             ints = {name: int(data[name]) for name in
                     ("max_size", "ndim", "rows", "length", "last_cursor", "high_water")}

@@ -43,11 +43,11 @@ from ..cache import DEFAULT_CACHE_BYTES, CacheStats
 from ..codecs import CodecSpec, parse_codecs
 from ..display import KeyRow, Summary, dtype_name
 from ..dtypes import torch_dtype_from_name, torch_dtype_name
-from ..errors import (CorruptChunkError, FormatVersionError, MissingKeyError, NotAZStoreError, SchemaError,
+from ..errors import (CorruptChunkError, MissingKeyError, NotAZStoreError, SchemaError,
                       StoreExistsError, ZStoreError)
 from ..group import ZSTORE_ATTR, open_group, put_attrs
 from ..lease import DEFAULT_TTL, LEASE_NAME, writer_lease
-from ..layout import FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, key_to_path
+from ..layout import FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, check_format_version, key_to_path
 from ..store import StoreSpec
 from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .list import ListStorage, _as_int
@@ -134,16 +134,6 @@ def _root_block(spec: StoreSpec) -> dict[str, Any] | None:
     if isinstance(block, Mapping) and block.get("storage_class") == "CompressedListStorage":
         return dict(block)
     return None
-
-
-def _check_version(block: Mapping[str, Any], where: str) -> None:
-    version = block.get("format_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise NotAZStoreError(f"{where}: the 'zstore' block has no valid format_version "
-                              f"(got {version!r})")
-    if version > FORMAT_VERSION:
-        raise FormatVersionError(f"{where} was written in zstore format v{version}; this zstore "
-                                 f"reads up to v{FORMAT_VERSION}: upgrade zstore")
 
 
 class _Ragged:
@@ -815,7 +805,7 @@ class CompressedListStorage(CompressionRatio, ListStorage):
                     decompression_fn: Callable | None = None,
                     lease_ttl: float | None = DEFAULT_TTL) -> "CompressedListStorage":
         """Reopen a committed storage (used by :func:`zstore.open` and unpickling)."""
-        _check_version(block, spec.redacted())
+        check_format_version(block, spec.redacted())
         if cache != "host":
             raise ValueError(f"{cls.__name__} caches chunks on the host only (cache={cache!r})")
         if block.get("custom_codec") and compression_fn is None:
@@ -869,7 +859,7 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         if block is None:
             self._reset()
         else:
-            _check_version(block, spec.redacted())
+            check_format_version(block, spec.redacted())
             self._root = _open_root(spec)
             self._restore(block)
         self._revision = state["revision"]

@@ -32,9 +32,9 @@ import zarr
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
 from ..cache import DEFAULT_CACHE_BYTES
-from ..errors import FormatVersionError, NotAZStoreError, StoreExistsError
+from ..errors import NotAZStoreError, StoreExistsError
 from ..group import ZSTORE_ATTR
-from ..layout import FORMAT_VERSION
+from ..layout import FORMAT_VERSION, check_format_version
 from ..lease import DEFAULT_TTL
 from ..store import StoreSpec
 from .base import Storage
@@ -244,13 +244,7 @@ class StorageEnsemble(Storage):
         from ..api import open as open_store
 
         where = spec.redacted()
-        version = block.get("format_version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise NotAZStoreError(f"{where}: the 'zstore' block has no valid format_version "
-                                  f"(got {version!r})")
-        if version > FORMAT_VERSION:
-            raise FormatVersionError(f"{where} was written in zstore format v{version}; this zstore "
-                                     f"reads up to v{FORMAT_VERSION}: upgrade zstore")
+        check_format_version(block, where)
         members = block.get("members")
         if not isinstance(members, list) or not all(
                 isinstance(m, str) and m and ".." not in m.split("/") for m in members):
