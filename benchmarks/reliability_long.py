@@ -20,8 +20,8 @@ fork vs a fresh interpreter). Prints a summary and writes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import logging
 import os
 import random
 import subprocess
@@ -41,30 +41,14 @@ from faultproxy import FAULTS, FaultProxy, Rule
 
 import zstore
 from zstore import _faults
-
-
-def s3_server():
-    """A moto S3 server on loopback, a bucket, and its options."""
-    import s3fs
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    options = {"endpoint_url": f"http://{host}:{port}", "key": "testing", "secret": "testing"}
-    bucket = f"reliability-{uuid.uuid4().hex[:8]}"
-    s3fs.S3FileSystem(**options, skip_instance_cache=True).mkdir(bucket)
-    return server, options, bucket
+from zstore.demo import loopback_s3
 
 
 def run_crash(kinds, s3) -> dict:
     out = {}
     for kind in kinds:
         if kind == "s3":
-            base, options = f"s3://{s3[2]}/crash", s3[1]
+            base, options = f"{s3[0]}/crash", s3[1]
         else:
             base, options = tempfile.mkdtemp(prefix=f"zstore-crash-{kind}-"), {}
         start = time.perf_counter()
@@ -80,12 +64,12 @@ def run_crash(kinds, s3) -> dict:
 def run_faults(rounds: int, s3, seed: int) -> dict:
     """Random faults under extend / flush / reopen; every round checked against the model."""
     rng = random.Random(seed)
-    _, direct, bucket = s3
+    root, direct = s3
     errors, wrong, clean = [], 0, 0
     with FaultProxy(direct["endpoint_url"]) as proxy:
         options = dict(direct, endpoint_url=proxy.url,
                        config_kwargs={"retries": {"max_attempts": 2}})
-        url = f"s3://{bucket}/faults-{uuid.uuid4().hex[:8]}"
+        url = f"{root}/faults-{uuid.uuid4().hex[:8]}"
         storage = zstore.LazyMemmapStorage(64, scratch_dir=url, storage_options=options,
                                            codec="zstd+crc32c", chunks=4, shards=8,
                                            autocommit_seconds=1e9)
@@ -101,7 +85,7 @@ def run_faults(rounds: int, s3, seed: int) -> dict:
             if len(committed) + len(pending) + n > 64:
                 proxy.clear()
                 storage.cleanup()
-                url = f"s3://{bucket}/faults-{uuid.uuid4().hex[:8]}"
+                url = f"{root}/faults-{uuid.uuid4().hex[:8]}"
                 storage = zstore.LazyMemmapStorage(64, scratch_dir=url, storage_options=options,
                                                    codec="zstd+crc32c", chunks=4, shards=8,
                                                    autocommit_seconds=1e9)
@@ -196,7 +180,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "reliability.json"))
     args = parser.parse_args()
-    s3 = s3_server() if {"crash", "faults"} & set(args.only) else None
+    stack = contextlib.ExitStack()  # the S3 server lives until the report is written
+    s3 = stack.enter_context(loopback_s3()) if {"crash", "faults"} & set(args.only) else None
     report: dict = {}
     if "overhead" in args.only:
         report["overhead"] = run_overhead()
@@ -211,6 +196,7 @@ def main() -> int:
                                           args.property_examples)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1))
+    stack.close()
     failed = (any(c["failures"] for c in report.get("crash", {}).values())
               or report.get("faults", {}).get("errors")
               or any(report.get(p, {}).get("returncode") for p in ("fuzz", "properties")))

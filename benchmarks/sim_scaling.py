@@ -18,10 +18,10 @@ commits), so the cost of the lease shows as a ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import multiprocessing as mp
-import os
 import statistics
 import sys
 import time
@@ -32,7 +32,8 @@ import torch
 from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import zstore
+import zstore  # noqa: E402
+from zstore.demo import loopback_s3  # noqa: E402
 
 OBS = 17  # proprioceptive observations
 
@@ -142,19 +143,10 @@ def main() -> int:
     if args.quick:
         args.writers, args.batches = [1, 2], 10
 
-    import s3fs
-    from moto.server import ThreadedMotoServer
-
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # s3fs sessions left open at exit
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    options = {"endpoint_url": f"http://{host}:{port}", "key": "testing", "secret": "testing"}
-    bucket = f"sim-{uuid.uuid4().hex[:8]}"
-    s3fs.S3FileSystem(**options, skip_instance_cache=True).mkdir(bucket)
+    server = contextlib.ExitStack()
+    root, options = server.enter_context(loopback_s3())
+    bucket = root.removeprefix("s3://")
 
     results = []
     print(f"{'writers':>7} {'lease':>5} {'written/s':>10} {'sampled/s':>10} "
@@ -178,7 +170,7 @@ def main() -> int:
                   f"{row['commit_ms_p90']:<9.1f} {row['wrong_rows']:>10}")
         print(f"        lease / no lease: commit latency x{pair[True]['commit_ms_median'] / pair[False]['commit_ms_median']:.2f}, "
               f"written/s x{pair[True]['written_per_s'] / pair[False]['written_per_s']:.2f}")
-    server.stop()
+    server.close()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "json"},
                                            "results": results}, indent=1))
