@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import zarr
 from zarr.core.sync import sync
 
 from zstore.codecs import CodecSpec
@@ -29,7 +30,7 @@ from zstore.dtypes import (
     to_numpy,
     to_storage,
 )
-from zstore.group import commit, create_group, open_group
+from zstore.group import commit, create_group, open_group, open_zarr_group
 from zstore.layout import StoreMeta
 
 from ._chunks import chunk_key, read_raw, write_raw
@@ -104,7 +105,12 @@ def dump_buffer(storage: Any, dest: Destination, *, codec: CodecSpec, chunks: in
     meta = StoreMeta("LazyMemmapStorage", state.max_size, state.ndim, state.rows, state.schema,
                      codec, layout)
     gen_spec = dest.child(gen)
-    group = create_group(gen_spec, meta)
+    group = None if base is None else _carry_metadata(dest, base[0], gen, state.schema)
+    if group is None:  # a first dump, or the previous generation lacks metadata: write everything
+        if base is not None:
+            base, gen = None, dest.new_generation()  # the partial one goes after the commit
+            gen_spec = dest.child(gen)
+        group = create_group(gen_spec, meta)
     arrays = {} if codec.is_raw else \
         {leaf.path: group[leaf.path]._async_array for leaf in state.schema.leaves}
     row_rev = getattr(storage, "_row_rev", None)
@@ -150,6 +156,20 @@ def dump_buffer(storage: Any, dest: Destination, *, codec: CodecSpec, chunks: in
             "length": state.length, "last_cursor": state.last_cursor, "max_size": state.max_size,
             "rows": state.rows, "ndim": state.ndim, "incremental": base is not None,
             "bytes_written": written, "revision": revision}
+
+
+def _carry_metadata(dest: Destination, old: str, gen: str, schema) -> zarr.Group | None:
+    """Generation ``gen``'s Zarr metadata carried over from generation ``old`` (same keys,
+    layout and codec): every node's ``zarr.json`` linked / copied server-side, the root's
+    copied (the commit rewrites it). None when ``old`` lacks one of them."""
+    nodes = {f"{leaf.path}/zarr.json" for leaf in schema.leaves}
+    nodes |= {"/".join(leaf.key[:depth]) + "/zarr.json" for leaf in schema.leaves
+              for depth in range(1, len(leaf.key))}
+    copied = dest.copy_objects((f"{old}/{node}", f"{gen}/{node}") for node in sorted(nodes))
+    copied += dest.copy_objects([(f"{old}/zarr.json", f"{gen}/zarr.json")], link=False)
+    if copied != len(nodes) + 1:
+        return None
+    return open_zarr_group(dest.child(gen))
 
 
 def _write_all(jobs: list) -> None:
@@ -198,12 +218,10 @@ def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | Non
     def read(lo: int, hi: int) -> dict[str, torch.Tensor]:
         if not raw:
             return _read(arrays, schema, lo, hi)
-        out = {}
-        for leaf in schema.leaves:
-            value = np.empty((hi - lo, *leaf.shape), dtype=storage_numpy_dtype(leaf.dtype))
-            read_raw(spec, leaf.path, value, lo, meta.layout[leaf.path][0])
-            out[leaf.path] = as_torch(value, leaf.dtype)
-        return out
+        values = {leaf.path: np.empty((hi - lo, *leaf.shape), dtype=storage_numpy_dtype(leaf.dtype))
+                  for leaf in schema.leaves}
+        read_raw(spec, [(path, value, lo, meta.layout[path][0]) for path, value in values.items()])
+        return {leaf.path: as_torch(values[leaf.path], leaf.dtype) for leaf in schema.leaves}
 
     window = max(chunk for chunk, _ in meta.layout.values())
     first = read(0, 1)
@@ -212,9 +230,9 @@ def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | Non
     with progress_bar(high * schema.row_bytes, f"loads {dest.url}", progress) as bar:
         targets = _in_memory_columns(storage, schema) if raw else None
         if targets is not None:  # straight into the container's memory
-            for leaf in schema.leaves:
-                read_raw(spec, leaf.path, targets[leaf.path][:high], 0, meta.layout[leaf.path][0])
-                bar.update(high * leaf.row_bytes)
+            read_raw(spec, [(path, target[:high], 0, meta.layout[path][0])
+                            for path, target in targets.items()])
+            bar.update(high * schema.row_bytes)
         else:
             for lo in range(0, high, window):
                 hi = min(lo + window, high)

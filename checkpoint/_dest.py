@@ -218,11 +218,12 @@ class Destination:
                 pass
 
     # -- carry-over -----------------------------------------------------------------------
-    def copy_objects(self, pairs: Iterable[tuple[str, str]]) -> int:
+    def copy_objects(self, pairs: Iterable[tuple[str, str]], link: bool = True) -> int:
         """Copy objects ``src -> dst`` (paths below the destination) without moving bytes
         through this process where the store allows it: hard links on local disk (copy
-        fallback), server-side copies on object stores. Missing sources (chunks never
-        stored, i.e. all zero) are skipped. Returns the number of objects copied."""
+        fallback; always a copy with ``link=False``, for an object rewritten later),
+        server-side copies on object stores. Missing sources (chunks never stored, i.e.
+        all zero) are skipped. Returns the number of objects copied."""
         pairs = list(pairs)
         if not pairs:
             return 0
@@ -235,6 +236,8 @@ class Destination:
                     return 0
                 os.makedirs(os.path.dirname(dst), exist_ok=True)
                 try:
+                    if not link:
+                        raise OSError("a copy was asked for")
                     os.link(src, dst)
                 except OSError:
                     shutil.copyfile(src, dst)

@@ -265,6 +265,52 @@ def test_incremental_dump_writes_only_changed_chunks(location):
     assert_same(again.get(slice(None)), target.get(slice(None)))
 
 
+def test_interrupted_incremental_dump_leaves_the_previous_checkpoint_intact(location, monkeypatch):
+    """The new generation's metadata is carried over from the previous one; staging and
+    committing it (up to the commit record) must not touch the previous generation."""
+    stream = TEDStream(seed=3)
+    storage = LazyTensorStorage(64)
+    storage.checkpointer = TensorStorageCheckpointer(chunks=8)
+    storage.set(torch.arange(40), stream.batch(40))
+    dest = spec(location, "intact")
+    storage.dumps(dest)
+    before = storage.get(slice(None)).clone()
+    storage.set(torch.arange(40, 44), stream.batch(4))
+
+    def interrupt(point: str) -> None:
+        if point == "commit":
+            raise KeyboardInterrupt("stopped before the commit record")
+
+    monkeypatch.setattr(checkpoint._dest, "_FAULT", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        storage.dumps(dest)
+    monkeypatch.setattr(checkpoint._dest, "_FAULT", None)
+    back = LazyTensorStorage(64)
+    back.loads(dest)
+    assert len(back) == 40 and back._last_cursor_index == 39
+    assert_same(back.get(slice(None)), before)
+    storage.dumps(dest)                       # the next dump commits everything
+    again = LazyTensorStorage(64)
+    again.loads(dest)
+    assert len(again) == 44
+    assert_same(again.get(slice(None)), storage.get(slice(None)))
+
+
+def test_incremental_dump_falls_back_when_the_previous_generation_is_damaged(tmp_path):
+    stream = TEDStream(seed=4)
+    storage = LazyTensorStorage(64)
+    storage.set(torch.arange(64), stream.batch(64))
+    dest = StoreSpec.parse(tmp_path / "ck")
+    storage.dumps(dest)
+    (tmp_path / "ck" / _record(dest)["generation"] / "obs" / "zarr.json").unlink()
+    storage.set(0, stream.batch(1)[0])
+    storage.dumps(dest)
+    assert not _record(dest)["incremental"]
+    back = LazyTensorStorage(64)
+    back.loads(dest)
+    assert_same(back.get(slice(None)), storage.get(slice(None)))
+
+
 def test_incremental_never_trusts_another_writers_generation(tmp_path):
     stream = TEDStream(seed=2)
     a, b = LazyTensorStorage(64), LazyTensorStorage(64)
