@@ -12,6 +12,7 @@ from ._compressed import CompressedListStorageCheckpointer
 from ._dest import CheckpointError
 from ._ensemble import StorageEnsembleCheckpointer
 from ._h5 import H5StorageCheckpointer
+from ._result import DumpResult
 from ._ted import Flat2TED, H5Combine, H5Split, Nested2TED, TED2Flat, TED2Nested
 from ._tensor import (
     FlatStorageCheckpointer,
@@ -24,6 +25,7 @@ from ._tensor import (
 __all__ = [
     "CheckpointError",
     "CompressedListStorageCheckpointer",
+    "DumpResult",
     "Flat2TED",
     "FlatStorageCheckpointer",
     "H5Combine",

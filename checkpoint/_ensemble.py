@@ -13,9 +13,11 @@ pickles them; zstore never pickles into a store).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ._dest import CheckpointError, Destination
+from ._result import DumpResult
 from ._tensor import _Configured
 
 MEMBER = "member-"
@@ -35,7 +37,8 @@ def _is_empty(member: Any) -> bool:
 class StorageEnsembleCheckpointer(_Configured):
     """Checkpoints of a StorageEnsemble: one sub-destination per member, one commit."""
 
-    def dumps(self, storage: Any, path: Any) -> None:
+    def dumps(self, storage: Any, path: Any) -> DumpResult:
+        start = time.perf_counter()
         dest = self._dest(path)
         dest.check_writable(allowed=(MEMBER,))
         members = _members(storage)
@@ -59,6 +62,13 @@ class StorageEnsembleCheckpointer(_Configured):
         for name in dest.children():
             if name.startswith(MEMBER) and name[len(MEMBER):] not in records:
                 dest.remove(name)
+        seconds = time.perf_counter() - start
+        results = {int(i): DumpResult.of(Destination(dest.child(f"{MEMBER}{i}")).redacted(),
+                                         record, seconds) for i, record in records.items()}
+        return DumpResult(url=dest.redacted(), checkpointer=type(self).__name__, generation=gen,
+                          incremental=bool(results) and all(r.incremental for r in results.values()),
+                          bytes_written=sum(r.bytes_written for r in results.values()),
+                          length=len(storage), seconds=seconds, members=results)
 
     def loads(self, storage: Any, path: Any) -> None:
         dest = self._dest(path)

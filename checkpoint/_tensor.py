@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -12,6 +13,7 @@ from zstore.layout import Schema
 
 from ._buffer import dump_buffer, load_buffer
 from ._dest import GEN_PREFIX, CheckpointError, Destination, as_spec
+from ._result import DumpResult
 from ._state import TensorState, restore, shift_of
 from ._ted import (
     DEFAULT_DONE_KEYS,
@@ -44,8 +46,8 @@ class StorageCheckpointerBase:
         """Add a hook applied to data after it is loaded: ``hook(data, out=None) -> data``."""
         self._load_hooks.append(hook)
 
-    def dumps(self, storage: Any, path: Any) -> None:
-        """Save ``storage`` to ``path``."""
+    def dumps(self, storage: Any, path: Any) -> Any:
+        """Save ``storage`` to ``path``; zstore's checkpointers return a :class:`DumpResult`."""
         raise NotImplementedError(f"{type(self).__name__} cannot save {type(storage).__name__}")
 
     def loads(self, storage: Any, path: Any) -> None:
@@ -99,10 +101,13 @@ class TensorStorageCheckpointer(_Configured):
         progress: show a progress bar on a terminal for long transfers.
     """
 
-    def dumps(self, storage: Any, path: Any) -> None:
+    def dumps(self, storage: Any, path: Any) -> DumpResult:
+        start = time.perf_counter()
         dest = self._dest(path)
         dest.check_writable()
-        self._finish(storage, dest, self._stage(storage, dest))
+        record = self._stage(storage, dest)
+        self._finish(storage, dest, record)
+        return DumpResult.of(dest.redacted(), record, time.perf_counter() - start)
 
     def _stage(self, storage: Any, dest: Destination) -> dict[str, Any]:
         """Write a new generation at ``dest`` (not yet committed); return its commit record."""
@@ -133,8 +138,9 @@ class TensorStorageCheckpointer(_Configured):
                 hook.is_full = state.is_full
             data = hook(data, path=dest.url)
         gen = dest.new_generation()
-        write_tree(dest.child(gen), data, self.codec, self.progress)
+        written = write_tree(dest.child(gen), data, self.codec, self.progress)
         return {"checkpointer": type(self).__name__, "form": "tree", "generation": gen,
+                "bytes_written": written,
                 "length": state.length, "last_cursor": state.last_cursor,
                 "max_size": state.max_size, "rows": state.rows, "ndim": state.ndim,
                 "schema": state.schema.to_json()}

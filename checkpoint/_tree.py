@@ -48,8 +48,9 @@ def _walk(td: TensorDictBase, prefix: tuple[str, ...], tensors: dict, others: di
             others["/".join(path)] = value
 
 
-def write_tree(spec: StoreSpec, td: TensorDictBase, codec: CodecSpec, progress: bool) -> None:
-    """Write ``td`` as a Zarr group at ``spec`` (which must not exist yet)."""
+def write_tree(spec: StoreSpec, td: TensorDictBase, codec: CodecSpec, progress: bool) -> int:
+    """Write ``td`` as a Zarr group at ``spec`` (which must not exist yet); return the bytes
+    of its tensors."""
     if not is_tensor_collection(td):
         raise TypeError(f"save hooks must return a TensorDict, got {type(td).__name__}")
     tensors: dict[str, torch.Tensor] = {}
@@ -81,6 +82,7 @@ def write_tree(spec: StoreSpec, td: TensorDictBase, codec: CodecSpec, progress: 
             fault_point("write")
             bar.update(value.nbytes)
     group.attrs.put({TREE_ATTR: {"batch_sizes": batches, "non_tensor": others}})
+    return total
 
 
 def read_tree(spec: StoreSpec, progress: bool) -> TensorDict:

@@ -393,3 +393,25 @@ def test_docs_example(capsys):
     code = re.findall(r"```python\n(.*?)```", text, re.DOTALL)[0]
     exec(compile(code, "docs/checkpoints.md", "exec"), {})  # noqa: S102 - our own docs
     assert capsys.readouterr().out.split() == ["10", "1000", "9"]
+
+
+def test_dumps_returns_what_it_wrote(location):
+    stream = TEDStream(seed=5)
+    storage = LazyTensorStorage(64)
+    storage.checkpointer = TensorStorageCheckpointer(chunks=8)
+    storage.set(torch.arange(32), stream.batch(32))
+    dest = spec(location, "result")
+    full = storage.dumps(dest)
+    assert isinstance(full, checkpoint.DumpResult) and not full.incremental
+    assert full.generation == _record(dest)["generation"] and full.length == 32
+    assert full.bytes_written == _record(dest)["bytes_written"] > 0
+    assert full.url == dest.redacted() and "full dump of 32 items" in str(full)
+    storage.set(torch.arange(32, 36), stream.batch(4))
+    again = storage.dumps(dest)
+    assert again.incremental and again.length == 36
+    assert 0 < again.bytes_written < full.bytes_written // 2
+    flat = LazyTensorStorage(64)
+    flat.checkpointer = FlatStorageCheckpointer()
+    flat.set(torch.arange(32), stream.batch(32))
+    tree = flat.dumps(spec(location, "flat"))
+    assert tree.checkpointer == "FlatStorageCheckpointer" and tree.bytes_written > 0

@@ -170,9 +170,11 @@ def test_storage_ensemble_round_trip(location):
         assert_same(mine.get(slice(None)), theirs.get(slice(None)))
     assert len(target._storages[2]) == 0          # the empty member stays empty
     source._storages[0][5] = stream.batch(1)[0]   # change one row of one member
-    source.dumps(dest)
+    result = source.dumps(dest)
     record = TensorStorageCheckpointer()._dest(dest).read_commit()
     assert record["records"]["0"]["incremental"] and record["empty_members"] == [2]
+    assert sorted(result.members) == [0, 1] and result.members[0].incremental
+    assert result.bytes_written == sum(r["bytes_written"] for r in record["records"].values())
     target.loads(dest)
     assert_same(target._storages[0].get(slice(None)), source._storages[0].get(slice(None)))
     assert isinstance(source.checkpointer, StorageEnsembleCheckpointer)

@@ -99,9 +99,10 @@ class Storage:
     def checkpointer(self, value) -> None:
         self._checkpointer = value
 
-    def dumps(self, path) -> None:
-        """Save the storage to ``path`` (a local path or any fsspec URL)."""
-        self.checkpointer.dumps(self, path)
+    def dumps(self, path) -> Any:
+        """Save the storage to ``path`` (a local path or any fsspec URL); returns the
+        checkpointer's :class:`checkpoint.DumpResult` (bytes written, incremental or not)."""
+        return self.checkpointer.dumps(self, path)
 
     save = dump = dumps
 
