@@ -68,8 +68,9 @@ class H5Form:
 
 def _split(buf: torch.Tensor, pos: torch.Tensor, bounds: torch.Tensor,
            extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Root and next values of a compacted key as the layout implies them (zeros after a
-    segment end without an extra row)."""
+    """Root and next values of a compacted key as the layout implies them; zeros for the
+    next value of a group's last step without an extra row (a lane's last written step
+    that is no segment end)."""
     if not len(pos):
         return buf[:0], buf[:0].clone()
     nxt = buf[torch.clamp(pos + 1, max=len(buf) - 1)]
