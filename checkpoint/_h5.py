@@ -1,12 +1,17 @@
 """H5StorageCheckpointer: TED storages as one HDF5 file, locally or at any fsspec URL.
 
-Layout (TorchRL's, SPEC §3.7): scalar ``_len``, ``_storage_shape``, ``is_full``,
-``shift``, and one group ``traj_<i>`` per segment (compacted keys ``L + 1`` rows,
-others ``L``; keys present only under ``"next"`` in a ``next`` sub-group). The
-root attribute ``zstore_checkpoint`` (JSON) holds the write cursor and the
-compact-form metadata. The file is written to a temporary name and renamed
-(locally), or uploaded in one PUT (object stores), so a crash never leaves a
-half-written file in place of a good one. TorchRL's own H5 files are read too.
+Format 2 (SPEC §3.7) is TorchRL's own layout, so TorchRL's
+``H5StorageCheckpointer().loads`` reads it (see :mod:`checkpoint._h5form`): the
+opaque scalars ``_len``, ``_storage_shape``, ``is_full``, ``shift``, one group
+``traj_<i>`` per segment and one zero-padding group per lane of a partial buffer
+(never written: HDF5 stores nothing for it). The root group ``zstore`` holds what
+TorchRL's layout loses, and the root attribute ``zstore_checkpoint`` (JSON) the
+write cursor, counters, schema and layout metadata; zstore reads both back
+exactly. Every dataset carries a ``torch_dtype`` attribute. Format 1 (zstore's
+own segments, before TorchRL could read them) and TorchRL's files are read too.
+The file is written to a temporary name and renamed (locally), or uploaded in
+one PUT (object stores), so a crash never leaves a half-written file in place of
+a good one.
 """
 
 from __future__ import annotations
@@ -29,12 +34,15 @@ from zstore.store import StoreSpec
 
 from ._buffer import as_numpy, as_torch
 from ._dest import CheckpointError, Destination, as_spec, fault_point
+from ._h5form import GROUP, H5Form, decode, encode
 from ._state import TensorState, restore, shift_of
-from ._ted import DEFAULT_DONE_KEYS, META, H5Split, TED2Nested, expand, info_of
+from ._ted import DEFAULT_DONE_KEYS, META, expand
 from ._tensor import _Configured
 from ._torchrl import load_torchrl_h5
 
 ATTR = "zstore_checkpoint"
+#: The format this checkpointer writes (1: before TorchRL could load the files).
+FORMAT = 2
 
 
 class H5StorageCheckpointer(_Configured):
@@ -73,18 +81,15 @@ class H5StorageCheckpointer(_Configured):
         dest, name = self._file(path)
         dest.spec.require_writable("write a checkpoint")
         state = TensorState.of(storage)
-        rows = state.rows if state.is_full else state.high
-        data = state.data(0, rows)
+        data = state.data(0, state.rows if state.is_full else state.high)
         if not isinstance(data, TensorDict) and not hasattr(data, "batch_size"):
             raise ValueError("Only tensor collections are supported.")
-        hook = TED2Nested(done_keys=self.done_keys, reward_keys=self.reward_keys, **self.hook_kwargs)
-        hook.shift, hook.is_full = shift_of(state), state.is_full
-        compact = hook(data)
-        split = H5Split()(compact)
-        info = info_of(compact)
-        record = {"format_version": 1, "length": state.length, "last_cursor": state.last_cursor,
-                  "max_size": state.max_size, "rows": state.rows, "ndim": state.ndim,
-                  "schema": state.schema.to_json(), "ted": info}
+        form = encode(data, rows=state.rows, shift=shift_of(state), is_full=state.is_full,
+                      done_keys=self.done_keys, reward_keys=self.reward_keys, **self.hook_kwargs)
+        record = {"format_version": FORMAT, "length": state.length,
+                  "last_cursor": state.last_cursor, "max_size": state.max_size,
+                  "rows": state.rows, "ndim": state.ndim, "schema": state.schema.to_json(),
+                  "h5": form.info}
         local_dir = dest.url if dest.spec.is_local else None
         if local_dir:
             Path(local_dir).mkdir(parents=True, exist_ok=True)
@@ -93,23 +98,16 @@ class H5StorageCheckpointer(_Configured):
         try:
             with h5py.File(tmp, "w") as f:
                 f.attrs[ATTR] = json.dumps(record)
-                f.create_dataset("_len", data=np.int64(state.length))
-                f.create_dataset("_storage_shape", data=np.asarray([state.rows, *state.lanes], np.int64))
-                f.create_dataset("is_full", data=np.bool_(state.is_full))
-                f.create_dataset("shift", data=np.int64(info["shift"]))
-                for traj in split.keys():  # noqa: SIM118 - a TensorDict iterates rows
-                    if traj == META:
-                        continue
-                    group = f.create_group(traj)
-                    seg = split.get(traj)
-                    for key in seg.keys(include_nested=True, leaves_only=True):
-                        key = (key,) if isinstance(key, str) else tuple(key)
-                        value = seg.get(key)
-                        array = as_numpy(value, value.dtype)
-                        kwargs = self.h5_kwargs if array.ndim and len(array) else {}
-                        ds = group.create_dataset("/".join(key), data=array, **kwargs)
-                        ds.attrs["torch_dtype"] = torch_dtype_name(value.dtype)
-                    fault_point("write")
+                for key, value in (("_len", state.length), ("is_full", state.is_full),
+                                   ("shift", form.torchrl_shift),
+                                   ("_storage_shape", [state.rows, *state.lanes])):
+                    array = np.asarray(value)  # TorchRL's non-tensor entries: opaque scalars
+                    f.create_dataset(key, data=array.astype(h5py.opaque_dtype(array.dtype)))
+                self._write_groups(f, form)
+                extras = f.create_group(GROUP)
+                self._write(extras, "segments", form.segments)
+                for key, value in form.extras.items():
+                    self._write(extras, key, value)
             fault_point("commit")
             if dest.spec.is_local:
                 os.replace(tmp, os.path.join(local_dir, name))
@@ -119,6 +117,34 @@ class H5StorageCheckpointer(_Configured):
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+    def _write(self, group: Any, key: str, value: torch.Tensor) -> None:
+        array = as_numpy(value, value.dtype)
+        kwargs = self.h5_kwargs if array.ndim and len(array) else {}
+        group.create_dataset(key, data=array, **kwargs).attrs["torch_dtype"] = \
+            torch_dtype_name(value.dtype)
+
+    def _write_groups(self, f: Any, form: H5Form) -> None:
+        """One ``traj_<i>`` group per row of ``form.segments``; padding left unwritten."""
+        arrays = {k: as_numpy(v, v.dtype) for k, v in form.columns.items()}
+        dtypes = {k: torch_dtype_name(v.dtype) for k, v in form.columns.items()}
+        expanded = set(form.info["expanded"])
+        offsets = dict.fromkeys(arrays, 0)
+        table = form.segments.tolist()
+        width = len(str(max(len(table) - 1, 0)))
+        for i, (steps, extra, written) in enumerate(table):
+            group = f.create_group(f"traj_{i:0{width}d}")
+            for key, array in arrays.items():
+                size = steps + extra if key in expanded else steps
+                if written:
+                    lo = offsets[key]
+                    offsets[key] = lo + size
+                    ds = group.create_dataset(key, data=array[lo:lo + size], **self.h5_kwargs)
+                else:  # zeros for TorchRL: HDF5 allocates nothing for a dataset never written
+                    ds = group.create_dataset(key, shape=(size, *array.shape[1:]),
+                                              dtype=array.dtype, **self.h5_kwargs)
+                ds.attrs["torch_dtype"] = dtypes[key]
+            fault_point("write")
 
     def loads(self, storage: Any, path: Any) -> None:
         import h5py
@@ -138,40 +164,67 @@ class H5StorageCheckpointer(_Configured):
                 load_torchrl_h5(storage, f, where)
                 return
             record = json.loads(f.attrs[ATTR])
-            data = _read_mine(f, record)
+            version = record.get("format_version")
+            if version not in (1, FORMAT):
+                raise CheckpointError(f"{where}: H5 checkpoint format {version!r} is not readable "
+                                      f"by this zstore (reads 1 and {FORMAT})")
+            data = _read(f, record, where) if version == FORMAT else _read_v1(f, record)
         restore(storage, data, record, Schema.from_json(record["schema"]), where)
 
 
-def _read_mine(f: Any, record: Mapping[str, Any]) -> TensorDict:
-    """Concatenate the segments of a zstore H5 file straight into flat arrays, expand."""
-    info = record["ted"]
-    names = sorted(k for k in f if k.startswith("traj_"))
-    paths: dict[str, Any] = {}
+def _datasets(group: Any) -> dict[str, Any]:
+    """The datasets below ``group``, by path."""
+    found: dict[str, Any] = {}
 
     def visit(path: str, node: Any) -> None:  # returning a value would stop the visit
         if hasattr(node, "shape"):
-            paths[path] = node
+            found[path] = node
 
-    if names:
-        f[names[0]].visititems(visit)
+    group.visititems(visit)
+    return found
+
+
+def _concat(nodes: list[Any], like: Any) -> torch.Tensor:
+    """Datasets (rows of the dtype of ``like``) read straight into one tensor."""
+    buf = np.empty((sum(ds.shape[0] for ds in nodes), *like.shape[1:]), dtype=like.dtype)
+    pos = 0
+    for ds in nodes:
+        size = ds.shape[0]
+        if size:
+            ds.read_direct(buf, dest_sel=np.s_[pos:pos + size])
+        pos += size
+    return as_torch(buf, torch_dtype_from_name(str(like.attrs["torch_dtype"])))
+
+
+def _read(f: Any, record: Mapping[str, Any], where: str) -> TensorDict:
+    """The TED rows of a zstore H5 file: written groups and the ``zstore`` group."""
+    names = sorted(k for k in f if k.startswith("traj_"))
+    if GROUP not in f or "segments" not in f[GROUP]:
+        raise CheckpointError(f"{where}: the {GROUP!r} group of the checkpoint is missing")
+    extras = {p: _concat([ds], ds) for p, ds in _datasets(f[GROUP]).items()}
+    segments = extras.pop("segments")
+    if len(segments) != len(names):
+        raise CheckpointError(f"{where}: {len(names)} traj groups, {len(segments)} listed "
+                              f"in {GROUP}/segments")
+    written = [f[n] for n, row in zip(names, segments.tolist()) if row[2]]
+    columns = {p: _concat([g[p] for g in written], ds)
+               for p, ds in (_datasets(f[names[0]]).items() if names else ())}
+    return decode(columns, segments, extras, record["h5"])
+
+
+def _read_v1(f: Any, record: Mapping[str, Any]) -> TensorDict:
+    """Format 1 (zstore's own segments, no padding, no ``zstore`` group) -> TED rows."""
+    info = record["ted"]
+    groups = [f[k] for k in sorted(k for k in f if k.startswith("traj_"))]
+    paths = _datasets(groups[0]) if groups else {}
     out = TensorDict(batch_size=[])
-    ends = []
-    totals = {p: sum(f[n][p].shape[0] for n in names) for p in paths}
+    for p, ds in paths.items():
+        out.set(tuple(p.split("/")), _concat([g[p] for g in groups], ds))
     expanded = set(info["expanded"])
-    for p, first in paths.items():
-        buf = np.empty((totals[p], *first.shape[1:]), dtype=first.dtype)
-        pos = 0
-        for n in names:
-            ds = f[n][p]
-            size = ds.shape[0]
-            if size:
-                ds.read_direct(buf, dest_sel=np.s_[pos:pos + size])
-            pos += size
-        dtype = torch_dtype_from_name(str(first.attrs["torch_dtype"]))
-        out.set(tuple(p.split("/")), as_torch(buf, dtype))
     plain = next((p for p in paths if p not in expanded), None)
-    for n in names:
-        size = f[n][plain].shape[0] if plain is not None else f[n][next(iter(paths))].shape[0] - 1
+    ends = []
+    for g in groups:
+        size = g[plain].shape[0] if plain is not None else g[next(iter(paths))].shape[0] - 1
         mask = torch.zeros(size, dtype=torch.bool)
         if size:
             mask[-1] = True
