@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from zstore.store import StoreSpec
 from ._buffer import as_numpy, as_torch
 from ._dest import CheckpointError, Destination, as_spec, fault_point
 from ._h5form import GROUP, H5Form, decode, encode
+from ._result import DumpResult
 from ._state import TensorState, restore, shift_of
 from ._ted import DEFAULT_DONE_KEYS, META, expand
 from ._tensor import _Configured
@@ -75,9 +77,10 @@ class H5StorageCheckpointer(_Configured):
             return Destination(StoreSpec(parent, dict(spec.storage_options))), name
         return Destination(spec), self.checkpoint_file
 
-    def dumps(self, storage: Any, path: Any) -> None:
+    def dumps(self, storage: Any, path: Any) -> DumpResult:
         import h5py
 
+        start = time.perf_counter()
         dest, name = self._file(path)
         dest.spec.require_writable("write a checkpoint")
         state = TensorState.of(storage)
@@ -108,6 +111,7 @@ class H5StorageCheckpointer(_Configured):
                 self._write(extras, "segments", form.segments)
                 for key, value in form.extras.items():
                     self._write(extras, key, value)
+            written = os.path.getsize(tmp)
             fault_point("commit")
             if dest.spec.is_local:
                 os.replace(tmp, os.path.join(local_dir, name))
@@ -117,6 +121,9 @@ class H5StorageCheckpointer(_Configured):
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+        return DumpResult(url=dest.child(name).redacted(), checkpointer=type(self).__name__,
+                          generation=None, incremental=False, bytes_written=written,
+                          length=state.length, seconds=time.perf_counter() - start)
 
     def _write(self, group: Any, key: str, value: torch.Tensor) -> None:
         array = as_numpy(value, value.dtype)

@@ -291,3 +291,15 @@ def test_torchrl_loads_a_partial_lane_buffer_whose_last_row_is_written(tmp_path,
     back.loads(tmp_path / "zstore.h5")
     assert (len(back), back._last_cursor_index) == (len(ours), 7)
     assert_same(back.get(slice(None)), ours.get(slice(None)))
+
+
+def test_h5_dumps_returns_the_file_it_wrote(tmp_path):
+    storage = LazyTensorStorage(32)
+    storage.checkpointer = H5StorageCheckpointer()
+    storage.set(torch.arange(8), TensorDict(
+        obs=torch.randn(8, 3), next=TensorDict(obs=torch.randn(8, 3), done=torch.zeros(8, 1, dtype=torch.bool),
+                                               batch_size=[8]), batch_size=[8]))
+    result = storage.dumps(tmp_path / "ck")
+    path = tmp_path / "ck" / "checkpoint.h5"
+    assert result.url == str(path) and result.generation is None and not result.incremental
+    assert result.bytes_written == path.stat().st_size and result.length == 8
