@@ -120,6 +120,8 @@ class Schema:
 
     def __post_init__(self) -> None:
         self.by_path = {leaf.path: leaf for leaf in self.leaves}
+        #: path -> (dtype, shape) of one item: the check of ``add()``'s hot path
+        self._item_spec = {leaf.path: (leaf.dtype, torch.Size(leaf.shape)) for leaf in self.leaves}
 
     @property
     def row_bytes(self) -> int:
@@ -188,6 +190,8 @@ class Schema:
                 raise SchemaError(f"this buffer stores TensorDicts, got {type(data).__name__}")
             td = data._tensordict if is_tensorclass(data) else data
             out = _flat_leaves(td)
+            if lead == 0 and self._is_item(out):  # add()'s hot path
+                return out
             extra = [path for path in out if path not in self.by_path]
             if extra:
                 raise MissingKeyError(
@@ -230,6 +234,17 @@ class Schema:
                     f"{lead_shape} of the other keys"
                 )
         return out
+
+    def _is_item(self, out: Mapping[str, Any]) -> bool:
+        """Whether ``out`` holds exactly one valid item (the fast check; the full one says
+        what is wrong)."""
+        spec = self._item_spec
+        for path, value in out.items():
+            expected = spec.get(path)
+            if (expected is None or not isinstance(value, torch.Tensor)
+                    or value.dtype != expected[0] or value.shape != expected[1]):
+                return False
+        return len(out) == len(spec)
 
     def build(self, columns: Mapping[str, torch.Tensor], batch_shape: tuple[int, ...],
               device: torch.device | None = None) -> Any:
