@@ -33,7 +33,9 @@ LocalStore truncates the same inode) cannot reach a checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import weakref
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -55,17 +57,30 @@ _SIGNATURE_FIELDS = ("ETag", "mtime", "ino", "created", "LastModified")
 
 
 def listing(spec: StoreSpec) -> dict[str, Mapping[str, Any]]:
-    """``{relative path: fsspec info}`` of the objects below ``spec`` (no lease, no partials)."""
-    fs, root = spec.filesystem()
-    fs.invalidate_cache()
-    try:
-        found = fs.find(root, detail=True)
-    except FileNotFoundError:
-        return {}
-    prefix = root.rstrip("/")
+    """``{relative path: fsspec-style info}`` of the objects below ``spec`` (no lease, no
+    partials); local directories are walked directly (fsspec's ``find`` is several times
+    slower there)."""
+    if spec.is_local:
+        found = {}
+        for folder, _, names in os.walk(spec.url):
+            for name in names:
+                path = os.path.join(folder, name)
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.stat(path)
+                    found[path] = {"size": st.st_size, "mtime": st.st_mtime_ns,
+                                   "ino": st.st_ino, "created": st.st_ctime_ns}
+        prefix = spec.url
+    else:
+        fs, prefix = spec.filesystem()
+        fs.invalidate_cache()
+        try:
+            found = fs.find(prefix, detail=True)
+        except FileNotFoundError:
+            return {}
+    prefix = prefix.rstrip("/")
     out = {}
     for path, info in found.items():
-        rel = path[len(prefix):].lstrip("/")
+        rel = path[len(prefix):].lstrip("/").replace(os.sep, "/")
         if rel and rel != LEASE_NAME and not rel.rsplit("/", 1)[-1].endswith(".partial"):
             out[rel] = info
     return out
@@ -265,5 +280,7 @@ class CompressedListStorageCheckpointer(_Configured):
         copy_files(gen, storage.spec, sorted(listing(gen)))
         storage._root = _open_root(storage.spec)
         storage._restore(_root_block(storage.spec))
+        if storage._lease is not None:
+            storage._lease.read_metadata()  # the copied zarr.json is the version to replace
         storage._commit()  # the root block now names this writer (a former one cannot commit)
         storage._ckpt_marks = {dest.url: _mark(storage, name, listing(storage.spec))}

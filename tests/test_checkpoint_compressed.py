@@ -18,8 +18,9 @@ from tensordict import TensorDict
 from test_checkpoint import _record, assert_same, spec
 
 import checkpoint
+import zstore
 from checkpoint._compressed import listing
-from zstore import CompressedListStorage, StoreSpec
+from zstore import CompressedListStorage, LazyTensorStorage, StoreSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,6 +163,10 @@ def test_dumps_loads_and_overwrites_match_a_list(location):
     c, c_model = storage_at(location, capacity), []
     write(c, c_model, range(25), take(25))
     dump(c, c_model, False)                                 # another storage: a full dump
+    b.loads(dest)                                           # b again (it holds its lease)
+    b_model = list(c_model)
+    write(b, b_model, range(25, 27), take(2))
+    dump(b, b_model, True)
 
     write(a, model, range(20, 24), take(4))
     dump(a, model, False)                                   # c's generation is current: full
@@ -238,3 +243,24 @@ def test_revisions_find_overwrites_a_listing_cannot_see(tmp_path, monkeypatch):
     write(storage, model, range(64), items[16:80])
     storage.dumps(dest)
     loads_as(dest, model, 64)
+
+
+def test_ensemble_member_dumps_incrementally(tmp_path):
+    items = make_items(200, seed=5)
+    member, model = CompressedListStorage(256, chunks=8), []
+    ensemble = zstore.StorageEnsemble(member, LazyTensorStorage(4))
+    write(member, model, range(192), items[:192])
+    ensemble._storages[1].set(torch.arange(4), TensorDict(x=torch.arange(4.0), batch_size=[4]))
+    dest = StoreSpec.parse(str(tmp_path / "ens"))
+    ensemble.dumps(dest)
+    first = _record(dest)["records"]["0"]
+    write(member, model, range(192, 196), items[192:196])
+    ensemble.dumps(dest)
+    second = _record(dest)["records"]["0"]
+    assert not first["incremental"] and second["incremental"]
+    assert second["bytes_written"] * 5 < first["bytes_written"]
+    again = zstore.StorageEnsemble(CompressedListStorage(256), LazyTensorStorage(4))
+    again.loads(dest)
+    assert len(again._storages[0]) == len(model)
+    for i, item in enumerate(model):
+        assert_same(again._storages[0].get(i), item)
