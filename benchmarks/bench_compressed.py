@@ -4,6 +4,7 @@ Run (from the repository root, in the project's virtual environment)::
 
     python benchmarks/bench_compressed.py              # 5000 transitions, ~2 min on 2 cores
     python benchmarks/bench_compressed.py --n 2000 --repeats 5
+    python benchmarks/bench_compressed.py --checkpoint-only --proprio-n 1000000 --s3 200000 --repeats 5
 
 Both storages use their defaults. Data: ``make_atari`` from ``bench_storage.py``
 (4-frame stacks of a scrolling textured background with a bouncing ball and
@@ -20,8 +21,9 @@ directory, then 1% new items and a second ``dumps`` to the same directory
 for the Atari transitions (which compress ~100x: a small checkpoint of many
 small objects) and ``--proprio-n`` proprioceptive ones (``make_proprio``: float
 observations that barely compress; with ``--s3 N``, N of them to moto's S3
-server on loopback too). ``--checkpoint-only`` runs just this.
-Writes benchmarks/results/compressed.json.
+server on loopback too). ``--checkpoint-only`` runs just this (and writes
+benchmarks/results/compressed_checkpoint.json). Writes
+benchmarks/results/compressed.json.
 """
 
 from __future__ import annotations
@@ -148,7 +150,9 @@ def main(argv=None) -> int:
     parser.add_argument("--n", type=int, default=5000, help="transitions")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=str(HERE / "results" / "compressed.json"))
+    parser.add_argument("--json", default=None,
+                        help="default: results/compressed.json (compressed_checkpoint.json "
+                             "with --checkpoint-only)")
     parser.add_argument("--checkpoint-only", action="store_true", help="only the dumps")
     parser.add_argument("--proprio-n", type=int, default=100_000,
                         help="proprioceptive transitions for the dumps")
@@ -170,8 +174,9 @@ def main(argv=None) -> int:
         with loopback_s3() as (bucket, options):
             results["checkpoint"]["proprio, S3 (moto)"] = dump_rows(
                 make_proprio(args.s3, args.seed), args.repeats, bucket, options)
-    print(f"{'workload':26} {'backend':8} {'stored MB':>10} {'x raw':>7} {'extend 1000':>12} "
-          f"{'get 256':>9} {'sample 256':>11} {'items/s':>9}")
+    if results["workloads"]:
+        print(f"{'workload':26} {'backend':8} {'stored MB':>10} {'x raw':>7} {'extend 1000':>12} "
+              f"{'get 256':>9} {'sample 256':>11} {'items/s':>9}")
     for workload, rows in results["workloads"].items():
         for name in ("torchrl", "zstore"):
             r = rows[name]
@@ -187,6 +192,9 @@ def main(argv=None) -> int:
               f"{ck['second_dump']['s']:.3f} s ({ck['second_dump']['bytes'] / 2**20:.2f} MiB): "
               f"{100 * ck['second_vs_full']['bytes']:.1f}% of the bytes in "
               f"{100 * ck['second_vs_full']['time']:.0f}% of the time")
+    if args.json is None:
+        name = "compressed_checkpoint.json" if args.checkpoint_only else "compressed.json"
+        args.json = str(HERE / "results" / name)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
