@@ -8,11 +8,11 @@ bytes differ from it are exactly what a second dump may write).
 from __future__ import annotations
 
 import hashlib
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from tensordict import TensorDict
 from test_checkpoint import _record, assert_same, spec
@@ -183,34 +183,58 @@ from checkpoint import _dest
 from zstore import CompressedListStorage
 from test_checkpoint_compressed import make_items
 
-scratch, dest = sys.argv[1:]
-items = make_items(60, seed=3)
-storage = CompressedListStorage(64, chunks=8, scratch_dir=scratch)
-for i in range(50):
-    storage.set(i, items[i])
-storage.dumps(dest)
-for i in range(50, 60):
-    storage.set(i, items[i])
-copies = []
 
-def fault(point):
-    if point == "copy":
-        copies.append(point)
-        if len(copies) == 2:
+def dump_twice(scratch, dest, point, k):
+    items = make_items(60, seed=3)
+    storage = CompressedListStorage(64, chunks=8, scratch_dir=scratch)
+    for i in range(50):
+        storage.set(i, items[i])
+    storage.dumps(dest)
+    for i in range(50, 60):
+        storage.set(i, items[i])
+    seen = []
+
+    def fault(name):
+        seen.extend([name] if name == point else [])
+        if len(seen) == k:
             os.kill(os.getpid(), signal.SIGKILL)
 
-_dest._FAULT = fault
-storage.dumps(dest)
+    _dest._FAULT = fault
+    storage.dumps(dest)
+
+
+# each case in a forked child, killed at the k-th fault point `point` of its second dump
+for case in sys.argv[1:]:
+    scratch, dest, point, k = case.split(",")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            dump_twice(scratch, dest, point, int(k))
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    print(os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, flush=True)
 """
+KILLS = {"copy": ("copy", 2),       # carried-over objects half linked
+         "commit": ("commit", 1)}   # all staged, the commit record not yet written
 
 
-def test_killed_incremental_dump_leaves_the_previous_checkpoint(tmp_path):
-    dest = tmp_path / "ck"
-    done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "s"), str(dest)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory) -> dict[str, Path]:
+    """Both kill points in one child interpreter: ``{case: destination}``."""
+    root = tmp_path_factory.mktemp("killed")
+    cases = [f"{root / (name + '-s')},{root / name},{point},{k}" for name, (point, k) in KILLS.items()]
+    done = subprocess.run([sys.executable, "-c", CHILD, *cases], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.split() == ["True"] * len(KILLS), done.stderr[-3000:]
+    return {name: root / name for name in KILLS}
+
+
+@pytest.mark.parametrize("case", list(KILLS))
+def test_killed_incremental_dump_leaves_the_previous_checkpoint(killed, case):
+    dest = killed[case]
     items = make_items(60, seed=3)
-    assert len(list(dest.glob("gen-*"))) == 2              # the half-staged generation is there
+    assert len(list(dest.glob("gen-*"))) == 2              # the staged generation is there
     loads_as(dest, items[:50], 64)                          # ... and ignored
     storage = CompressedListStorage(64)
     storage.loads(dest)
@@ -219,7 +243,8 @@ def test_killed_incremental_dump_leaves_the_previous_checkpoint(tmp_path):
     storage.dumps(dest)                                     # over the debris, incrementally
     assert _record(StoreSpec.parse(str(dest)))["incremental"]
     checkpoint._dest.settle()
-    assert sorted(p.name for p in dest.iterdir())[1:] == ["zarr.json"]
+    names = sorted(p.name for p in dest.iterdir())
+    assert len(names) == 2 and names[0].startswith("gen-") and names[1] == "zarr.json", names
     loads_as(dest, items, 64)
 
 
@@ -231,8 +256,7 @@ def test_revisions_find_overwrites_a_listing_cannot_see(tmp_path, monkeypatch):
     model: list = []
     items = make_items(80, seed=4, ragged=False)
     write(storage, model, range(64), items[:64])
-    dest = spec(type("Local", (), {"new": lambda self, name: str(tmp_path / name),
-                                  "options": {}})(), "ck")
+    dest = StoreSpec.parse(str(tmp_path / "ck"))
     storage.dumps(dest)
     write(storage, model, range(8, 16), items[64:72])      # chunk 1 of every key, same sizes
     storage.dumps(dest)
