@@ -73,10 +73,18 @@ def listing(spec: StoreSpec) -> dict[str, Mapping[str, Any]]:
     else:
         fs, prefix = spec.filesystem()
         fs.invalidate_cache()
-        try:
-            found = fs.find(prefix, detail=True)
-        except FileNotFoundError:
-            return {}
+        for attempt in range(3):
+            try:
+                found = fs.find(prefix, detail=True)
+                break
+            except FileNotFoundError:
+                return {}
+            except RuntimeError:
+                # memory:// is one dict, iterated by find: a garbage collection in the middle
+                # can run an owned storage's finalizer that deletes from it ("dictionary
+                # changed size"); the finalizer has finished by now, so list again
+                if spec.protocol != "memory" or attempt == 2:
+                    raise
     prefix = prefix.rstrip("/")
     out = {}
     for path, info in found.items():
