@@ -4,6 +4,7 @@ Run (from the repository root, in the project's virtual environment)::
 
     python benchmarks/bench_compressed.py              # 5000 transitions, ~2 min on 2 cores
     python benchmarks/bench_compressed.py --n 2000 --repeats 5
+    python benchmarks/bench_compressed.py --checkpoint-only --proprio-n 1000000 --s3 200000 --repeats 5
 
 Both storages use their defaults. Data: ``make_atari`` from ``bench_storage.py``
 (4-frame stacks of a scrolling textured background with a bouncing ball and
@@ -13,7 +14,16 @@ paddles, plus ``next/pixels``, action, reward, done flags). Measured, medians of
 ``storage.get`` and, for TorchRL, through ``ReplayBuffer(batch_size=256).sample()``;
 for zstore through ``get`` + :func:`zstore.stack_items` (its collate). Also the
 flat case TorchRL compresses best: items that are plain ``pixels`` tensors.
-Writes benchmarks/results/compressed.json.
+Checkpoints (zstore only; TorchRL's CompressedListStorageCheckpointer always
+writes everything): a full ``dumps`` of a filled storage to a fresh local
+directory, then 1% new items and a second ``dumps`` to the same directory
+(incremental); bytes written and time of the second relative to the full one,
+for the Atari transitions (which compress ~100x: a small checkpoint of many
+small objects) and ``--proprio-n`` proprioceptive ones (``make_proprio``: float
+observations that barely compress; with ``--s3 N``, N of them to moto's S3
+server on loopback too). ``--checkpoint-only`` runs just this (and writes
+benchmarks/results/compressed_checkpoint.json). Writes
+benchmarks/results/compressed.json.
 """
 
 from __future__ import annotations
@@ -22,8 +32,10 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -33,7 +45,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import zstore  # noqa: E402
-from bench_storage import make_atari  # noqa: E402
+from bench_storage import make_atari, make_proprio  # noqa: E402
 
 BATCH, EXTEND = 256, 1000
 
@@ -103,20 +115,68 @@ def run(kind: str, data, repeats: int, seed: int) -> dict:
     return rows
 
 
+def dump_rows(data, repeats: int, base: str | None = None, options: dict | None = None) -> dict:
+    """Full dump vs a second dump after 1% new items (both after a flush, so they time the
+    checkpoint only), below ``base`` (default: a local temporary directory); medians of
+    ``repeats``."""
+    from checkpoint._dest import Destination, settle
+
+    n, new = len(data), max(1, len(data) // 100)
+    storage = zstore.CompressedListStorage(n + new * repeats)
+    fill(storage, data)
+    full_s, inc_s, full_b, inc_b = [], [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(repeats):
+            dest = zstore.StoreSpec.parse(f"{base or tmp}/ck-{r}", options)
+            storage.flush()
+            full_s.append(timed(partial(storage.dumps, dest)))
+            full_b.append(Destination(dest).read_commit()["bytes_written"])
+            at = len(storage)
+            storage.set(range(at, at + new), data[r * new:(r + 1) * new])
+            storage.flush()
+            inc_s.append(timed(partial(storage.dumps, dest)))
+            record = Destination(dest).read_commit()
+            assert record["incremental"], "the second dump was not incremental"
+            inc_b.append(record["bytes_written"])
+            settle()
+    full = {"s": statistics.median(full_s), "bytes": statistics.median(full_b)}
+    inc = {"s": statistics.median(inc_s), "bytes": statistics.median(inc_b)}
+    return {"items": n, "new_items": new, "full_dump": full, "second_dump": inc,
+            "second_vs_full": {"bytes": inc["bytes"] / full["bytes"], "time": inc["s"] / full["s"]}}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=5000, help="transitions")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=str(HERE / "results" / "compressed.json"))
+    parser.add_argument("--json", default=None,
+                        help="default: results/compressed.json (compressed_checkpoint.json "
+                             "with --checkpoint-only)")
+    parser.add_argument("--checkpoint-only", action="store_true", help="only the dumps")
+    parser.add_argument("--proprio-n", type=int, default=100_000,
+                        help="proprioceptive transitions for the dumps")
+    parser.add_argument("--s3", type=int, default=0, metavar="N",
+                        help="also dump N proprioceptive transitions to moto's S3 on loopback")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     td = make_atari(args.n, args.seed)
-    results = {"n": args.n, "repeats": args.repeats, "torch": torch.__version__,
-               "workloads": {"transitions (TensorDict)": run("td", td, args.repeats, args.seed),
-                             "flat pixels (tensor)": run("flat", td["pixels"], args.repeats, args.seed)}}
-    print(f"{'workload':26} {'backend':8} {'stored MB':>10} {'x raw':>7} {'extend 1000':>12} "
-          f"{'get 256':>9} {'sample 256':>11} {'items/s':>9}")
+    results = {"n": args.n, "repeats": args.repeats, "torch": torch.__version__, "workloads": {}}
+    if not args.checkpoint_only:
+        results["workloads"] = {
+            "transitions (TensorDict)": run("td", td, args.repeats, args.seed),
+            "flat pixels (tensor)": run("flat", td["pixels"], args.repeats, args.seed)}
+    results["checkpoint"] = {"atari": dump_rows(td, args.repeats),
+                             "proprio": dump_rows(make_proprio(args.proprio_n, args.seed), args.repeats)}
+    if args.s3:
+        from zstore.demo import loopback_s3
+
+        with loopback_s3() as (bucket, options):
+            results["checkpoint"]["proprio, S3 (moto)"] = dump_rows(
+                make_proprio(args.s3, args.seed), args.repeats, bucket, options)
+    if results["workloads"]:
+        print(f"{'workload':26} {'backend':8} {'stored MB':>10} {'x raw':>7} {'extend 1000':>12} "
+              f"{'get 256':>9} {'sample 256':>11} {'items/s':>9}")
     for workload, rows in results["workloads"].items():
         for name in ("torchrl", "zstore"):
             r = rows[name]
@@ -126,6 +186,15 @@ def main(argv=None) -> int:
         ratio = rows["zstore_vs_torchrl"]
         print(f"{workload:26} zstore/torchrl: {ratio['size']:.1f}x smaller, sample {ratio['sample']:.1f}x, "
               f"get {ratio['get']:.1f}x, extend {ratio['extend']:.1f}x faster")
+    for workload, ck in results["checkpoint"].items():
+        print(f"dumps of {ck['items']} {workload} transitions: full {ck['full_dump']['s']:.3f} s "
+              f"({ck['full_dump']['bytes'] / 2**20:.1f} MiB); after {ck['new_items']} new items "
+              f"{ck['second_dump']['s']:.3f} s ({ck['second_dump']['bytes'] / 2**20:.2f} MiB): "
+              f"{100 * ck['second_vs_full']['bytes']:.1f}% of the bytes in "
+              f"{100 * ck['second_vs_full']['time']:.0f}% of the time")
+    if args.json is None:
+        name = "compressed_checkpoint.json" if args.checkpoint_only else "compressed.json"
+        args.json = str(HERE / "results" / name)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -5,74 +5,247 @@ A CompressedListStorage already lives as Zarr arrays plus a JSON root block
 generation of the destination (server-side where source and destination share
 a store), then commits; a load copies them into the storage's own location and
 reopens them. Nothing is decompressed or recompressed, nothing is pickled.
+
+Incremental dumps. The storage's inner tables (zstore buffers: the items table,
+each ragged key's index and values) stamp every written row with a write
+revision. A dump remembers, on the storage, per destination: the generation it
+wrote, each table object with its revision, and the listing entry (size plus
+ETag / mtime / inode / creation time) of every object it copied. The next dump
+to that destination carries a chunk (or shard) object over from that generation
+(``Destination.copy_objects``: a hard link locally, a server-side copy on object
+stores) only when all of these hold:
+
+* the commit record still names that generation (no other writer came in between);
+* the object belongs to the same table object (a table recreated — a key turned
+  ragged, values compacted, the storage emptied, reopened or loaded — restarts
+  its revisions, so all its objects are copied), and no row of its chunk was
+  written since;
+* its listing entry is what it was at the last dump (a write from outside this
+  storage object, e.g. another process, changes the ETag / mtime), and the
+  previous generation holds it with the same size.
+
+Every other object — metadata included — is copied from the storage. Hard
+links are safe: a generation's files are never rewritten (a new generation
+gets new files, linked or copied), and the storage's own files are only ever
+copied, never linked, so the storage rewriting a chunk in place (Zarr's
+LocalStore truncates the same inode) cannot reach a checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
+import weakref
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
+import torch
+
+from zstore.lease import LEASE_NAME
 from zstore.storages.compressed import _open_root, _root_block
 from zstore.store import StoreSpec
 
+from ._buffer import _changed_chunks
+from ._chunks import chunk_key
 from ._dest import CheckpointError, Destination, fault_point
 from ._tensor import _Configured
 
+#: Listing fields that change when an object is rewritten (S3, local disk, memory://).
+_SIGNATURE_FIELDS = ("ETag", "mtime", "ino", "created", "LastModified")
 
-def copy_tree(src: StoreSpec, dst: StoreSpec) -> int:
-    """Copy every object below ``src`` to the same relative path below ``dst``."""
+
+def listing(spec: StoreSpec) -> dict[str, Mapping[str, Any]]:
+    """``{relative path: fsspec-style info}`` of the objects below ``spec`` (no lease, no
+    partials); local directories are walked directly (fsspec's ``find`` is several times
+    slower there)."""
+    if spec.is_local:
+        found = {}
+        for folder, _, names in os.walk(spec.url):
+            for name in names:
+                path = os.path.join(folder, name)
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.stat(path)
+                    found[path] = {"size": st.st_size, "mtime": st.st_mtime_ns,
+                                   "ino": st.st_ino, "created": st.st_ctime_ns}
+        prefix = spec.url
+    else:
+        fs, prefix = spec.filesystem()
+        fs.invalidate_cache()
+        for attempt in range(3):
+            try:
+                found = fs.find(prefix, detail=True)
+                break
+            except FileNotFoundError:
+                return {}
+            except RuntimeError:
+                # memory:// is one dict, iterated by find: a garbage collection in the middle
+                # can run an owned storage's finalizer that deletes from it ("dictionary
+                # changed size"); the finalizer has finished by now, so list again
+                if spec.protocol != "memory" or attempt == 2:
+                    raise
+    prefix = prefix.rstrip("/")
+    out = {}
+    for path, info in found.items():
+        rel = path[len(prefix):].lstrip("/").replace(os.sep, "/")
+        if rel and rel != LEASE_NAME and not rel.rsplit("/", 1)[-1].endswith(".partial"):
+            out[rel] = info
+    return out
+
+
+def signature(info: Mapping[str, Any]) -> tuple:
+    """What identifies one version of an object in a listing: its size and version fields."""
+    return (int(info["size"]), *(str(info.get(name)) for name in _SIGNATURE_FIELDS))
+
+
+def copy_files(src: StoreSpec, dst: StoreSpec, names: list[str]) -> None:
+    """Copy the objects ``names`` (relative paths) from below ``src`` to below ``dst``
+    (server-side where both are the same store)."""
     src_fs, src_root = src.filesystem()
     dst_fs, dst_root = dst.filesystem()
-    src_fs.invalidate_cache()
-    try:
-        files = [f for f in src_fs.find(src_root) if not f.rsplit("/", 1)[-1].endswith(".partial")]
-    except FileNotFoundError:
-        files = []
     same = type(src_fs) is type(dst_fs) and src.storage_options == dst.storage_options
 
-    def one(path: str) -> None:
-        target = f"{dst_root.rstrip('/')}/{path[len(src_root.rstrip('/')):].lstrip('/')}"
+    def one(name: str) -> None:
+        source, target = f"{src_root.rstrip('/')}/{name}", f"{dst_root.rstrip('/')}/{name}"
+        dst_fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
         if same:
-            dst_fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
-            src_fs.copy(path, target)
+            src_fs.copy(source, target)
         else:
-            dst_fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
-            dst_fs.pipe_file(target, src_fs.cat_file(path))
+            dst_fs.pipe_file(target, src_fs.cat_file(source))
         fault_point("write")
 
     if src.protocol == "memory" or dst.protocol == "memory" or src.is_local:
-        for path in files:
-            one(path)
+        for name in names:
+            one(name)
     else:
         with ThreadPoolExecutor(16) as pool:
-            list(pool.map(one, files))
-    return len(files)
+            list(pool.map(one, names))
+
+
+class TableMark(NamedTuple):
+    """One inner table as it was at a dump (or load)."""
+
+    table: weakref.ref          # the table object
+    revs: weakref.ref | None    # its row-revision tensor (None: no row written yet)
+    revision: int               # its write revision
+    created: bool               # whether its arrays existed
+
+
+@dataclasses.dataclass
+class Mark:
+    """What a storage remembers of its last dump to (or load from) one destination."""
+
+    generation: str
+    tables: dict[str, TableMark]
+    #: relative path -> listing signature of every object the generation took from the storage
+    objects: dict[str, tuple]
+
+
+def _tables(storage: Any) -> dict[str, Any]:
+    """The storage's inner zstore buffers by their path below the storage's URL."""
+    parts = [storage._table] if storage._table is not None else []
+    for ragged in storage._ragged.values():
+        if ragged is not None:
+            parts += [p for p in (ragged.index, ragged.values) if p is not None]
+    base = storage.spec.url.rstrip("/") + "/"
+    return {p.spec.url[len(base):]: p for p in parts if p.spec.url.startswith(base)}
+
+
+def _mark(storage: Any, generation: str, files: Mapping[str, Mapping[str, Any]]) -> Mark:
+    tables = {}
+    for name, part in _tables(storage).items():
+        revs = getattr(part, "_row_rev", None)
+        tables[name] = TableMark(weakref.ref(part), None if revs is None else weakref.ref(revs),
+                                 int(getattr(part, "_write_rev", 0)), _created(part))
+    return Mark(generation, tables, {name: signature(info) for name, info in files.items()})
+
+
+def _created(part: Any) -> bool:
+    return getattr(part, "_meta", None) is not None and part.initialized
+
+
+def _unchanged(part: Any, name: str, known: TableMark, files: Mapping[str, Any]) -> set[str]:
+    """The objects of table ``part`` (at ``name``) among ``files`` unchanged since ``known``:
+    chunks / shards none of whose rows was written since, and the arrays' metadata (a
+    zstore buffer writes it once, creating the arrays; only the table's own ``zarr.json``,
+    its commit, changes)."""
+    if not (known.created and _created(part)):
+        return set()
+    meta = part._meta
+    revs = part._row_rev
+    rows = torch.zeros(0, dtype=torch.int64) if revs is None else \
+        torch.nonzero(revs > known.revision).reshape(-1)
+    out = {key for key in files if key.startswith(f"{name}/") and key.endswith("/zarr.json")
+           and key != f"{name}/zarr.json"}
+    for leaf in meta.schema.leaves:
+        chunk, shard = meta.layout[leaf.path]
+        block = shard or chunk
+        changed = _changed_chunks(rows, block, -(-meta.rows // block))
+        ndim = 1 + len(leaf.shape)
+        for i in torch.nonzero(~changed).reshape(-1).tolist():
+            key = f"{name}/{chunk_key(leaf.path, ndim, i)}"
+            if key in files:
+                out.add(key)
+    return out
+
+
+def _carry_over(storage: Any, dest: Destination, previous: Mapping[str, Any] | None,
+                files: Mapping[str, Mapping[str, Any]]) -> tuple[str, set[str]] | None:
+    """(previous generation, objects to carry over from it) when ``storage`` can dump
+    incrementally onto it, else None (see the module docstring)."""
+    mark = storage._ckpt_marks.get(dest.url)
+    if mark is None or previous is None or previous.get("form") != "compressed" \
+            or previous.get("generation") != mark.generation:
+        return None
+    old = listing(dest.child(mark.generation))
+    if "zarr.json" not in old:
+        return None
+    carry = set()
+    for name, part in _tables(storage).items():
+        known = mark.tables.get(name)
+        if known is None or known.table() is not part:
+            continue
+        if known.revs is not None and known.revs() is not getattr(part, "_row_rev", None):
+            continue  # the revisions were reset: nothing of this table is known
+        carry |= _unchanged(part, name, known, files)
+    return mark.generation, {
+        name for name in carry
+        if name in old and int(old[name]["size"]) == int(files[name]["size"])
+        and mark.objects.get(name) == signature(files[name])}
 
 
 class CompressedListStorageCheckpointer(_Configured):
-    """Checkpoints of :class:`zstore.CompressedListStorage` at any URL (atomic, JSON + Zarr)."""
+    """Checkpoints of :class:`zstore.CompressedListStorage` at any URL (atomic, JSON + Zarr).
 
-    def dumps(self, storage: Any, path: Any) -> None:
-        dest = self._dest(path)
-        dest.check_writable()
-        record = self._stage(storage, dest)
-        dest.commit(record)
-        dest.remove_others(keep=record["generation"])
+    A second dump to the same destination copies only the objects that changed
+    since and carries the others over (hard links locally, server-side copies on
+    object stores); see the module docstring for when.
+    """
 
     def _stage(self, storage: Any, dest: Destination) -> dict[str, Any]:
+        """Write a new generation at ``dest`` (not yet committed); return its commit record.
+
+        The storage's mark for ``dest`` names the new generation at once: should the
+        commit not happen, the commit record names another generation and the next
+        dump copies everything.
+        """
         if not len(storage):
             raise RuntimeError("Cannot save an empty or non-initialized CompressedListStorage.")
         storage.flush()
+        files = listing(storage.spec)
+        base = _carry_over(storage, dest, dest.read_commit(), files)
+        carried = set() if base is None else base[1]
         gen = dest.new_generation()
-        copy_tree(storage.spec, dest.child(gen))
+        written = sorted(set(files) - carried)
+        copy_files(storage.spec, dest.child(gen), written)
+        if base is not None:
+            dest.copy_objects((f"{base[0]}/{name}", f"{gen}/{name}") for name in sorted(carried))
+        storage._ckpt_marks[dest.url] = _mark(storage, gen, files)
         return {"checkpointer": type(self).__name__, "form": "compressed", "generation": gen,
-                "length": len(storage), "max_size": storage.max_size}
-
-    @staticmethod
-    def _finish(storage: Any, dest: Destination, record: Mapping[str, Any]) -> None:
-        dest.commit(record)
-        dest.remove_others(keep=record["generation"])
+                "length": len(storage), "max_size": storage.max_size,
+                "incremental": base is not None,
+                "bytes_written": sum(int(files[name]["size"]) for name in written)}
 
     def loads(self, storage: Any, path: Any) -> None:
         dest = self._dest(path)
@@ -85,7 +258,8 @@ class CompressedListStorageCheckpointer(_Configured):
         if record.get("form") != "compressed":
             raise CheckpointError(f"{dest.redacted()} holds a {record.get('checkpointer')} "
                                   "checkpoint, not a CompressedListStorage one")
-        gen = dest.child(str(record["generation"]))
+        name = str(record["generation"])
+        gen = dest.child(name)
         block = _root_block(gen)
         if block is None:
             raise CheckpointError(f"{gen.redacted()}: the committed generation is missing")
@@ -93,10 +267,17 @@ class CompressedListStorageCheckpointer(_Configured):
             raise CheckpointError(f"{dest.redacted()} holds a CompressedListStorage of max_size "
                                   f"{block['max_size']}; this storage has max_size {storage.max_size}")
         storage.spec.require_writable("load a checkpoint")
+        storage._hold_lease()  # a load rewrites the storage's location: as its one writer
         storage._drop_arrays()
         storage._reset()
-        if storage.spec.exists():
-            storage.spec.delete()
-        copy_tree(gen, storage.spec)
+        leftovers = listing(storage.spec)  # all but the lease, which the storage keeps
+        if leftovers:
+            fs, root = storage.spec.filesystem()
+            fs.rm([f"{root.rstrip('/')}/{name}" for name in leftovers])
+        copy_files(gen, storage.spec, sorted(listing(gen)))
         storage._root = _open_root(storage.spec)
         storage._restore(_root_block(storage.spec))
+        if storage._lease is not None:
+            storage._lease.read_metadata()  # the copied zarr.json is the version to replace
+        storage._commit()  # the root block now names this writer (a former one cannot commit)
+        storage._ckpt_marks = {dest.url: _mark(storage, name, listing(storage.spec))}

@@ -82,6 +82,25 @@ class _Configured(StorageCheckpointerBase):
     def _dest(self, path: Any) -> Destination:
         return Destination(as_spec(path, self.storage_options))
 
+    def dumps(self, storage: Any, path: Any) -> DumpResult:
+        """Stage a new generation of ``storage`` at ``path``, commit it, delete the old one."""
+        start = time.perf_counter()
+        dest = self._dest(path)
+        dest.check_writable()
+        record = self._stage(storage, dest)
+        self._finish(storage, dest, record)
+        return DumpResult.of(dest.redacted(), record, time.perf_counter() - start)
+
+    def _stage(self, storage: Any, dest: Destination) -> dict[str, Any]:
+        """Write a new generation at ``dest`` (not yet committed); return its commit record."""
+        raise NotImplementedError(f"{type(self).__name__} cannot save {type(storage).__name__}")
+
+    @staticmethod
+    def _finish(storage: Any, dest: Destination, record: Mapping[str, Any]) -> None:
+        """Commit a staged generation and delete the others."""
+        dest.commit(record)
+        dest.remove_others(keep=record["generation"])
+
 
 class TensorStorageCheckpointer(_Configured):
     """Checkpoints of TensorStorage / LazyTensorStorage / LazyMemmapStorage at any URL.
@@ -101,16 +120,7 @@ class TensorStorageCheckpointer(_Configured):
         progress: show a progress bar on a terminal for long transfers.
     """
 
-    def dumps(self, storage: Any, path: Any) -> DumpResult:
-        start = time.perf_counter()
-        dest = self._dest(path)
-        dest.check_writable()
-        record = self._stage(storage, dest)
-        self._finish(storage, dest, record)
-        return DumpResult.of(dest.redacted(), record, time.perf_counter() - start)
-
     def _stage(self, storage: Any, dest: Destination) -> dict[str, Any]:
-        """Write a new generation at ``dest`` (not yet committed); return its commit record."""
         if self._save_hooks:
             return self._dump_tree(storage, dest)
         return dump_buffer(storage, dest, codec=self.codec, chunks=self.chunks,
@@ -118,9 +128,8 @@ class TensorStorageCheckpointer(_Configured):
 
     @staticmethod
     def _finish(storage: Any, dest: Destination, record: Mapping[str, Any]) -> None:
-        """Commit a staged generation, delete the others, remember it for incremental dumps."""
-        dest.commit(record)
-        dest.remove_others(keep=record["generation"])
+        """Commit, delete the other generations, remember this one for incremental dumps."""
+        _Configured._finish(storage, dest, record)
         if hasattr(storage, "_ckpt_marks") and record["form"] == "buffer":
             storage._ckpt_marks = {dest.url: (record["generation"], record["revision"])}
 

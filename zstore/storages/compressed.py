@@ -338,6 +338,7 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         self._owned = owned
         self._root = None  # the root Zarr group, once committed
         self._pid = os.getpid()  # the process that opened _root
+        self._ckpt_marks: dict[str, Any] = {}  # destination URL -> its last dump (checkpoint)
         self._finalizer = weakref.finalize(self, _delete_store, spec) if owned else None
         self.lease_ttl = lease_ttl
         self._lease = None if spec.read_only or lease_ttl is None else writer_lease(spec, lease_ttl)
