@@ -166,7 +166,9 @@ def main() -> int:
 
     def incremental(new_dest: Callable[[], object]) -> tuple[float, float, dict, dict]:
         """Median times of a full dump to a new destination and of the next dump there after
-        1% new rows, both timed from a quiesced machine; and the two commit records."""
+        1% new rows, both timed from a quiesced machine; and the two commit records. Each
+        destination is deleted after its two dumps, so every full dump starts from the same
+        page cache (the same state as the side-by-side full dumps above)."""
         full_times, times, fulls, incs = [], [], [], []
         for r in range(args.repeats):
             target = new_dest()
@@ -176,6 +178,8 @@ def main() -> int:
             ours.set(torch.arange(start, start + n // 100), new)
             times.append(timed(lambda: ours.dumps(target), quiesce))
             incs.append(record(target))
+            spec = StoreSpec.parse(target) if not isinstance(target, StoreSpec) else target
+            spec.delete()
         assert all(i["incremental"] for i in incs) and not any(f["incremental"] for f in fulls)
         return statistics.median(full_times), statistics.median(times), fulls[-1], incs[-1]
 

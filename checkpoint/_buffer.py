@@ -37,22 +37,26 @@ from ._chunks import chunk_key, read_raw, write_raw
 from ._dest import CheckpointError, Destination, fault_point, progress_bar
 from ._state import TensorState, finish, prepare, write_rows
 
-#: Bytes per chunk of a key: few objects (cheap carry-over, listing and deletion), while
-#: 1% of new rows still rewrites only a few percent of the bytes.
+#: Bytes per chunk of a key on object stores: few objects (few requests to write, carry
+#: over, list and delete), while 1% of new rows still rewrites only a few percent of the bytes.
 CHUNK_BYTES = 4 << 20
+#: ... and on local disk, where an object costs a file and a hard link, not a request:
+#: smaller chunks make incremental dumps write half the bytes, in steadier time.
+LOCAL_CHUNK_BYTES = 1 << 20
 #: Longest chunk of a narrow key (rows): keeps carried-over chunks fine-grained.
 MAX_CHUNK_ROWS = 1 << 18
 
 
-def checkpoint_layout(schema, rows: int, chunks: int | None) -> dict[str, tuple[int, None]]:
-    """Rows per chunk of every key: a power of two near :data:`CHUNK_BYTES` of that key
-    (or ``chunks``)."""
+def checkpoint_layout(schema, rows: int, chunks: int | None,
+                      chunk_bytes: int = CHUNK_BYTES) -> dict[str, tuple[int, None]]:
+    """Rows per chunk of every key: a power of two near ``chunk_bytes`` of that key (or
+    ``chunks``)."""
     layout = {}
     for leaf in schema.leaves:
         if chunks is not None:
             size = int(chunks)
         else:
-            size = 1 << max(0, int(math.log2(max(1, CHUNK_BYTES // max(1, leaf.row_bytes)))))
+            size = 1 << max(0, int(math.log2(max(1, chunk_bytes // max(1, leaf.row_bytes)))))
             size = min(size, MAX_CHUNK_ROWS)
         layout[leaf.path] = (max(1, min(size, rows)), None)
     return layout
@@ -96,7 +100,8 @@ def dump_buffer(storage: Any, dest: Destination, *, codec: CodecSpec, chunks: in
     """Write a new buffer generation of ``storage`` at ``dest``; return the commit record."""
     revision = getattr(storage, "_write_rev", 0)  # rows written after this are dumped next time
     state = TensorState.of(storage)
-    layout = checkpoint_layout(state.schema, state.rows, chunks)
+    layout = checkpoint_layout(state.schema, state.rows, chunks,
+                               LOCAL_CHUNK_BYTES if dest.spec.is_local else CHUNK_BYTES)
     previous = dest.read_commit()
     base = _incremental_base(storage, dest, previous, state, layout if chunks else None, codec)
     if base is not None:

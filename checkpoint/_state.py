@@ -64,9 +64,7 @@ class TensorState:
         else:
             schema = storage_schema(storage)
             columns = schema.columns(storage._storage, 1)
-            revs = storage._row_rev
-            written = torch.nonzero(revs).reshape(-1) if revs is not None else None
-            high = rows if written is None else (int(written[-1]) + 1 if len(written) else 0)
+            high = rows if storage._row_rev is None else _last_written(storage._row_rev) + 1
 
             def read(lo: int, hi: int) -> dict[str, torch.Tensor]:
                 return {path: value[lo:hi] for path, value in columns.items()}
@@ -79,6 +77,15 @@ class TensorState:
     def data(self, lo: int, hi: int) -> Any:
         """Rows ``[lo, hi)`` as the storage's own kind of data."""
         return self.schema.build(self.read(lo, hi), (hi - lo, *self.lanes))
+
+
+def _last_written(revs: torch.Tensor) -> int:
+    """The last row with a nonzero write revision (-1 when none), without materialising the
+    indices of every written row."""
+    written = revs.ne(0)
+    if not bool(written.any()):
+        return -1
+    return len(revs) - 1 - int(written.flip(0).to(torch.uint8).argmax())
 
 
 def storage_schema(storage: Any) -> Schema:

@@ -115,7 +115,7 @@ class TensorStorageCheckpointer(_Configured):
 
     Args:
         codec: compression preset of the checkpoint (default raw: fastest).
-        chunks: rows per chunk (default: about 4 MiB per key, a power of two).
+        chunks: rows per chunk (default: about 1 MiB per key locally, 4 MiB elsewhere).
         storage_options: fsspec options for URLs (or pass a ``zstore.StoreSpec``).
         progress: show a progress bar on a terminal for long transfers.
     """
