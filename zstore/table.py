@@ -33,7 +33,6 @@ from .dtypes import compute_dtype, from_storage, to_storage
 from .errors import CorruptChunkError, ReadOnlyError
 from .group import checked_array
 from .layout import Leaf
-from .prefault import Prefaulter
 
 
 def contiguous_start(rows: torch.Tensor) -> int | None:
@@ -240,7 +239,6 @@ class MmapTable(Table):
                 continue
             mapped = torch.from_file(str(chunk), shared=not read_only, size=numel, dtype=dtype)
             self.maps[leaf.path] = mapped.view(shape)
-        self._prefault = Prefaulter(self.maps if not read_only else {}, rows, high_water)
 
     @staticmethod
     def supported(is_local: bool, raw: bool, rows: int,
@@ -267,7 +265,6 @@ class MmapTable(Table):
                 self.maps[leaf.path][first:first + len(rows)].copy_(to_storage(values[leaf.path]))
                 _faults.crash_point("mmap.write")
             self.high_water = max(self.high_water, first + len(rows))
-            self._prefault.ahead_of(first + len(rows) - 1)
             return
         urows, last = _positions_of_last(rows)
         for leaf in self.leaves:
@@ -285,7 +282,6 @@ class MmapTable(Table):
         for leaf in self.leaves:
             self.maps[leaf.path][row].copy_(to_storage(values[leaf.path]))
         self.high_water = max(self.high_water, row + 1)
-        self._prefault.ahead_of(row)
 
     def flush(self) -> None:
         """Nothing to do: writes went straight into the shared page cache.
@@ -295,5 +291,4 @@ class MmapTable(Table):
         """
 
     def close(self) -> None:
-        self._prefault.close()
         self.maps.clear()
