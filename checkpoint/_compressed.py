@@ -27,8 +27,8 @@ stores) only when all of these hold:
 Every other object — metadata included — is copied from the storage. Hard
 links are safe: a generation's files are never rewritten (a new generation
 gets new files, linked or copied), and the storage's own files are only ever
-copied, never linked, so the storage rewriting a chunk in place (Zarr's
-LocalStore truncates the same inode) cannot reach a checkpoint.
+copied, never linked, so a chunk the storage rewrites (in place, should a store
+ever write that way) cannot reach a checkpoint.
 """
 
 from __future__ import annotations
