@@ -178,13 +178,12 @@ def main() -> int:
             ours.set(torch.arange(start, start + n // 100), new)
             times.append(timed(lambda: ours.dumps(target), quiesce))
             incs.append(record(target))
-            spec = StoreSpec.parse(target) if not isinstance(target, StoreSpec) else target
-            spec.delete()
+            checkpoint._dest.as_spec(target).delete()
         assert all(i["incremental"] for i in incs) and not any(f["incremental"] for f in fulls)
         return statistics.median(full_times), statistics.median(times), fulls[-1], incs[-1]
 
     def record(target) -> dict:
-        return checkpoint._dest.Destination(StoreSpec.parse(target)).read_commit()
+        return checkpoint._dest.Destination(checkpoint._dest.as_spec(target)).read_commit()
 
     t_full, t_inc, full_rec, inc_rec = incremental(lambda: root / f"inc-{uuid.uuid4().hex[:8]}")
     results["incremental_full_dump_s"] = t_full

@@ -168,8 +168,7 @@ def _carry_metadata(dest: Destination, old: str, gen: str, schema) -> zarr.Group
     layout and codec): every node's ``zarr.json`` linked / copied server-side, the root's
     copied (the commit rewrites it). None when ``old`` lacks one of them."""
     nodes = {f"{leaf.path}/zarr.json" for leaf in schema.leaves}
-    nodes |= {"/".join(leaf.key[:depth]) + "/zarr.json" for leaf in schema.leaves
-              for depth in range(1, len(leaf.key))}
+    nodes |= {f"{sub}/zarr.json" for sub in schema.group_paths}
     copied = dest.copy_objects((f"{old}/{node}", f"{gen}/{node}") for node in sorted(nodes))
     copied += dest.copy_objects([(f"{old}/zarr.json", f"{gen}/zarr.json")], link=False)
     if copied != len(nodes) + 1:

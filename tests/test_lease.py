@@ -94,12 +94,18 @@ def test_second_writer_is_refused_and_readers_are_not(location, clock):
     storage.close()
 
 
-def test_writers_of_one_process_share_its_lease(location, clock):
+def written_and_reopened(location):
+    """A buffer with rows 0 and 1 committed by one storage, and a second storage object of
+    the same process opened on it: ``(url, first, second)``."""
     url = location.new()
     first = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options)
     first.set(torch.arange(2), rows(0, 2))
     first.flush()
-    second = zstore.open(url, location.options)
+    return url, first, zstore.open(url, location.options)
+
+
+def test_writers_of_one_process_share_its_lease(location, clock):
+    url, first, second = written_and_reopened(location)
     second.set(torch.arange(2, 4), rows(2, 2))
     second.flush()
     first.close()  # the process's lease stays while `second` uses it
@@ -236,11 +242,7 @@ def test_a_read_only_buffer_refuses_writes_without_taking_the_lease(tmp_path):
 def test_a_storage_that_wrote_nothing_never_commits_its_stale_view(location):
     """Two objects of one process share the lease; flushing the one that only reads must not
     commit the length it saw when it opened over the other's newer commit."""
-    url = location.new()
-    writer = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options)
-    writer.set(torch.arange(2), rows(0, 2))
-    writer.flush()
-    reader = zstore.open(url, location.options)
+    url, writer, reader = written_and_reopened(location)
     writer.set(torch.arange(2, 4), rows(2, 2))
     writer.flush()
     reader.flush()

@@ -156,8 +156,7 @@ def _create_arrays(store, meta: StoreMeta) -> zarr.Group:
     group = zarr.create_group(store, overwrite=False,
                               attributes={_INCOMPLETE_ATTR: True,
                                           TENSORDICT_ATTR: _tensordict_attrs(root_batch)})
-    subgroups = sorted({"/".join(leaf.key[:depth]) for leaf in meta.schema.leaves
-                        for depth in range(1, len(leaf.key))}, key=lambda sub: sub.count("/"))
+    subgroups = meta.schema.group_paths
     parent = group._async_group
 
     def subgroup(sub: str):

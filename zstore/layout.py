@@ -128,6 +128,12 @@ class Schema:
         """Bytes of one row over all columns."""
         return sum(leaf.row_bytes for leaf in self.leaves)
 
+    @property
+    def group_paths(self) -> list[str]:
+        """Paths of the sub-groups that hold nested keys, parents before children."""
+        return sorted({"/".join(leaf.key[:depth]) for leaf in self.leaves
+                       for depth in range(1, len(leaf.key))}, key=lambda p: (p.count("/"), p))
+
     # -- construction ---------------------------------------------------------------
     @classmethod
     def from_example(cls, example: Any, ndim: int = 1) -> "Schema":
