@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import math
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 import zarr
+from tensordict import TensorDict
+from zarr.core.group import AsyncGroup, GroupMetadata
 from zarr.core.sync import sync
+from zarr.storage import StorePath
 
 from zstore.codecs import CodecSpec
 from zstore.dtypes import (
@@ -30,10 +34,11 @@ from zstore.dtypes import (
     to_numpy,
     to_storage,
 )
-from zstore.group import commit, create_group, open_group, open_zarr_group
-from zstore.layout import StoreMeta
+from zstore.group import commit, create_group, open_group
+from zstore.layout import KEY_SEPARATORS, StoreMeta, chunk_key, key_separator
 
-from ._chunks import chunk_key, read_raw, write_raw
+from . import _mapped
+from ._chunks import read_raw, write_raw
 from ._dest import CheckpointError, Destination, fault_point, progress_bar
 from ._state import TensorState, finish, prepare, write_rows
 
@@ -45,6 +50,9 @@ CHUNK_BYTES = 4 << 20
 LOCAL_CHUNK_BYTES = 1 << 20
 #: Longest chunk of a narrow key (rows): keeps carried-over chunks fine-grained.
 MAX_CHUNK_ROWS = 1 << 18
+#: Chunk-key separator of new generations: all chunks of an array in one directory, so a
+#: chunk carried over locally is one hard link, without a directory per chunk to create.
+KEY_SEPARATOR = "."
 
 
 def checkpoint_layout(schema, rows: int, chunks: int | None,
@@ -72,18 +80,18 @@ def as_torch(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return from_storage(from_numpy(np.ascontiguousarray(array), dtype), dtype)
 
 
-def _changed_chunks(changed: torch.Tensor | None, chunk: int, n: int) -> torch.Tensor:
+def _changed_chunks(changed: np.ndarray | None, chunk: int, n: int) -> np.ndarray:
     """Bool per chunk of the first ``n`` chunks: whether it holds one of the ``changed``
     rows (int64 row indices; None: everything changed)."""
     if changed is None:
-        return torch.ones(n, dtype=torch.bool)
-    mask = torch.zeros(n, dtype=torch.bool)
-    blocks = torch.div(changed, chunk, rounding_mode="floor")
+        return np.ones(n, dtype=bool)
+    mask = np.zeros(n, dtype=bool)
+    blocks = changed // chunk
     mask[blocks[blocks < n]] = True
     return mask
 
 
-def _runs(mask: torch.Tensor) -> list[tuple[int, int]]:
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     """Maximal runs ``[a, b)`` of True in a bool vector."""
     out, start = [], None
     for i, flag in enumerate(mask.tolist() + [False]):
@@ -104,23 +112,23 @@ def dump_buffer(storage: Any, dest: Destination, *, codec: CodecSpec, chunks: in
                                LOCAL_CHUNK_BYTES if dest.spec.is_local else CHUNK_BYTES)
     previous = dest.read_commit()
     base = _incremental_base(storage, dest, previous, state, layout if chunks else None, codec)
-    if base is not None:
-        layout = base[2]  # the previous generation's chunking, so its chunks carry over
+    separator = KEY_SEPARATOR
+    if base is not None:  # the previous generation's chunking and keys, so its chunks carry over
+        layout, separator = base.layout, base.separator
     gen = dest.new_generation()
     meta = StoreMeta("LazyMemmapStorage", state.max_size, state.ndim, state.rows, state.schema,
                      codec, layout)
     gen_spec = dest.child(gen)
-    group = None if base is None else _carry_metadata(dest, base[0], gen, state.schema)
+    group = None if base is None else _carry_metadata(dest, base, gen, state.schema)
     if group is None:  # a first dump, or the previous generation lacks metadata: write everything
         if base is not None:
             base, gen = None, dest.new_generation()  # the partial one goes after the commit
-            gen_spec = dest.child(gen)
-        group = create_group(gen_spec, meta)
+            gen_spec, separator = dest.child(gen), KEY_SEPARATOR
+        group = create_group(gen_spec, meta, key_separator=separator)
     arrays = {} if codec.is_raw else \
         {leaf.path: group[leaf.path]._async_array for leaf in state.schema.leaves}
     row_rev = getattr(storage, "_row_rev", None)
-    changed = None if base is None or row_rev is None else \
-        torch.nonzero(row_rev > base[1]).reshape(-1)
+    changed = None if base is None or row_rev is None else np.flatnonzero(row_rev.numpy() > base.revision)
     plan = {}  # path -> (chunk rows, changed mask over the chunks holding data)
     for leaf in state.schema.leaves:
         chunk = layout[leaf.path][0]
@@ -128,11 +136,18 @@ def dump_buffer(storage: Any, dest: Destination, *, codec: CodecSpec, chunks: in
     window = max(chunk for chunk, _ in plan.values())
     total = sum(int(mask.sum()) * chunk * state.schema.by_path[p].row_bytes
                 for p, (chunk, mask) in plan.items())
+    copies = []  # chunks carried over from the base generation: (its key, the new key)
+    for leaf in state.schema.leaves if base is not None else ():
+        for i in np.flatnonzero(~plan[leaf.path][1]).tolist():
+            key = chunk_key(leaf.path, 1 + len(leaf.shape), i, separator)
+            copies.append((f"{base.generation}/{key}", f"{gen}/{key}"))
     written = 0
-    with progress_bar(total, f"dumps {dest.url}", progress) as bar:
+    with progress_bar(total, f"dumps {dest.url}", progress) as bar, \
+            ThreadPoolExecutor(1, thread_name_prefix="zstore-ckpt-carry") as carrier:
+        carried = carrier.submit(dest.copy_objects, copies)  # links / copies while this writes
         for lo in range(0, state.high, window):
             hi = min(lo + window, state.rows)
-            jobs, copies = [], []
+            jobs, pieces = [], []
             columns = None
             for leaf in state.schema.leaves:
                 chunk, mask = plan[leaf.path]
@@ -145,38 +160,49 @@ def dump_buffer(storage: Any, dest: Destination, *, codec: CodecSpec, chunks: in
                     value = as_numpy(columns[leaf.path][start - lo: stop - lo], leaf.dtype)
                     written += value.nbytes
                     if codec.is_raw:
-                        write_raw(gen_spec, leaf.path, value, first + a, chunk)
-                        bar.update(value.nbytes)
+                        pieces.append((leaf.path, value, first + a, chunk))
                     else:
                         jobs.append((arrays[leaf.path], start, stop, value))
-                for i in torch.nonzero(~local).reshape(-1).tolist():
-                    key = chunk_key(leaf.path, 1 + len(leaf.shape), first + i)
-                    copies.append((f"{base[0]}/{key}", f"{gen}/{key}"))
+            write_raw(gen_spec, pieces, separator)
             _write_all(jobs)
-            dest.copy_objects(copies)
-            bar.update(sum(job[3].nbytes for job in jobs))
+            bar.update(sum(job[3].nbytes for job in jobs) + sum(p[1].nbytes for p in pieces))
+        carried.result()
     meta.length, meta.last_cursor, meta.high_water = state.length, state.last_cursor, state.high
     commit(group, meta)
     return {"checkpointer": checkpointer, "form": "buffer", "generation": gen,
             "length": state.length, "last_cursor": state.last_cursor, "max_size": state.max_size,
             "rows": state.rows, "ndim": state.ndim, "incremental": base is not None,
-            "bytes_written": written, "revision": revision}
+            "bytes_written": written, "revision": revision, "key_separator": separator}
 
 
-def _carry_metadata(dest: Destination, old: str, gen: str, schema) -> zarr.Group | None:
-    """Generation ``gen``'s Zarr metadata carried over from generation ``old`` (same keys,
-    layout and codec): every node's ``zarr.json`` linked / copied server-side, the root's
-    copied (the commit rewrites it). None when ``old`` lacks one of them."""
+class _Base(NamedTuple):
+    """The generation an incremental dump carries chunks over from."""
+
+    generation: str
+    revision: int  # the storage's write revision it holds: rows written later changed
+    layout: dict
+    separator: str  # of its chunk keys
+    group: zarr.Group
+
+
+def _carry_metadata(dest: Destination, base: _Base, gen: str, schema) -> zarr.Group | None:
+    """Generation ``gen``'s Zarr metadata carried over from ``base`` (same keys, layout and
+    codec): every array's and sub-group's ``zarr.json`` linked / copied server-side, and the
+    root group (its ``zarr.json`` is the commit) opened from the base's, unwritten. None
+    when ``base`` lacks one of them."""
     nodes = {f"{leaf.path}/zarr.json" for leaf in schema.leaves}
     nodes |= {f"{sub}/zarr.json" for sub in schema.group_paths}
-    copied = dest.copy_objects((f"{old}/{node}", f"{gen}/{node}") for node in sorted(nodes))
-    copied += dest.copy_objects([(f"{old}/zarr.json", f"{gen}/zarr.json")], link=False)
-    if copied != len(nodes) + 1:
+    if dest.copy_objects((f"{base.generation}/{node}", f"{gen}/{node}") for node in sorted(nodes)) \
+            != len(nodes):
         return None
-    return open_zarr_group(dest.child(gen))
+    metadata = GroupMetadata.from_dict(base.group.metadata.to_dict())
+    return zarr.Group(AsyncGroup(metadata, StorePath(dest.child(gen).open())))
 
 
 def _write_all(jobs: list) -> None:
+    if not jobs:
+        return
+
     async def run():
         return await asyncio.gather(*[array.setitem(slice(start, stop), value)
                                       for array, start, stop, value in jobs],
@@ -189,22 +215,25 @@ def _write_all(jobs: list) -> None:
 
 
 def _incremental_base(storage, dest: Destination, previous, state: TensorState, layout,
-                      codec: CodecSpec) -> tuple[str, int, dict] | None:
-    """(previous generation, revision, its layout) when ``storage`` can dump incrementally
-    onto it; ``layout`` None accepts the previous generation's chunking."""
+                      codec: CodecSpec) -> _Base | None:
+    """The previous generation, when ``storage`` can dump incrementally onto it; ``layout``
+    None accepts the previous generation's chunking."""
     marks = getattr(storage, "_ckpt_marks", None) or {}
     mark = marks.get(dest.url)
     if previous is None or mark is None or previous.get("form") != "buffer" \
             or previous.get("generation") != mark[0]:
         return None
+    separator = previous.get("key_separator", "/")  # generations before the record said: "/"
+    if separator not in KEY_SEPARATORS:
+        return None
     try:
-        _, old = open_group(dest.child(mark[0]).as_read_only())
+        group, old = open_group(dest.child(mark[0]).as_read_only())
     except Exception:  # noqa: BLE001 - an unreadable previous generation: write everything
         return None
     if (old.rows != state.rows or old.schema.leaves != state.schema.leaves
             or (layout is not None and old.layout != layout) or old.codec != codec or old.key_codecs):
         return None
-    return mark[0], mark[1], old.layout
+    return _Base(mark[0], mark[1], old.layout, separator, group)
 
 
 def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | None,
@@ -217,14 +246,18 @@ def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | Non
                else meta.rows)
     high = min(high, meta.rows)
     arrays = {leaf.path: group[leaf.path]._async_array for leaf in schema.leaves}
-    raw = meta.all_raw and all(shard is None for _, shard in meta.layout.values())
+    separators = {key_separator(array.metadata.to_dict()) for array in arrays.values()}
+    separator = separators.pop() if len(separators) == 1 else None
+    raw = separator is not None and meta.all_raw \
+        and all(shard is None for _, shard in meta.layout.values())
 
     def read(lo: int, hi: int) -> dict[str, torch.Tensor]:
         if not raw:
             return _read(arrays, schema, lo, hi)
         values = {leaf.path: np.empty((hi - lo, *leaf.shape), dtype=storage_numpy_dtype(leaf.dtype))
                   for leaf in schema.leaves}
-        read_raw(spec, [(path, value, lo, meta.layout[path][0]) for path, value in values.items()])
+        read_raw(spec, [(path, value, lo, meta.layout[path][0]) for path, value in values.items()],
+                 separator)
         return {leaf.path: as_torch(values[leaf.path], leaf.dtype) for leaf in schema.leaves}
 
     window = max(chunk for chunk, _ in meta.layout.values())
@@ -234,8 +267,10 @@ def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | Non
     with progress_bar(high * schema.row_bytes, f"loads {dest.url}", progress) as bar:
         targets = _in_memory_columns(storage, schema) if raw else None
         if targets is not None:  # straight into the container's memory
+            if spec.is_local:  # chunk files mapped copy-on-write where they can be
+                targets = _map_columns(storage, schema, spec, meta.layout, targets, high, separator)
             read_raw(spec, [(path, target[:high], 0, meta.layout[path][0])
-                            for path, target in targets.items()])
+                            for path, target in targets.items()], separator)
             bar.update(high * schema.row_bytes)
         else:
             for lo in range(0, high, window):
@@ -244,6 +279,41 @@ def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | Non
                 bar.update((hi - lo) * schema.row_bytes)
     mark = None if record is None else (dest.url, str(record["generation"]))
     finish(storage, meta.length, meta.last_cursor, high, mark)
+
+
+def _map_columns(storage: Any, schema, spec, layout, targets: dict[str, np.ndarray], high: int,
+                 separator: str) -> dict[str, np.ndarray]:
+    """Replace the container's columns whose chunks can be mapped (:mod:`._mapped`) by
+    copy-on-write mappings of the chunk files of rows ``[0, high)``; return the targets
+    left to read. A TensorDict or single-tensor container only (others: all left)."""
+    container = storage._storage
+    if not (type(container) is TensorDict or isinstance(container, torch.Tensor)) \
+            or getattr(storage, "consolidated", False):
+        return targets
+    root = spec.filesystem()[1].rstrip("/")
+    mapped = {}
+    for leaf in schema.leaves:
+        target = targets[leaf.path]
+        chunk_rows = layout[leaf.path][0]
+        chunk_bytes = chunk_rows * (target.nbytes // max(1, len(target)))
+        if not _mapped.supported(chunk_bytes):
+            continue
+        paths = [f"{root}/{chunk_key(leaf.path, target.ndim, i, separator)}"
+                 for i in range(-(-high // chunk_rows))]
+        try:
+            column = _mapped.map_chunks(paths, chunk_bytes, target.nbytes)
+        except OSError:  # a filesystem without mmap: read this column instead
+            continue
+        mapped[leaf.path] = as_torch(column.view(target.dtype).reshape(target.shape), leaf.dtype)
+    if not mapped:
+        return targets
+    if isinstance(container, torch.Tensor):
+        storage._storage = mapped[schema.leaves[0].path]
+    else:
+        for leaf in schema.leaves:
+            if leaf.path in mapped:
+                container.set(leaf.key, mapped[leaf.path])
+    return {path: target for path, target in targets.items() if path not in mapped}
 
 
 def _in_memory_columns(storage: Any, schema) -> dict[str, np.ndarray] | None:

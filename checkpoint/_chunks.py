@@ -11,51 +11,61 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from zstore.layout import chunk_key
 from zstore.store import StoreSpec
 
-from ._dest import fault_point
+from ._dest import CheckpointError, fault_point
 
 #: Threads copying local chunk files: reads and writes release the GIL, and the page-cache
 #: copies of a single thread leave memory bandwidth unused.
 LOCAL_THREADS = 4
 
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
 
 def _each(fn: Callable[[Any], None], items: Sequence[Any]) -> None:
-    """``fn(item)`` for every item, on :data:`LOCAL_THREADS` threads when there are several."""
+    """``fn(item)`` for every item, on :data:`LOCAL_THREADS` threads when there are several
+    (one pool for the process: starting threads per call cost milliseconds per dump)."""
+    global _pool
     if len(items) < 2:
         for item in items:
             fn(item)
         return
-    with ThreadPoolExecutor(min(LOCAL_THREADS, len(items)), thread_name_prefix="zstore-ckpt-io") as pool:
-        for _ in pool.map(fn, items):
-            pass
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(LOCAL_THREADS, thread_name_prefix="zstore-ckpt-io")
+    for _ in _pool.map(fn, items):
+        pass
 
 
-def chunk_key(path: str, ndim: int, index: int) -> str:
-    """The object key of chunk ``index`` of the array at ``path`` (default encoding, '/')."""
-    return f"{path}/c/{index}" + "/0" * (ndim - 1)
-
-
-def write_raw(spec: StoreSpec, path: str, value: np.ndarray, first_chunk: int, chunk_rows: int) -> None:
-    """Store ``value`` (rows of whole chunks from ``first_chunk``) as raw chunk objects."""
+def write_raw(spec: StoreSpec, pieces: Sequence[tuple[str, np.ndarray, int, int]],
+              separator: str = "/") -> None:
+    """Store raw chunk objects (keys using ``separator``), all pieces at once: each piece is
+    ``(path, value, first_chunk, chunk_rows)``, ``value`` holding rows of whole chunks of the
+    array at ``path`` from chunk ``first_chunk`` (the array's last chunk may be short: it is
+    padded to full size)."""
     fs, root = spec.filesystem()
-    row_shape = value.shape[1:]
-    n_chunks = -(-len(value) // chunk_rows)
     objects = {}
-    for i in range(n_chunks):
-        part = value[i * chunk_rows:(i + 1) * chunk_rows]
-        if len(part) < chunk_rows:  # the array's last chunk: padded to full size
-            padded = np.zeros((chunk_rows, *row_shape), dtype=value.dtype)
-            padded[: len(part)] = part
-            part = padded
-        key = f"{root.rstrip('/')}/{chunk_key(path, 1 + len(row_shape), first_chunk + i)}"
-        objects[key] = np.ascontiguousarray(part)
+    for path, value, first_chunk, chunk_rows in pieces:
+        row_shape = value.shape[1:]
+        for i in range(-(-len(value) // chunk_rows)):
+            part = value[i * chunk_rows:(i + 1) * chunk_rows]
+            if len(part) < chunk_rows:
+                padded = np.zeros((chunk_rows, *row_shape), dtype=value.dtype)
+                padded[: len(part)] = part
+                part = padded
+            key = chunk_key(path, 1 + len(row_shape), first_chunk + i, separator)
+            objects[f"{root.rstrip('/')}/{key}"] = np.ascontiguousarray(part)
+    if not objects:
+        return
     if spec.is_local:
         for directory in {os.path.dirname(key) for key in objects}:
             os.makedirs(directory, exist_ok=True)
@@ -72,25 +82,29 @@ def write_raw(spec: StoreSpec, path: str, value: np.ndarray, first_chunk: int, c
             fault_point("write")
 
 
-def read_raw(spec: StoreSpec, targets: Sequence[tuple[str, np.ndarray, int, int]]) -> None:
-    """Fill arrays from raw chunk objects: each target is ``(path, out, lo, chunk_rows)``,
-    ``out`` receiving rows ``lo, lo + 1, ...`` (``lo`` a chunk boundary) of the array at
-    ``path``. Chunks never stored read as zeros."""
+def read_raw(spec: StoreSpec, targets: Sequence[tuple[str, np.ndarray, int, int]],
+             separator: str = "/") -> None:
+    """Fill arrays from raw chunk objects (keys using ``separator``): each target is
+    ``(path, out, lo, chunk_rows)``, ``out`` receiving rows ``lo, lo + 1, ...`` (``lo`` a
+    chunk boundary) of the array at ``path``. Chunks never stored read as zeros."""
     fs, root = spec.filesystem()
     spans: list[tuple[str, np.ndarray]] = []  # (object key, the bytes of out it fills)
     for path, out, lo, chunk_rows in targets:
         chunk_bytes = chunk_rows * math.prod(out.shape[1:]) * out.dtype.itemsize
         flat = out.reshape(len(out), -1).view(np.uint8).reshape(-1) if out.size else out
         for i in range(-(-len(out) // chunk_rows)):
-            key = f"{root.rstrip('/')}/{chunk_key(path, out.ndim, lo // chunk_rows + i)}"
+            key = f"{root.rstrip('/')}/{chunk_key(path, out.ndim, lo // chunk_rows + i, separator)}"
             spans.append((key, flat[i * chunk_bytes:(i + 1) * chunk_bytes]))
     if spec.is_local:
         def load(item: tuple[str, np.ndarray]) -> None:
             try:
                 with open(item[0], "rb", buffering=0) as handle:
-                    handle.readinto(memoryview(item[1]))
+                    got = handle.readinto(memoryview(item[1]))
             except FileNotFoundError:
                 item[1][:] = 0
+                return
+            if got != len(item[1]):
+                raise _short(item[0], got, len(item[1]))
 
         _each(load, spans)
         return
@@ -99,5 +113,12 @@ def read_raw(spec: StoreSpec, targets: Sequence[tuple[str, np.ndarray, int, int]
         data = found.get(key)
         if data is None:
             span[:] = 0
+        elif len(data) < len(span):
+            raise _short(key, len(data), len(span))
         else:
             span[:] = np.frombuffer(data, dtype=np.uint8, count=len(span))
+
+
+def _short(key: str, got: int, expected: int) -> CheckpointError:
+    return CheckpointError(f"chunk object {key} holds {got} bytes, expected at least {expected}: "
+                           "the checkpoint is damaged")

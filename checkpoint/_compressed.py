@@ -41,14 +41,14 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-import torch
+import numpy as np
 
+from zstore.layout import chunk_key
 from zstore.lease import LEASE_NAME
 from zstore.storages.compressed import _open_root, _root_block
 from zstore.store import StoreSpec
 
 from ._buffer import _changed_chunks
-from ._chunks import chunk_key
 from ._dest import CheckpointError, Destination, fault_point
 from ._tensor import _Configured
 
@@ -174,8 +174,7 @@ def _unchanged(part: Any, name: str, known: TableMark, files: Mapping[str, Any])
         return set()
     meta = part._meta
     revs = part._row_rev
-    rows = torch.zeros(0, dtype=torch.int64) if revs is None else \
-        torch.nonzero(revs > known.revision).reshape(-1)
+    rows = np.zeros(0, dtype=np.int64) if revs is None else np.flatnonzero(revs.numpy() > known.revision)
     out = {key for key in files if key.startswith(f"{name}/") and key.endswith("/zarr.json")
            and key != f"{name}/zarr.json"}
     for leaf in meta.schema.leaves:
@@ -183,7 +182,7 @@ def _unchanged(part: Any, name: str, known: TableMark, files: Mapping[str, Any])
         block = shard or chunk
         changed = _changed_chunks(rows, block, -(-meta.rows // block))
         ndim = 1 + len(leaf.shape)
-        for i in torch.nonzero(~changed).reshape(-1).tolist():
+        for i in np.flatnonzero(~changed).tolist():
             key = f"{name}/{chunk_key(leaf.path, ndim, i)}"
             if key in files:
                 out.add(key)

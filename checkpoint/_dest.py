@@ -250,21 +250,22 @@ class Destination:
         """Local :meth:`copy_objects`: the directories made once each, then a hard link (or
         a copy) per object; a missing source is skipped. (Serial: links on several threads
         contend on the filesystem's journal and were slower.)"""
-        paths = [(self._path(src), self._path(dst)) for src, dst in pairs]
-        for parent in {os.path.dirname(dst) for _, dst in paths}:
+        root = self._path("")
+        paths = [(root + src, root + dst) for src, dst in pairs]
+        for parent in {dst.rpartition("/")[0] for _, dst in paths}:
             os.makedirs(parent, exist_ok=True)
         copied = 0
-        for pair in paths:
+        for src, dst in paths:
             fault_point("copy")
             try:
                 if link:
-                    os.link(*pair)
+                    os.link(src, dst)
                 else:
-                    shutil.copyfile(*pair)
+                    shutil.copyfile(src, dst)
             except FileNotFoundError:
                 continue
             except OSError:  # no hard links here (another filesystem, a limit): copy
-                shutil.copyfile(*pair)
+                shutil.copyfile(src, dst)
             copied += 1
         return copied
 

@@ -82,10 +82,12 @@ class TensorState:
 def _last_written(revs: torch.Tensor) -> int:
     """The last row with a nonzero write revision (-1 when none), without materialising the
     indices of every written row."""
-    written = revs.ne(0)
-    if not bool(written.any()):
+    if len(revs) and revs[-1]:  # the usual case once a buffer is full
+        return len(revs) - 1
+    written = revs.numpy()[::-1] != 0  # (NumPy: a third of torch's time for these small ops)
+    if not written.any():
         return -1
-    return len(revs) - 1 - int(written.flip(0).to(torch.uint8).argmax())
+    return len(revs) - 1 - int(written.argmax())  # argmax: the first True from the end
 
 
 def storage_schema(storage: Any) -> Schema:

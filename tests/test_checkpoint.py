@@ -165,9 +165,10 @@ def test_checkpoint_is_a_zstore_buffer(tmp_path):
     opened = zstore.open(tmp_path / "ck" / record["generation"], mode="r")
     assert len(opened) == 9 and opened.max_size == 100 and opened._last_cursor_index == 8
     assert_same(opened.get(slice(None)), source.get(slice(None)))
-    # only the filled rows were written: chunks 0 and 1 (rows 0-15), none of the other 11
-    chunks = tmp_path / "ck" / record["generation"] / "obs" / "c"
-    assert sorted(p.name for p in chunks.iterdir()) == ["0", "1"]
+    # only the filled rows were written: chunks 0 and 1 (rows 0-15), none of the other 11;
+    # their keys use "." (every chunk of an array in the array's own directory)
+    array = tmp_path / "ck" / record["generation"] / "obs"
+    assert sorted(p.name for p in array.iterdir()) == ["c.0.0", "c.1.0", "zarr.json"]
 
 
 # -- TED compaction: where TorchRL loses data, zstore does not -------------------------------

@@ -24,6 +24,7 @@ from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByt
 from zarr.core.buffer import default_buffer_prototype
 
 from .errors import CorruptChunkError
+from .layout import chunk_key, key_separator
 
 #: Ranges closer than this many bytes are fetched in one request.
 COALESCE_GAP = 1 << 20
@@ -94,8 +95,10 @@ class ColumnReader:
     """
 
     def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype, chunk_rows: int,
-                 per_shard: int, sharded: bool, decoders: list, where: str):
+                 per_shard: int, sharded: bool, decoders: list, where: str, separator: str = "/"):
         self.path = path
+        self.ndim = len(shape)
+        self.separator = separator
         self.rows = shape[0]
         self.block_shape = (chunk_rows, *shape[1:])
         self.block_numel = math.prod(self.block_shape)
@@ -104,15 +107,14 @@ class ColumnReader:
         self.sharded = sharded
         self.decoders = decoders
         self.where = where
-        self.tail = "/0" * (len(shape) - 1)
         self.indexes: dict[int, np.ndarray | None] = {}
 
     @classmethod
     def for_array(cls, array: zarr.Array, where: str) -> "ColumnReader | None":
         """A reader for ``array``, or None if its metadata is outside what it decodes."""
         meta = array.metadata.to_dict()
-        if meta.get("zarr_format") != 3 or meta["chunk_key_encoding"]["name"] != "default" \
-                or meta["chunk_key_encoding"].get("configuration", {}).get("separator", "/") != "/":
+        separator = key_separator(meta)
+        if separator is None:
             return None
         shape = tuple(meta["shape"])
         grid = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
@@ -138,7 +140,8 @@ class ColumnReader:
         decoders = _bytes_decoders(codecs[1:], lambda: label)
         if decoders is None:
             return None
-        return cls(array.path, shape, dtype, chunk_rows, per_shard, sharded, decoders, label)
+        return cls(array.path, shape, dtype, chunk_rows, per_shard, sharded, decoders, label,
+                   separator)
 
     # -- decoding ---------------------------------------------------------------------------
     def _decode(self, payload: bytes, block: int) -> np.ndarray:
@@ -163,7 +166,7 @@ class ColumnReader:
 
     # -- fetching ---------------------------------------------------------------------------
     def _key(self, chunk: int) -> str:
-        return f"{self.path}/c/{chunk}{self.tail}"
+        return chunk_key(self.path, self.ndim, chunk, self.separator)
 
     async def _get(self, store: Store, key: str, byte_range, limit: "Throttle"):
         async with limit.slot():

@@ -91,12 +91,14 @@ def existing_meta(spec: StoreSpec) -> StoreMeta | None:
         return None
 
 
-def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None) -> zarr.Group:
+def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None,
+                 key_separator: str = "/") -> zarr.Group:
     """Create the group and one array per leaf; commit the ``zstore`` block last.
 
     A location holding something that is not a zstore buffer is refused; a
     creation interrupted earlier (marked incomplete) is overwritten. ``lease``
-    (held by the caller) makes the final commit conditional.
+    (held by the caller) makes the final commit conditional. ``key_separator``:
+    the arrays' chunk-key separator (``"/"`` or ``"."``, :data:`layout.KEY_SEPARATORS`).
     """
     from .lease import LEASE_NAME
 
@@ -122,7 +124,7 @@ def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None)
     try:
         if overwrite:  # an interrupted creation: remove it, but not the lease the caller holds
             sync(_remove_all_but(store, (LEASE_NAME,)))
-        group = _create_arrays(store, meta)
+        group = _create_arrays(store, meta, key_separator)
     except ZStoreError:
         raise
     except Exception as exc:  # the network after the client's retries: name the store
@@ -145,7 +147,7 @@ async def _remove_all_but(store, keep: tuple[str, ...]) -> None:
         fs.invalidate_cache()
 
 
-def _create_arrays(store, meta: StoreMeta) -> zarr.Group:
+def _create_arrays(store, meta: StoreMeta, key_separator: str) -> zarr.Group:
     """The group (marked incomplete) and its arrays, before the first commit.
 
     Sub-groups and then arrays are created concurrently: one round of metadata
@@ -173,6 +175,7 @@ def _create_arrays(store, meta: StoreMeta) -> zarr.Group:
             shards=None if shard_rows is None else (shard_rows, *leaf.shape),
             compressors=meta.codec_of(leaf.path).compressors(np_dtype.itemsize),
             fill_value=np.zeros((), dtype=np_dtype).item(),
+            chunk_key_encoding={"name": "default", "separator": key_separator},
             attributes={ZSTORE_ATTR: {"torch_dtype": torch_dtype_name(leaf.dtype)}},
         )
 

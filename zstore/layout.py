@@ -48,6 +48,29 @@ MAX_ELEMENTS = 1 << 48
 _RESERVED = {"zarr.json", ".zarray", ".zgroup", ".zattrs", "c"}
 
 
+#: Chunk-key separators of Zarr v3's default encoding that zstore reads and writes: "/"
+#: (one directory per chunk on a filesystem) and "." (checkpoint generations: every chunk
+#: of an array in one directory, so carrying a chunk over is one hard link, no mkdir).
+KEY_SEPARATORS = ("/", ".")
+
+
+def chunk_key(path: str, ndim: int, index: int, separator: str = "/") -> str:
+    """The object key of row-chunk ``index`` of the ``ndim``-D array at ``path`` (Zarr v3
+    default chunk-key encoding; one chunk spans every other dimension)."""
+    return f"{path}/c{separator}{index}" + f"{separator}0" * (ndim - 1)
+
+
+def key_separator(array_meta: Mapping[str, Any]) -> str | None:
+    """The separator of an array's chunk keys (from its metadata as a dict), or None when
+    they are not in Zarr v3's default encoding with a separator zstore knows."""
+    encoding = array_meta.get("chunk_key_encoding") or {}
+    separator = (encoding.get("configuration") or {}).get("separator", "/")
+    if array_meta.get("zarr_format") != 3 or encoding.get("name") != "default" \
+            or separator not in KEY_SEPARATORS:
+        return None
+    return separator
+
+
 def key_to_path(key: str | tuple[str, ...]) -> str:
     """Map a (nested) key to its Zarr path, refusing keys that would escape the group."""
     parts = (key,) if isinstance(key, str) else tuple(key)

@@ -32,7 +32,7 @@ from .cache import DEFAULT_CACHE_BYTES, CacheStats
 from .dtypes import compute_dtype, from_storage, to_storage
 from .errors import CorruptChunkError, ReadOnlyError
 from .group import checked_array
-from .layout import Leaf
+from .layout import Leaf, chunk_key, key_separator
 
 
 def contiguous_start(rows: torch.Tensor) -> int | None:
@@ -217,11 +217,12 @@ class MmapTable(Table):
         self.read_only = read_only
         self.maps: dict[str, torch.Tensor] = {}
         for leaf in leaves:
-            checked_array(group, leaf, rows, (rows, None), root, raw=True)
+            array = checked_array(group, leaf, rows, (rows, None), root, raw=True)
             shape = self._leaf_rows(leaf)
             dtype = compute_dtype(leaf.dtype)
             numel = math.prod(shape)
-            chunk = Path(root, leaf.path, "c", *(["0"] * len(shape)))
+            separator = key_separator(array.metadata.to_dict()) or "/"
+            chunk = Path(root, chunk_key(leaf.path, len(shape), 0, separator))
             nbytes = numel * torch.empty((), dtype=dtype).element_size()
             size = chunk.stat().st_size if chunk.exists() else 0
             if size not in (0, nbytes):  # 0: created, never sized (killed in between)
