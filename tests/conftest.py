@@ -10,11 +10,22 @@ import itertools
 import logging
 import os
 import sys
+import tempfile
 import uuid
 
 import pytest
 
 _counter = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _tempfiles_under_pytest(tmp_path_factory, monkeypatch):
+    """``tempfile`` (and child processes, through TMPDIR) writes below pytest's own
+    temporary directory, which pytest prunes: the README's and the docs' examples use
+    ``tempfile.mkdtemp()``, and must not leave buffers in /tmp on every run."""
+    where = str(tmp_path_factory.mktemp("tempfile"))
+    monkeypatch.setattr(tempfile, "tempdir", where)
+    monkeypatch.setenv("TMPDIR", where)
 
 
 @pytest.fixture(scope="session")
