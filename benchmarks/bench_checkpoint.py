@@ -12,7 +12,8 @@ Workload: ``--n`` proprioceptive TED transitions (float32 ``obs[64]``,
 ``--repeats`` runs, interleaved:
 
 * full ``dumps`` / ``loads``: zstore's TensorStorageCheckpointer (local disk) vs
-  TorchRL's TensorStorageCheckpointer;
+  TorchRL's TensorStorageCheckpointer; and loads followed by a read of one byte of every
+  page (zstore's local loads map the chunk files: the paging-in happens on first use);
 * H5: zstore's H5StorageCheckpointer vs TorchRL's (dumps, loads);
 * incremental: a second ``dumps`` to the same destination after 1% new data
   (bytes written and time, relative to the full dump that preceded it);
@@ -133,6 +134,17 @@ def main() -> int:
     results.update(side_by_side({
         "load_zstore_s": (lambda: zstore.LazyTensorStorage(n).loads(root / "z"), None),
         "load_torchrl_s": (lambda: TLazy(n).loads(root / "t"), None)}, args.repeats))
+
+    def load_and_touch(storage, path) -> None:
+        """A load, then one byte read from every page of the data: what a load left to do
+        (zstore maps the chunk files and pages them in on first use) is paid here."""
+        storage.loads(path)
+        for value in storage._storage.values(True, True):
+            value.reshape(-1).view(torch.uint8)[::4096].sum()
+
+    results.update(side_by_side({
+        "load_touch_zstore_s": (lambda: load_and_touch(zstore.LazyTensorStorage(n), root / "z"), None),
+        "load_touch_torchrl_s": (lambda: load_and_touch(TLazy(n), root / "t"), None)}, args.repeats))
     check = zstore.LazyTensorStorage(n)
     check.loads(root / "z")
     assert (check.get(slice(None)) == data).all(), "zstore loaded different data"
@@ -224,6 +236,7 @@ def main() -> int:
     rows = [
         ("full dumps, local", "dump_zstore_s", "dump_torchrl_s"),
         ("full loads, local", "load_zstore_s", "load_torchrl_s"),
+        ("loads + a read of every page", "load_touch_zstore_s", "load_touch_torchrl_s"),
         ("H5 dumps", "h5_dump_zstore_s", "h5_dump_torchrl_s"),
         ("H5 loads", "h5_load_zstore_s", "h5_load_torchrl_s"),
     ]

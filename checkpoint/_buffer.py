@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -169,6 +170,7 @@ def dump_buffer(storage: Any, dest: Destination, *, codec: CodecSpec, chunks: in
         carried.result()
     meta.length, meta.last_cursor, meta.high_water = state.length, state.last_cursor, state.high
     commit(group, meta)
+    _remember(dest.url, gen, meta, group)
     return {"checkpointer": checkpointer, "form": "buffer", "generation": gen,
             "length": state.length, "last_cursor": state.last_cursor, "max_size": state.max_size,
             "rows": state.rows, "ndim": state.ndim, "incremental": base is not None,
@@ -182,7 +184,20 @@ class _Base(NamedTuple):
     revision: int  # the storage's write revision it holds: rows written later changed
     layout: dict
     separator: str  # of its chunk keys
-    group: zarr.Group
+    root: dict  # its root group's Zarr metadata
+
+
+#: (destination URL, generation) -> (its ``zstore`` block, its root group's metadata) for
+#: the last generations this process wrote or read: the next incremental dump onto one
+#: need not read it again (a generation never changes once written).
+_KNOWN: OrderedDict[tuple[str, str], tuple[StoreMeta, dict]] = OrderedDict()
+_KNOWN_MAX = 32
+
+
+def _remember(url: str, generation: str, meta: StoreMeta, group: zarr.Group) -> None:
+    _KNOWN[(url, generation)] = (meta, group.metadata.to_dict())
+    while len(_KNOWN) > _KNOWN_MAX:
+        _KNOWN.popitem(last=False)
 
 
 def _carry_metadata(dest: Destination, base: _Base, gen: str, schema) -> zarr.Group | None:
@@ -195,8 +210,7 @@ def _carry_metadata(dest: Destination, base: _Base, gen: str, schema) -> zarr.Gr
     if dest.copy_objects((f"{base.generation}/{node}", f"{gen}/{node}") for node in sorted(nodes)) \
             != len(nodes):
         return None
-    metadata = GroupMetadata.from_dict(base.group.metadata.to_dict())
-    return zarr.Group(AsyncGroup(metadata, StorePath(dest.child(gen).open())))
+    return zarr.Group(AsyncGroup(GroupMetadata.from_dict(base.root), StorePath(dest.child(gen).open())))
 
 
 def _write_all(jobs: list) -> None:
@@ -226,14 +240,18 @@ def _incremental_base(storage, dest: Destination, previous, state: TensorState, 
     separator = previous.get("key_separator", "/")  # generations before the record said: "/"
     if separator not in KEY_SEPARATORS:
         return None
-    try:
-        group, old = open_group(dest.child(mark[0]).as_read_only())
-    except Exception:  # noqa: BLE001 - an unreadable previous generation: write everything
-        return None
+    known = _KNOWN.get((dest.url, mark[0]))
+    if known is None:
+        try:
+            group, old = open_group(dest.child(mark[0]).as_read_only())
+        except Exception:  # noqa: BLE001 - an unreadable previous generation: write everything
+            return None
+        known = old, group.metadata.to_dict()
+    old, root = known
     if (old.rows != state.rows or old.schema.leaves != state.schema.leaves
             or (layout is not None and old.layout != layout) or old.codec != codec or old.key_codecs):
         return None
-    return _Base(mark[0], mark[1], old.layout, separator, group)
+    return _Base(mark[0], mark[1], old.layout, separator, root)
 
 
 def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | None,
@@ -278,6 +296,8 @@ def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | Non
                 write_rows(storage, lo, schema.build(read(lo, hi), (hi - lo, *lanes)))
                 bar.update((hi - lo) * schema.row_bytes)
     mark = None if record is None else (dest.url, str(record["generation"]))
+    if mark is not None:
+        _remember(*mark, meta, group)
     finish(storage, meta.length, meta.last_cursor, high, mark)
 
 

@@ -312,6 +312,27 @@ def test_incremental_dump_falls_back_when_the_previous_generation_is_damaged(tmp
     assert_same(back.get(slice(None)), storage.get(slice(None)))
 
 
+def test_incremental_dump_reads_a_previous_generation_it_does_not_remember(tmp_path):
+    """Another process (or an evicted memo): the previous generation is read from the store."""
+    stream = TEDStream(seed=5)
+    storage = LazyTensorStorage(64)
+    storage.checkpointer = TensorStorageCheckpointer(chunks=8)
+    storage.set(torch.arange(64), stream.batch(64))
+    dest = StoreSpec.parse(tmp_path / "ck")
+    storage.dumps(dest)
+    checkpoint._buffer._KNOWN.clear()
+    storage.set(9, stream.batch(1)[0])
+    result = storage.dumps(dest)
+    assert result.incremental and result.bytes_written == 8 * storage_row_bytes(storage)
+    back = LazyTensorStorage(64)
+    back.loads(dest)
+    assert_same(back.get(slice(None)), storage.get(slice(None)))
+
+
+def storage_row_bytes(storage) -> int:
+    return sum(v[0].numel() * v.element_size() for v in storage.get(slice(None)).values(True, True))
+
+
 def test_incremental_never_trusts_another_writers_generation(tmp_path):
     stream = TEDStream(seed=2)
     a, b = LazyTensorStorage(64), LazyTensorStorage(64)
