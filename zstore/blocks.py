@@ -28,7 +28,6 @@ from .dtypes import compute_dtype, from_numpy, from_storage, storage_numpy_dtype
 from .errors import CorruptChunkError
 from .group import checked_array
 from .layout import Leaf
-from .outbuf import OutputPool, gather
 from .retry import with_retries
 from .writeback import WriteBehind
 
@@ -82,7 +81,6 @@ class BlockGroup:
             cache_bytes, cache_tier)
         self.device = self.cache.tier.device
         self.pinned = self.cache.tier.name == "pinned"
-        self.outputs = OutputPool() if self.device.type == "cpu" and not self.pinned else None
         # NumPy views of host slabs: bulk copies go through memcpy, not torch kernels
         self.host = {leaf.path: self.cache.slabs[leaf.path].numpy().view(storage_numpy_dtype(leaf.dtype))
                      for leaf in leaves} if self.device.type == "cpu" else None
@@ -238,7 +236,7 @@ class BlockGroup:
                 value = torch.empty((len(pos), *flat.shape[1:]), dtype=flat.dtype, pin_memory=True)
                 torch.index_select(flat, 0, pos, out=value)
             else:
-                value = gather(flat, pos, self.outputs)
+                value = flat.index_select(0, pos)
             out[leaf.path] = from_storage(value, leaf.dtype)
         return out
 

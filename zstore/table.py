@@ -33,7 +33,6 @@ from .dtypes import compute_dtype, from_storage, to_storage
 from .errors import CorruptChunkError, ReadOnlyError
 from .group import checked_array
 from .layout import Leaf, chunk_key, key_separator
-from .outbuf import OutputPool, gather
 
 
 def contiguous_start(rows: torch.Tensor) -> int | None:
@@ -217,7 +216,6 @@ class MmapTable(Table):
         self.high_water = high_water
         self.read_only = read_only
         self.maps: dict[str, torch.Tensor] = {}
-        self.outputs = OutputPool()
         for leaf in leaves:
             array = checked_array(group, leaf, rows, (rows, None), root, raw=True)
             shape = self._leaf_rows(leaf)
@@ -255,7 +253,7 @@ class MmapTable(Table):
         out = {}
         for leaf in self.leaves:
             mapped = self.maps[leaf.path]
-            value = gather(mapped, rows, self.outputs) if lanes is None else gather_cells(mapped, rows, lanes)
+            value = mapped.index_select(0, rows) if lanes is None else gather_cells(mapped, rows, lanes)
             out[leaf.path] = from_storage(value, leaf.dtype)
         return out
 
