@@ -18,8 +18,8 @@ Workload: ``--n`` proprioceptive TED transitions (float32 ``obs[64]``,
 * incremental: a second ``dumps`` to the same destination after 1% new data
   (bytes written and time, relative to the full dump that preceded it);
 
-every timed dump starts from a quiesced machine (``os.sync()``, old generations
-deleted), so that dirty pages left by an earlier step do not throttle it;
+every timed dump and load starts from a quiesced machine (``os.sync()``, old
+generations deleted), so that dirty pages left by an earlier step do not throttle it;
 * S3 (moto's ThreadedMotoServer on 127.0.0.1, started here): full dump,
   incremental dump and load.
 
@@ -132,8 +132,8 @@ def main() -> int:
         "dump_zstore_s": (lambda: ours.dumps(root / "z"), fresh("z")),
         "dump_torchrl_s": (lambda: theirs.dumps(root / "t"), fresh("t"))}, args.repeats))
     results.update(side_by_side({
-        "load_zstore_s": (lambda: zstore.LazyTensorStorage(n).loads(root / "z"), None),
-        "load_torchrl_s": (lambda: TLazy(n).loads(root / "t"), None)}, args.repeats))
+        "load_zstore_s": (lambda: zstore.LazyTensorStorage(n).loads(root / "z"), quiesce),
+        "load_torchrl_s": (lambda: TLazy(n).loads(root / "t"), quiesce)}, args.repeats))
 
     def load_and_touch(storage, path) -> None:
         """A load, then one byte read from every page of the data: what a load left to do
@@ -143,8 +143,10 @@ def main() -> int:
             value.reshape(-1).view(torch.uint8)[::4096].sum()
 
     results.update(side_by_side({
-        "load_touch_zstore_s": (lambda: load_and_touch(zstore.LazyTensorStorage(n), root / "z"), None),
-        "load_touch_torchrl_s": (lambda: load_and_touch(TLazy(n), root / "t"), None)}, args.repeats))
+        "load_touch_zstore_s": (lambda: load_and_touch(zstore.LazyTensorStorage(n), root / "z"),
+                                quiesce),
+        "load_touch_torchrl_s": (lambda: load_and_touch(TLazy(n), root / "t"), quiesce)},
+        args.repeats))
     check = zstore.LazyTensorStorage(n)
     check.loads(root / "z")
     assert (check.get(slice(None)) == data).all(), "zstore loaded different data"
