@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -51,6 +51,9 @@ CHUNK_BYTES = 4 << 20
 LOCAL_CHUNK_BYTES = 1 << 20
 #: Longest chunk of a narrow key (rows): keeps carried-over chunks fine-grained.
 MAX_CHUNK_ROWS = 1 << 18
+#: Rows are copied a window of about this many bytes (whole chunks of every key) at a time:
+#: enough chunks per window to keep the I/O threads busy, a bounded copy of a memmap's rows.
+WINDOW_BYTES = 64 << 20
 #: Chunk-key separator of new generations: all chunks of an array in one directory, so a
 #: chunk carried over locally is one hard link, without a directory per chunk to create.
 KEY_SEPARATOR = "."
@@ -79,6 +82,13 @@ def as_numpy(tensor: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
 def as_torch(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of :func:`as_numpy`."""
     return from_storage(from_numpy(np.ascontiguousarray(array), dtype), dtype)
+
+
+def _window(chunks: list[int], row_bytes: int) -> int:
+    """Rows per window: a multiple of every key's chunk length (so windows start on chunk
+    boundaries; zstore's own chunk lengths are powers of two), about :data:`WINDOW_BYTES`."""
+    unit = math.lcm(*chunks)
+    return unit * max(1, WINDOW_BYTES // max(1, unit * row_bytes))
 
 
 def _changed_chunks(changed: np.ndarray | None, chunk: int, n: int) -> np.ndarray:
@@ -134,7 +144,7 @@ def dump_buffer(storage: Any, dest: Destination, *, codec: CodecSpec, chunks: in
     for leaf in state.schema.leaves:
         chunk = layout[leaf.path][0]
         plan[leaf.path] = (chunk, _changed_chunks(changed, chunk, -(-state.high // chunk)))
-    window = max(chunk for chunk, _ in plan.values())
+    window = _window([chunk for chunk, _ in plan.values()], state.schema.row_bytes)
     total = sum(int(mask.sum()) * chunk * state.schema.by_path[p].row_bytes
                 for p, (chunk, mask) in plan.items())
     copies = []  # chunks carried over from the base generation: (its key, the new key)
@@ -278,7 +288,7 @@ def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | Non
                  separator)
         return {leaf.path: as_torch(values[leaf.path], leaf.dtype) for leaf in schema.leaves}
 
-    window = max(chunk for chunk, _ in meta.layout.values())
+    window = _window([chunk for chunk, _ in meta.layout.values()], schema.row_bytes)
     first = read(0, 1)
     prepare(storage, schema.build({p: c[0] for p, c in first.items()}, lanes), schema, meta.rows,
             meta.max_size, dest.redacted())

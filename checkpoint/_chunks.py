@@ -31,6 +31,15 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
+def _forget_pool() -> None:
+    """In a forked child the parent's pool threads do not exist: start a new pool there."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _each(fn: Callable[[Any], None], items: Sequence[Any]) -> None:
     """``fn(item)`` for every item, on :data:`LOCAL_THREADS` threads when there are several
     (one pool for the process: starting threads per call cost milliseconds per dump)."""

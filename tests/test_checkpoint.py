@@ -7,8 +7,11 @@ bit for bit, with the same length, capacity and write cursor.
 
 from __future__ import annotations
 
+import faulthandler
 import math
+import os
 
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
@@ -331,6 +334,29 @@ def test_incremental_dump_reads_a_previous_generation_it_does_not_remember(tmp_p
 
 def storage_row_bytes(storage) -> int:
     return sum(v[0].numel() * v.element_size() for v in storage.get(slice(None)).values(True, True))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_dumps_and_loads_work_in_a_forked_child(tmp_path):
+    """The checkpoint I/O thread pool of the parent does not exist in a forked child (a
+    DataLoader worker, a collector): the child must start its own, not wait forever."""
+    values = torch.randn(5000, 300)  # 10 chunks of 512 rows: written on the I/O threads
+    storage = LazyTensorStorage(5000)
+    storage.set(torch.arange(5000), values)
+    storage.dumps(tmp_path / "parent")  # starts the pool in this process
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 on success; killed by faulthandler if it hangs
+        code = 1
+        try:
+            faulthandler.dump_traceback_later(120, exit=True)
+            storage.dumps(tmp_path / "child")
+            back = LazyTensorStorage(5000)
+            back.loads(tmp_path / "child")
+            code = 0 if np.array_equal(back.get(slice(None)).numpy(), values.numpy()) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_incremental_never_trusts_another_writers_generation(tmp_path):
