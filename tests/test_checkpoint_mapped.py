@@ -1,4 +1,5 @@
-"""Local loads map chunk files copy-on-write; generations key their chunks with ".".
+"""Local loads map chunk files copy-on-write; generations key their chunks with "."; loads
+window by window start every window on a chunk boundary of every key.
 
 The reference is a plain copy of the data written (and, after writes to the loaded
 storage, that copy with the same writes applied). The mapping is checked in
@@ -195,3 +196,19 @@ def test_generations_open_as_buffers(tmp_path, chunks):
     opened = zstore.open(generation_dir(str(tmp_path / "ck")), mode="r")
     assert_equal(opened.get(slice(None)), written)
     assert_equal(opened.get(torch.tensor([999, 0, 511, 256])), written[torch.tensor([999, 0, 511, 256])])
+
+
+def test_loads_a_buffer_whose_keys_have_unaligned_chunk_lengths():
+    """A plain zstore buffer whose keys' chunk lengths are not multiples of each other (7
+    and 3 rows), loaded into a LazyMemmapStorage window by window: windows must start on a
+    chunk boundary of every key."""
+    url = "memory://zstore-tests/unaligned-" + os.urandom(4).hex()
+    written = TensorDict(a=torch.arange(100.0)[:, None].expand(100, 4).clone(),
+                         b=torch.arange(100)[:, None] * 10, batch_size=[100])
+    source = zstore.LazyMemmapStorage(100, scratch_dir=url, chunks={"a": 7, "b": 3})
+    source.set(torch.arange(100), written)
+    source.flush()
+    target = zstore.LazyMemmapStorage(100, scratch_dir=url + "-copy")
+    target.checkpointer = TensorStorageCheckpointer()
+    target.loads(url)
+    assert_equal(target.get(slice(None)), written)
