@@ -290,12 +290,15 @@ def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | Non
 
     window = _window([chunk for chunk, _ in meta.layout.values()], schema.row_bytes)
     first = read(0, 1)
+    # a storage initialised before the load keeps its memory (others may hold it, shared
+    # with another process): it is filled in place; a new one may take mapped files
+    mappable = spec.is_local and not storage.initialized
     prepare(storage, schema.build({p: c[0] for p, c in first.items()}, lanes), schema, meta.rows,
             meta.max_size, dest.redacted())
     with progress_bar(high * schema.row_bytes, f"loads {dest.url}", progress) as bar:
         targets = _in_memory_columns(storage, schema) if raw else None
         if targets is not None:  # straight into the container's memory
-            if spec.is_local:  # chunk files mapped copy-on-write where they can be
+            if mappable:  # chunk files mapped copy-on-write where they can be
                 targets = _map_columns(storage, schema, spec, meta.layout, targets, high, separator)
             read_raw(spec, [(path, target[:high], 0, meta.layout[path][0])
                             for path, target in targets.items()], separator)

@@ -212,3 +212,16 @@ def test_loads_a_buffer_whose_keys_have_unaligned_chunk_lengths():
     target.checkpointer = TensorStorageCheckpointer()
     target.loads(url)
     assert_equal(target.get(slice(None)), written)
+
+
+def test_an_initialised_storage_is_filled_in_place(tmp_path):
+    """Loading into a storage that already has memory fills that memory (another process
+    may share it, as TorchRL's in-place load allows): nothing is swapped for a mapping."""
+    written, dest = dumped(tmp_path)
+    storage = LazyTensorStorage(ROWS)
+    storage.set(torch.arange(ROWS), data(seed=9))
+    obs = storage._storage["obs"]  # a reference held elsewhere, e.g. a shared-memory view
+    storage.loads(dest)
+    assert storage._storage["obs"] is obs
+    assert torch.equal(obs, written["obs"])
+    assert_equal(storage.get(slice(None)), written)
