@@ -113,7 +113,7 @@ def read_raw(spec: StoreSpec, targets: Sequence[tuple[str, np.ndarray, int, int]
                 item[1][:] = 0
                 return
             if got != len(item[1]):
-                raise _short(item[0], got, len(item[1]))
+                raise short_chunk_error(item[0], got, len(item[1]))
 
         _each(load, spans)
         return
@@ -123,11 +123,12 @@ def read_raw(spec: StoreSpec, targets: Sequence[tuple[str, np.ndarray, int, int]
         if data is None:
             span[:] = 0
         elif len(data) < len(span):
-            raise _short(key, len(data), len(span))
+            raise short_chunk_error(key, len(data), len(span))
         else:
             span[:] = np.frombuffer(data, dtype=np.uint8, count=len(span))
 
 
-def _short(key: str, got: int, expected: int) -> CheckpointError:
+def short_chunk_error(key: str, got: int, expected: int) -> CheckpointError:
+    """The error for a chunk object (or file) ``key`` shorter than the chunk it holds."""
     return CheckpointError(f"chunk object {key} holds {got} bytes, expected at least {expected}: "
                            "the checkpoint is damaged")

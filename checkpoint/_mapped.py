@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from ._dest import CheckpointError
+from ._chunks import short_chunk_error
 
 _MAP_FIXED = 0x10  # Linux; not exported by the mmap module
 
@@ -72,8 +72,7 @@ class MappedColumn:
         try:
             size = os.fstat(fd).st_size
             if size < length:
-                raise CheckpointError(f"chunk file {path} holds {size} bytes, expected at least "
-                                      f"{length}: the checkpoint is damaged")
+                raise short_chunk_error(path, size, length)
             address = _libc.mmap(self.address + offset, length, mmap.PROT_READ | mmap.PROT_WRITE,
                                  mmap.MAP_PRIVATE | _MAP_FIXED, fd, 0)
             if address in (None, _MAP_FAILED):
