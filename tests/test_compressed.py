@@ -3,19 +3,22 @@ items, nested keys, every dtype, on memory:// / local / S3; errors; codecs; corr
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import pickle
+import uuid
 import warnings
 import zlib
 from pathlib import Path
 
+import fsspec
 import pytest
 import torch
 import zarr
 from tensordict import TensorDict
 
 import zstore
-from zstore import CompressedListStorage, stack_items
+from zstore import CompressedListStorage, LazyMemmapStorage, stack_items
 from zstore.layout import SINGLE_TENSOR_KEY
 
 from test_interop import DTYPES, bits, random_bits
@@ -253,15 +256,37 @@ def test_cache_serves_repeated_samples():
     assert storage.cache_stats.loads == loads
 
 
-def test_owned_memory_store_is_deleted():
+def test_owned_memory_store_is_deleted_once_collected():
     storage = CompressedListStorage(4)
     storage.set(0, torch.ones(3))
     spec = storage.spec
     assert spec.exists()
     del storage
-    import gc
-
     gc.collect()
+    CompressedListStorage(4)  # the next storage is the safe point where the deletion runs
+    assert not spec.exists()
+
+
+@pytest.mark.parametrize("make", [lambda: CompressedListStorage(4),
+                                  lambda: LazyMemmapStorage(4, scratch_dir="memory://zstore-tests/gc-"
+                                                            + uuid.uuid4().hex, auto_cleanup=True)],
+                         ids=["compressed", "memmap"])
+def test_collecting_a_memory_storage_does_not_change_the_store_under_a_listing(make):
+    """A collection can run a storage's finalizer in the middle of any iteration over the
+    shared memory:// dict (fsspec's own listings allocate as they iterate); the finalizer
+    must leave the dict alone there, or that listing dies with "dictionary changed size"."""
+    storage = make()
+    storage.set(0, torch.ones(3))
+    storage.flush()
+    spec = storage.spec
+    store = fsspec.filesystem("memory").store
+    listing = iter(store)
+    next(listing)
+    del storage
+    gc.collect()  # the finalizer runs while the listing is open
+    list(listing)  # raised RuntimeError when the finalizer deleted at once
+    assert spec.exists()
+    make()  # a safe point: the collected store is deleted now
     assert not spec.exists()
 
 

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .errors import LeaseError
-from .store import StoreSpec
+from .store import StoreSpec, defer_memory_work, run_deferred
 
 LEASE_NAME = "zstore-lease.json"
 METADATA_NAME = "zarr.json"
@@ -499,7 +499,7 @@ class WriterLease:
     def ensure(self) -> bool:
         """Hold the lease before a write; ``True`` when the process has just acquired it."""
         _start_releaser()
-        _release_deferred()
+        run_deferred()
         with self.lease._lock:
             fresh = self.lease.ensure()
             if not self.active:
@@ -526,7 +526,7 @@ class WriterLease:
         iteration: its release waits for this process's next lease operation instead.
         """
         if self.lease.spec.protocol == "memory":
-            _DEFERRED.append(self)
+            defer_memory_work(self.release)
         else:
             _PENDING.put(self)
 
@@ -536,16 +536,6 @@ class WriterLease:
 
 _PENDING: queue.SimpleQueue = queue.SimpleQueue()  # put() is safe inside a finalizer
 _RELEASER: dict[int, threading.Thread] = {}  # by process id: a forked child starts its own
-
-
-_DEFERRED: list[WriterLease] = []  # memory:// releases, done at a safe point (append is atomic)
-
-
-def _release_deferred() -> None:
-    while _DEFERRED:
-        handle = _DEFERRED.pop()
-        with contextlib.suppress(Exception):
-            handle.release()
 
 
 def _start_releaser() -> None:

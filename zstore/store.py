@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -202,6 +203,46 @@ class StoreSpec:
             shutil.rmtree(self.url, ignore_errors=True)
             return
         fs, path = self.filesystem()
-        if fs.exists(path):
+        if self.protocol == "memory":
+            _delete_memory_tree(fs, path)
+        elif fs.exists(path):
             fs.rm(path, recursive=True)
 
+
+def _delete_memory_tree(fs: Any, path: str) -> None:
+    """Remove ``path`` and everything under it from an fsspec memory filesystem.
+
+    fsspec's ``rm`` lists the store by iterating its dict while allocating, so a
+    garbage collection (or another thread) that changes the dict mid-listing
+    breaks it; ``list(dict)`` takes the snapshot in one step that cannot be
+    interrupted.
+    """
+    prefix = path.rstrip("/") + "/"
+    for key in [key for key in list(fs.store) if key == path or key.startswith(prefix)]:
+        fs.store.pop(key, None)
+    for directory in [d for d in list(fs.pseudo_dirs) if d == path or d.startswith(prefix)]:
+        if directory in fs.pseudo_dirs:
+            fs.pseudo_dirs.remove(directory)
+
+
+_DEFERRED: list[Callable[[], None]] = []  # memory:// work from finalizers (append/pop are atomic)
+
+
+def defer_memory_work(action: Callable[[], None]) -> None:
+    """Queue ``action`` — a finalizer's change to a ``memory://`` store — for :func:`run_deferred`.
+
+    A ``memory://`` store is one dict shared by every thread, and a garbage
+    collection can run a finalizer in the middle of an iteration over it (a
+    listing, a delete); changing the dict there breaks that iteration.
+    """
+    _DEFERRED.append(action)
+
+
+def run_deferred() -> None:
+    """Run the queued ``memory://`` work; call only where no store is being iterated."""
+    while _DEFERRED:
+        action = _DEFERRED.pop()
+        try:
+            action()
+        except Exception:  # noqa: BLE001 - best effort, as the finalizer it stands for
+            pass

@@ -48,10 +48,10 @@ from ..errors import (CorruptChunkError, MissingKeyError, NotAZStoreError, Schem
 from ..group import ZSTORE_ATTR, open_group, put_attrs
 from ..lease import DEFAULT_TTL, LEASE_NAME, writer_lease
 from ..layout import FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, check_format_version, key_to_path
-from ..store import StoreSpec
+from ..store import StoreSpec, run_deferred
 from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .list import ListStorage, _as_int
-from .memmap import LazyMemmapStorage, _delete_store
+from .memmap import LazyMemmapStorage, _collect_store, _delete_store
 
 _BATCH = "__zstore__/batch"
 _ROOT = ".root"
@@ -339,7 +339,8 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         self._root = None  # the root Zarr group, once committed
         self._pid = os.getpid()  # the process that opened _root
         self._ckpt_marks: dict[str, Any] = {}  # destination URL -> its last dump (checkpoint)
-        self._finalizer = weakref.finalize(self, _delete_store, spec) if owned else None
+        run_deferred()  # memory:// stores of collected storages: a safe point to delete them
+        self._finalizer = weakref.finalize(self, _collect_store, spec) if owned else None
         self.lease_ttl = lease_ttl
         self._lease = None if spec.read_only or lease_ttl is None else writer_lease(spec, lease_ttl)
         if self._lease is not None:
@@ -720,9 +721,8 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         self._bump_mutation_revision()
         self._root = None
         if self._finalizer is not None:
-            self._finalizer()
-        else:
-            _delete_store(self.spec)
+            self._finalizer.detach()
+        _delete_store(self.spec)
 
     def flush(self) -> None:
         """Store every written chunk, then commit the root metadata (what ``zstore.open``,

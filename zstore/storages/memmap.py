@@ -30,7 +30,7 @@ from ..display import KeyRow, Summary, dtype_name
 from ..group import commit, create_group, existing_meta, open_group
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta
 from ..lease import DEFAULT_TTL, LEASE_NAME, writer_lease
-from ..store import StoreSpec
+from ..store import StoreSpec, defer_memory_work, run_deferred
 from ..table import ChunkedTable, MmapTable, Table
 from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .tensor import LazyTensorStorage, TensorStorage, _is_int
@@ -59,10 +59,20 @@ os.register_at_fork(after_in_child=_forget_parent_state)
 
 
 def _delete_store(spec: StoreSpec) -> None:
+    """Delete a scratch store, best effort."""
     try:
         spec.delete()
     except Exception:  # noqa: BLE001 - best effort clean-up of a temporary store
         pass
+
+
+def _collect_store(spec: StoreSpec) -> None:
+    """A finalizer's :func:`_delete_store`: a ``memory://`` store is deleted at the next safe
+    point, as a collection may run this mid-iteration (see :func:`zstore.store.defer_memory_work`)."""
+    if spec.protocol == "memory":
+        defer_memory_work(lambda: _delete_store(spec))
+    else:
+        _delete_store(spec)
 
 
 def _arange(span: range) -> torch.Tensor:
@@ -201,6 +211,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self._setup_runtime()
 
     def _setup_runtime(self) -> None:
+        run_deferred()  # memory:// stores of collected storages: a safe point to delete them
         self._table: Table | None = None
         self._group = None
         self._meta: StoreMeta | None = None
@@ -209,7 +220,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self._committed = (0, -1)  # (length, last cursor) as last committed or opened
         self._last_commit = time.monotonic()
         self._cleaned = False
-        self._finalizer = weakref.finalize(self, _delete_store, self.spec) if self.auto_cleanup else None
+        self._finalizer = weakref.finalize(self, _collect_store, self.spec) if self.auto_cleanup else None
         self._lease = None
         self._lease_finalizer = None
         if self.lease_ttl is not None and not self.spec.read_only:
