@@ -26,7 +26,6 @@ from .cache import ChunkCache
 from .chunkio import MAX_IN_FLIGHT, ColumnReader, Throttle
 from .dtypes import compute_dtype, from_numpy, from_storage, storage_numpy_dtype, to_storage
 from .errors import CorruptChunkError
-from .group import checked_array
 from .layout import Leaf
 from .retry import with_retries
 from .writeback import WriteBehind
@@ -53,7 +52,8 @@ def gather_cells(source: torch.Tensor, rows: torch.Tensor, lanes: torch.Tensor) 
 class BlockGroup:
     """Keys sharing a chunk length ``chunk_rows`` and a shard length ``shard_rows``."""
 
-    def __init__(self, group: zarr.Group, leaves: tuple[Leaf, ...], rows: int, chunk_rows: int,
+    def __init__(self, arrays: Mapping[str, zarr.Array], leaves: tuple[Leaf, ...], rows: int,
+                 chunk_rows: int,
                  shard_rows: int | None, high_water: int, *, cache_bytes: int, cache_tier: str,
                  lock: threading.RLock, where: str, read_only: bool = False):
         self.leaves = leaves
@@ -64,12 +64,11 @@ class BlockGroup:
         self.where = where
         self.lock = lock
         self.n_blocks = -(-rows // chunk_rows)
-        self.store = group.store
+        self.store = arrays[leaves[0].path].store
         self.writes = WriteBehind(where)
         fs = getattr(self.store, "fs", None)
         self.remote = fs is not None and "memory" not in fs.protocol
-        arrays = {leaf.path: checked_array(group, leaf, rows, (chunk_rows, shard_rows), where)
-                  for leaf in leaves}
+        arrays = {leaf.path: arrays[leaf.path] for leaf in leaves}
         self.arrays = {path: array._async_array for path, array in arrays.items()}
         self.readers = {path: ColumnReader.for_array(array, where) for path, array in arrays.items()}
         # a writer owns its store and may keep shard indexes; a reader must not: the

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import warnings
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
+from zarr.core.array import AsyncArray
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
@@ -204,22 +206,39 @@ def _codec_names(codecs) -> set[str]:
     return names
 
 
-def checked_array(group: zarr.Group, leaf, rows: int, layout: tuple[int, int | None],
-                  where: str, raw: bool = False) -> zarr.Array:
-    """The array of ``leaf``, verified against the ``zstore`` block (shape, dtype, chunks).
+def checked_arrays(group: zarr.Group, leaves, rows: int,
+                   layout: Mapping[str, tuple[int, int | None]], where: str,
+                   raw: bool = False) -> dict[str, zarr.Array]:
+    """The array of every leaf, verified against the ``zstore`` block (shape, dtype, chunks).
 
-    Metadata that disagrees with the arrays (edited by hand, or corrupt) is
-    refused here rather than surfacing later as a shape error or a wrong mmap.
+    The arrays' metadata is fetched concurrently (one round trip to an object
+    store, not one per key). Metadata that disagrees with the arrays (edited by
+    hand, or corrupt) is refused here rather than surfacing later as a shape
+    error or a wrong mmap.
     """
-    try:
-        array = group[leaf.path]
-    except (KeyError, NodeNotFoundError, FileNotFoundError):
-        raise NotAZStoreError(f"{where}: key {leaf.path!r} is in the metadata but has no array") from None
-    except (ValueError, TypeError) as exc:  # e.g. its zarr.json is not JSON
+    async def fetch(path: str):
+        try:
+            return await group._async_group.getitem(path)
+        except (KeyError, NodeNotFoundError, FileNotFoundError, ValueError, TypeError) as exc:
+            return exc
+
+    async def fetch_all():
+        return await asyncio.gather(*[fetch(leaf.path) for leaf in leaves])
+
+    return {leaf.path: _checked_array(node, leaf, rows, layout[leaf.path], where, raw)
+            for leaf, node in zip(leaves, sync(fetch_all()))}
+
+
+def _checked_array(node, leaf, rows: int, layout: tuple[int, int | None], where: str,
+                   raw: bool) -> zarr.Array:
+    if isinstance(node, (KeyError, NodeNotFoundError, FileNotFoundError)):
+        raise NotAZStoreError(f"{where}: key {leaf.path!r} is in the metadata but has no array")
+    if isinstance(node, (ValueError, TypeError)):  # e.g. its zarr.json is not JSON
         raise NotAZStoreError(f"{where}: the array of key {leaf.path!r} has malformed metadata "
-                              f"({type(exc).__name__}: {exc})") from None
-    if not isinstance(array, zarr.Array):
+                              f"({type(node).__name__}: {node})")
+    if not isinstance(node, AsyncArray):
         raise NotAZStoreError(f"{where}: {leaf.path!r} is a group, the metadata says an array")
+    array = zarr.Array(node)
     chunk_rows, shard_rows = layout
     expected = {
         "shape": (rows, *leaf.shape),

@@ -31,7 +31,8 @@ from .blocks import BlockGroup, gather_cells
 from .cache import DEFAULT_CACHE_BYTES, CacheStats
 from .dtypes import compute_dtype, from_storage, to_storage
 from .errors import CorruptChunkError, ReadOnlyError
-from .group import checked_array
+from ._pages import MADV_RANDOM, advise, major_faults, prefetch_rows, scan
+from .group import checked_arrays
 from .layout import Leaf, chunk_key, key_separator
 
 
@@ -124,8 +125,9 @@ class ChunkedTable(Table):
         for leaf in leaves:
             by_layout.setdefault(tuple(layout[leaf.path]), []).append(leaf)
         total = sum(leaf.row_bytes for leaf in leaves) or 1
+        arrays = checked_arrays(group, leaves, rows, layout, where)
         self.groups = [
-            BlockGroup(group, tuple(members), rows, chunk_rows, shard_rows, high_water,
+            BlockGroup(arrays, tuple(members), rows, chunk_rows, shard_rows, high_water,
                        cache_bytes=cache_bytes * sum(m.row_bytes for m in members) // total,
                        cache_tier=cache_tier, lock=self.lock, where=where, read_only=read_only)
             for (chunk_rows, shard_rows), members in by_layout.items()]
@@ -216,8 +218,15 @@ class MmapTable(Table):
         self.high_water = high_water
         self.read_only = read_only
         self.maps: dict[str, torch.Tensor] = {}
+        # A read-only buffer (an offline dataset, perhaps larger than RAM) is sampled at
+        # random: its maps read no pages around a fault (zstore._pages). A writer's maps keep
+        # the kernel's read-around, which fills fresh rows of the sparse files for less.
+        self.random_access = read_only
+        self.cold = True  # whether the last random read waited for the disk (then: prefetch)
+        arrays = checked_arrays(group, leaves, rows, dict.fromkeys(
+            (leaf.path for leaf in leaves), (rows, None)), root, raw=True)
         for leaf in leaves:
-            array = checked_array(group, leaf, rows, (rows, None), root, raw=True)
+            array = arrays[leaf.path]
             shape = self._leaf_rows(leaf)
             dtype = compute_dtype(leaf.dtype)
             numel = math.prod(shape)
@@ -239,7 +248,12 @@ class MmapTable(Table):
                 self.maps[leaf.path] = torch.empty(shape, dtype=dtype)
                 continue
             mapped = torch.from_file(str(chunk), shared=not read_only, size=numel, dtype=dtype)
+            if self.random_access:
+                advise(mapped, MADV_RANDOM)
             self.maps[leaf.path] = mapped.view(shape)
+        # NumPy views of the same maps: assigning one row through NumPy costs half what a
+        # torch view plus copy_ does (add()'s hot path)
+        self.arrays = {path: mapped.numpy() for path, mapped in self.maps.items()}
 
     @staticmethod
     def supported(is_local: bool, raw: bool, rows: int,
@@ -250,11 +264,27 @@ class MmapTable(Table):
 
     def read(self, rows: torch.Tensor, lanes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         rows = rows.to("cpu", torch.int64)
+        first = contiguous_start(rows) if lanes is None and len(rows) > 1 else None
+        faults = None
+        if self.random_access and first is None and lanes is None:
+            faults = major_faults()
+            if self.cold:  # the last read waited for the disk: ask for every page at once
+                wanted = rows.numpy()
+                for mapped in self.maps.values():
+                    prefetch_rows(mapped, wanted)
         out = {}
         for leaf in self.leaves:
             mapped = self.maps[leaf.path]
-            value = mapped.index_select(0, rows) if lanes is None else gather_cells(mapped, rows, lanes)
+            if lanes is not None:
+                value = gather_cells(mapped, rows, lanes)
+            elif first is not None and self.random_access:
+                with scan(mapped[first:first + len(rows)]):
+                    value = mapped.index_select(0, rows)
+            else:
+                value = mapped.index_select(0, rows)
             out[leaf.path] = from_storage(value, leaf.dtype)
+        if faults is not None:
+            self.cold = major_faults() > faults
         return out
 
     def write(self, rows: torch.Tensor, values: Mapping[str, torch.Tensor]) -> None:
@@ -281,7 +311,11 @@ class MmapTable(Table):
     def write_row(self, row: int, values: Mapping[str, torch.Tensor]) -> None:
         self._check_writable()
         for leaf in self.leaves:
-            self.maps[leaf.path][row].copy_(to_storage(values[leaf.path]))
+            value = to_storage(values[leaf.path])
+            if value.is_cpu and not value.requires_grad:
+                self.arrays[leaf.path][row] = value.numpy()
+            else:
+                self.maps[leaf.path][row].copy_(value)
         self.high_water = max(self.high_water, row + 1)
 
     def flush(self) -> None:
@@ -293,3 +327,4 @@ class MmapTable(Table):
 
     def close(self) -> None:
         self.maps.clear()
+        self.arrays.clear()

@@ -1,0 +1,134 @@
+"""Paging advice of memory-mapped buffers (zstore._pages): a read-only local buffer's
+chunk files are mapped for random access, its random reads ask for all their pages at once
+while they wait for the disk, a long contiguous read reads ahead for its own pages only,
+and a writer's maps keep the kernel's read-around."""
+
+from __future__ import annotations
+
+import mmap
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+import zstore
+import zstore._pages
+import zstore.table
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="madvise and /proc/self/smaps are Linux's")
+
+
+def _advice_of(path: Path) -> list[set[str]]:
+    """The VmFlags of every mapping of ``path`` in this process (``rr``: random read,
+    ``sr``: sequential read)."""
+    flags, current = [], False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isalnum() and "-" in line.split(" ", 1)[0] and ":" not in line.split(" ", 1)[0]:
+            current = line.endswith(str(path))
+        elif current and line.startswith("VmFlags:"):
+            flags.append(set(line.split()[1:]))
+    return flags
+
+
+def _buffer(tmp_path: Path, rows: int = 4096) -> tuple[str, TensorDict]:
+    url = str(tmp_path / "rb")
+    data = TensorDict(obs=torch.randint(0, 255, (rows, 1024), dtype=torch.uint8),
+                      reward=torch.randn(rows), batch_size=[rows])
+    storage = zstore.LazyMemmapStorage(rows, scratch_dir=url)
+    storage.set(torch.arange(rows), data)
+    storage.close()
+    return url, data
+
+
+def _obs_chunk(url: str) -> Path:
+    chunks = [p for p in Path(url, "obs").rglob("*") if p.is_file() and p.name != "zarr.json"]
+    assert len(chunks) == 1, chunks
+    return chunks[0]
+
+
+def test_a_read_only_buffer_is_mapped_for_random_access(tmp_path):
+    url, data = _buffer(tmp_path)
+    reader = zstore.open(url, mode="r")
+    idx = torch.randint(0, len(data), (256,))
+    assert torch.equal(reader.get(idx)["obs"], data["obs"][idx])
+    flags = _advice_of(_obs_chunk(url))
+    assert flags and all("rr" in f for f in flags), flags
+
+
+def test_a_long_contiguous_read_reads_ahead_then_maps_random_again(tmp_path):
+    url, data = _buffer(tmp_path)  # obs: 4 MiB, above zstore._pages.SCAN_BYTES
+    reader = zstore.open(url, mode="r")
+    seen = []
+    original = zstore._pages.advise
+
+    def spy(mapped, advice):
+        seen.append(advice)
+        return original(mapped, advice)
+
+    zstore._pages.advise = spy
+    try:
+        got = reader.get(torch.arange(len(data)))
+    finally:
+        zstore._pages.advise = original
+    assert torch.equal(got["obs"], data["obs"]) and torch.equal(got["reward"], data["reward"])
+    assert seen == [zstore._pages.MADV_SEQUENTIAL, zstore._pages.MADV_RANDOM]  # obs only
+    flags = _advice_of(_obs_chunk(url))
+    assert flags and all("rr" in f and "sr" not in f for f in flags), flags
+
+
+def test_a_writers_maps_keep_the_kernels_read_around(tmp_path):
+    url, data = _buffer(tmp_path)
+    writer = zstore.open(url)
+    writer.set(0, data[1])
+    assert torch.equal(writer.get(torch.tensor([0]))["obs"][0], data["obs"][1])
+    flags = _advice_of(_obs_chunk(url))
+    assert flags and not any({"rr", "sr"} & f for f in flags), flags
+
+
+def test_prefetch_asks_for_exactly_the_pages_of_the_rows_in_coalesced_runs(tmp_path, monkeypatch):
+    row_bytes, rows = 3000, 200  # rows straddle page boundaries
+    path = tmp_path / "column"
+    path.write_bytes(bytes(row_bytes * rows))
+    mapped = torch.from_file(str(path), shared=False, size=row_bytes * rows,
+                             dtype=torch.uint8).view(rows, row_bytes)
+    calls = []
+    monkeypatch.setattr(zstore._pages, "advise_range",
+                        lambda address, nbytes, advice: calls.append((address, nbytes, advice)))
+    wanted = np.array([7, 0, 1, 5, 100, 101, 7, 199])
+    zstore._pages.prefetch_rows(mapped, wanted)
+    page, base = mmap.PAGESIZE, mapped.data_ptr()
+    expected = {p for r in wanted.tolist()
+                for p in range((base + r * row_bytes) // page, (base + (r + 1) * row_bytes - 1) // page + 1)}
+    covered = []
+    for address, nbytes, advice in calls:
+        assert advice == zstore._pages.MADV_WILLNEED and address % page == 0 and nbytes % page == 0
+        covered.append(range(address // page, (address + nbytes) // page))
+    assert {p for run in covered for p in run} == expected
+    assert all(a.stop < b.start for a, b in zip(covered, covered[1:]))  # disjoint, not adjacent
+
+
+def test_a_read_only_table_prefetches_only_while_its_reads_wait_for_the_disk(tmp_path, monkeypatch):
+    url, data = _buffer(tmp_path)
+    reader = zstore.open(url, mode="r")
+    table = reader._table
+    prefetched = []
+    original = zstore.table.prefetch_rows
+    monkeypatch.setattr(zstore.table, "prefetch_rows",
+                        lambda mapped, rows: (prefetched.append(len(rows)), original(mapped, rows)))
+    monkeypatch.setattr(zstore.table, "major_faults", lambda: 0)  # a warm page cache
+    idx = torch.randint(0, len(data), (256,))
+    assert table.cold  # a fresh reader assumes the disk
+    assert torch.equal(reader.get(idx)["obs"], data["obs"][idx])
+    assert prefetched == [256, 256] and not table.cold  # both keys; then no major fault seen
+    assert torch.equal(reader.get(idx)["reward"], data["reward"][idx])
+    assert prefetched == [256, 256]
+    faults = iter(range(0, 100, 7))  # every read now waits for the disk
+    monkeypatch.setattr(zstore.table, "major_faults", lambda: next(faults))
+    reader.get(idx)
+    assert table.cold and prefetched == [256, 256]
+    reader.get(idx)
+    assert prefetched == [256, 256, 256, 256]

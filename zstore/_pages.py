@@ -1,0 +1,103 @@
+"""Paging advice for memory-mapped chunk files (Linux ``madvise``; a no-op elsewhere).
+
+A fault on a file mapping makes the kernel read around the faulting page — by
+default as far as the device's readahead (8 MiB on the disks measured here).
+For a buffer sampled at random from disk that is the wrong guess: a sampled
+row needs a few pages, not megabytes around it (256 random Atari rows from a
+cold disk: 750 ms with read-around, 177 ms without). The maps of a read-only
+buffer (an offline dataset, perhaps larger than RAM) are therefore advised
+``MADV_RANDOM``; a long contiguous read of them (a checkpoint, an export) is a
+:func:`scan`, advised ``MADV_SEQUENTIAL`` for its own pages while it runs.
+
+Without read-around, a sample from a cold disk would fault its pages in one at a
+time; while a read-only table's reads take major faults, it first asks for the
+pages of every sampled row at once (:func:`prefetch_rows`, ``MADV_WILLNEED``),
+so the disk serves them concurrently (the same sample: 22 ms instead of 187).
+
+A writer's maps keep the read-around: filling fresh rows of a sparse chunk
+file costs the same ~2.4 µs per page either way, and measured side by side,
+single adds averaged 55-62 µs with it against 80 µs without.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import resource
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+MADV_SEQUENTIAL = getattr(mmap, "MADV_SEQUENTIAL", 2)
+MADV_WILLNEED = getattr(mmap, "MADV_WILLNEED", 3)
+MADV_RANDOM = getattr(mmap, "MADV_RANDOM", 1)
+#: Bytes of one column from which a contiguous read is a scan, read ahead as usual.
+SCAN_BYTES = 1 << 20
+
+
+def _load_libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.restype = ctypes.c_int
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
+_libc = _load_libc()
+
+
+def advise_range(address: int, nbytes: int, advice: int) -> bool:
+    """``madvise`` the pages covering ``nbytes`` from ``address``; ``False`` where the advice
+    cannot be given. Only paging changes, never the data."""
+    if _libc is None or nbytes <= 0:
+        return False
+    page = address - address % mmap.PAGESIZE
+    return _libc.madvise(page, nbytes + (address - page), advice) == 0
+
+
+def advise(mapped: torch.Tensor, advice: int) -> bool:
+    """:func:`advise_range` over the memory of ``mapped`` (a contiguous tensor over a file
+    mapping)."""
+    return advise_range(mapped.data_ptr(), mapped.numel() * mapped.element_size(), advice)
+
+
+def prefetch_rows(mapped: torch.Tensor, rows: np.ndarray) -> None:
+    """Ask for the pages of ``mapped[rows]`` (rows along dim 0 of a contiguous tensor over a
+    file mapping) all at once, in runs of adjacent pages, before a gather faults them in."""
+    if _libc is None or len(rows) == 0 or mapped.numel() == 0:
+        return
+    row_bytes = mapped.stride(0) * mapped.element_size()
+    base = mapped.data_ptr()
+    page = mmap.PAGESIZE
+    offsets = np.sort(np.unique(rows)).astype(np.int64) * row_bytes + base % page
+    firsts, lasts = offsets // page, (offsets + row_bytes - 1) // page
+    start, end = int(firsts[0]), int(lasts[0])
+    origin = base - base % page
+    for first, last in zip(firsts[1:].tolist(), lasts[1:].tolist()):
+        if first > end + 1:
+            advise_range(origin + start * page, (end - start + 1) * page, MADV_WILLNEED)
+            start = first
+        end = max(end, last)
+    advise_range(origin + start * page, (end - start + 1) * page, MADV_WILLNEED)
+
+
+def major_faults() -> int:
+    """Major page faults of this process so far (faults that waited for the disk)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+
+
+@contextlib.contextmanager
+def scan(window: torch.Tensor) -> Iterator[None]:
+    """Read ahead for a contiguous access of ``window`` of at least :data:`SCAN_BYTES` while
+    the block runs, then advise its pages random again."""
+    if window.numel() * window.element_size() < SCAN_BYTES or not advise(window, MADV_SEQUENTIAL):
+        yield
+        return
+    try:
+        yield
+    finally:
+        advise(window, MADV_RANDOM)
