@@ -393,6 +393,14 @@ def bench_add(data: TensorDict, backends: list[Any], n_add: int) -> dict[str, di
     return bench_writes(backends, (data[i] for i in range(n_add)), 1, row_bytes(data), "add")
 
 
+def quiesce() -> None:
+    """Start a timed phase from a settled machine: garbage collected, and no dirty pages
+    left by the previous phase for the kernel to write back (and throttle writers with)
+    while this one is timed."""
+    gc.collect()
+    os.sync()
+
+
 def random_index(n: int, gen: torch.Generator) -> torch.Tensor:
     return torch.randint(0, n, (BATCH,), generator=gen)
 
@@ -416,15 +424,19 @@ def warm_up(storage: Any, n: int, piece: int = 4096) -> float:
 
 def bench_reads(data: TensorDict, readers: dict[str, Callable], slow: set[str], repeats: int,
                 slow_repeats: int, seed: int, errors: list[str]) -> dict[str, dict]:
-    """Interleaved rounds: every reader gets the same index in the same round."""
+    """Interleaved rounds: every reader gets the same index in the same round, the order
+    rotating round by round (a reader always timed right after the same other one would
+    always find the allocator and the CPU caches in the state that one leaves)."""
     n, rb, paths = len(data), row_bytes(data), leaf_paths(data)
     out = {}
+    order = list(readers.items())
     for op, make_index in INDEXERS.items():
         gen = torch.Generator().manual_seed(seed)
         times: dict[str, list[float]] = {name: [] for name in readers}
         for r in range(repeats + 1):  # round 0 is a warm-up (not timed) and the correctness check
             idx = make_index(n, gen)
-            for name, read in readers.items():
+            shift = r % len(order)
+            for name, read in order[shift:] + order[:shift]:
                 if name in slow and r >= slow_repeats:
                     continue
                 dt, got = timed(lambda: read(idx))
@@ -477,6 +489,50 @@ def bench_cold(data: TensorDict, url: str, options: dict, label: str, cache_byte
     return results, details
 
 
+def evict_page_cache(root: str) -> None:
+    """Drop the (clean, unmapped) pages of every file under ``root`` from the page cache."""
+    os.sync()
+    for path in Path(root).rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def bench_disk_cold(data: TensorDict, zstore_url: str, torchrl_dir: str, repeats: int, seed: int,
+                    errors: list[str]) -> dict[str, dict]:
+    """Samples from local disk with nothing in the page cache: the buffer as a read-only
+    ``zstore.open`` against TorchRL's memmap folder reopened with ``TensorDict.load_memmap``.
+    Both are reopened after the eviction in every round, in alternating order."""
+    n, rb, paths = len(data), row_bytes(data), leaf_paths(data)
+    readers = {
+        "zstore local disk-cold": (zstore_url, lambda: zstore.open(zstore_url, mode="r"),
+                                   lambda st, idx: st.get(idx)),
+        "torchrl LazyMemmap disk-cold": (torchrl_dir, lambda: TensorDict.load_memmap(torchrl_dir),
+                                         lambda td, idx: td[idx]),
+    }
+    out = {}
+    for op, make_index in INDEXERS.items():
+        gen = torch.Generator().manual_seed(seed + 2)
+        times: dict[str, list[float]] = {name: [] for name in readers}
+        for r in range(repeats):
+            idx = make_index(n, gen)
+            order = list(readers.items())
+            for name, (root, reopen, read) in order[r % 2:] + order[:r % 2]:
+                gc.collect()
+                evict_page_cache(root)
+                source = reopen()
+                dt, got = timed(lambda source=source: read(source, idx))
+                if r == 0:
+                    check_equal(f"{op} / {name}", got, data, idx, paths, errors)
+                times[name].append(dt)
+                del source, got
+        out[op] = {name: summarize(t, BATCH, rb, amortized=False) for name, t in times.items()}
+    return out
+
+
 def s3_ceiling(s3: S3Server, url: str, cap_mb: float, chunk_bytes: int, n_ranges: int) -> dict:
     """The server's own speed: concurrent whole-object GETs (fs.cat) of the buffer's chunk
     objects, and concurrent ranged GETs of chunk-sized byte ranges."""
@@ -523,6 +579,7 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
     # -- extend ---------------------------------------------------------------------------
     print("    extend ...", flush=True)
     writers = make_writers(data, where, s3, f"{name}-x", n, args.s3_shard_rows, with_zarr=True)
+    quiesce()
     result["ops"]["extend (1000)"] = bench_extend(data, writers)
     urls = {w.name: w.url for w in writers if isinstance(w, ZStoreBackend)}
     layout = {}
@@ -546,7 +603,7 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
             w.close()
     keep = [w for w in writers if isinstance(w, TorchRLBackend) or w is local_writer]
     del writers
-    gc.collect()
+    quiesce()
 
     # -- add ------------------------------------------------------------------------------
     print(f"    add x {args.n_add} ...", flush=True)
@@ -586,6 +643,7 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
         arrays = open_zarr_arrays(url, opts, paths)
         readers[label] = lambda idx, arrays=arrays: zarr_read(arrays, idx)
     slow = {"zarr s3"}
+    quiesce()
     print(f"    sampling ({args.repeats} rounds) ...", flush=True)
     result["ops"].update(bench_reads(data, readers, slow, args.repeats, args.slow_repeats,
                                      args.seed, errors))
@@ -597,7 +655,8 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
                 "hits": hits, "misses": misses, "hit_rate": hits / max(1, hits + misses),
                 "resident_mb": stats.resident_bytes / MB}
         st.close()
-    del readers, opened, keep, trl_readers
+    local_writer.close()  # its maps would keep its pages in the page cache (disk-cold below)
+    del readers, opened, keep, trl_readers, local_writer
     gc.collect()
 
     # -- cold -------------------------------------------------------------------------------
@@ -612,6 +671,10 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
         for op, r in res.items():
             result["ops"][op][f"zstore {label} cold"] = r
         result["cold"][label] = det
+    print("    cold reads from local disk (page cache evicted) ...", flush=True)
+    for op, r in bench_disk_cold(data, urls["zstore local"], f"{tmp}/trl-{name}-x",
+                                 min(args.repeats, 5), args.seed, errors).items():
+        result["ops"][op].update(r)
     if s3 is not None:
         print("    S3 ceiling (plain s3fs GETs) ...", flush=True)
         chunk_bytes = layout["zstore s3"]["chunk_rows"] * row_width(data)
@@ -628,12 +691,14 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
 
 
 # ----------------------------------------------------------------------------- report
-ZSTORE_ROWS = ("zstore local", "zstore local (mmap)", "zstore local reopened", "zstore memory://",
+ZSTORE_ROWS = ("zstore local", "zstore local (mmap)", "zstore local reopened",
+               "zstore local disk-cold", "zstore memory://",
                "zstore memory:// warm",
                "zstore memory:// cold", "zstore s3", "zstore s3 warm", "zstore s3 cold")
-ALTERNATIVES = ("torchrl LazyTensor", "torchrl LazyMemmap", "torchrl CompressedList",
-                "zarr local", "zarr memory://", "zarr s3")
+ALTERNATIVES = ("torchrl LazyTensor", "torchrl LazyMemmap", "torchrl LazyMemmap disk-cold",
+                "torchrl CompressedList", "zarr local", "zarr memory://", "zarr s3")
 SHORT = {"torchrl LazyTensor": "trl-Tensor", "torchrl LazyMemmap": "trl-Memmap",
+         "torchrl LazyMemmap disk-cold": "trl-MmDisk",
          "torchrl CompressedList": "trl-Compr", "zarr local": "zarr-local",
          "zarr memory://": "zarr-mem", "zarr s3": "zarr-s3"}
 
