@@ -132,3 +132,16 @@ def test_a_read_only_table_prefetches_only_while_its_reads_wait_for_the_disk(tmp
     assert table.cold and prefetched == [256, 256]
     reader.get(idx)
     assert prefetched == [256, 256, 256, 256]
+
+
+def test_add_writes_rows_that_numpy_cannot_view(tmp_path):
+    """add() writes a row through a NumPy view of the map; a tensor NumPy refuses (one that
+    needs grad, a conjugate view) goes through torch instead, with the same bytes."""
+    storage = zstore.LazyMemmapStorage(4, scratch_dir=str(tmp_path / "rb"))
+    grad = torch.randn(3, requires_grad=True)
+    z = torch.randn(2, dtype=torch.complex64)
+    storage.set(0, TensorDict(x=grad, z=z.conj()))
+    storage.set(1, TensorDict(x=grad.detach() * 2, z=z))
+    got = storage.get(torch.tensor([0, 1]))
+    assert torch.equal(got["x"], torch.stack([grad.detach(), grad.detach() * 2]))
+    assert torch.equal(got["z"], torch.stack([z.conj().resolve_conj(), z]))

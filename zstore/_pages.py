@@ -73,7 +73,7 @@ def prefetch_rows(mapped: torch.Tensor, rows: np.ndarray) -> None:
     row_bytes = mapped.stride(0) * mapped.element_size()
     base = mapped.data_ptr()
     page = mmap.PAGESIZE
-    offsets = np.sort(np.unique(rows)).astype(np.int64) * row_bytes + base % page
+    offsets = np.unique(rows).astype(np.int64) * row_bytes + base % page  # sorted
     firsts, lasts = offsets // page, (offsets + row_bytes - 1) // page
     start, end = int(firsts[0]), int(lasts[0])
     origin = base - base % page

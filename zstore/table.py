@@ -312,10 +312,12 @@ class MmapTable(Table):
         self._check_writable()
         for leaf in self.leaves:
             value = to_storage(values[leaf.path])
-            if value.is_cpu and not value.requires_grad:
-                self.arrays[leaf.path][row] = value.numpy()
-            else:
+            try:
+                source = value.numpy()
+            except (TypeError, RuntimeError):  # on a GPU, needing grad, a conjugate view ...
                 self.maps[leaf.path][row].copy_(value)
+                continue
+            self.arrays[leaf.path][row] = source
         self.high_water = max(self.high_water, row + 1)
 
     def flush(self) -> None:
