@@ -18,28 +18,14 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import sys
 
 import numpy as np
+
+from zstore._pages import LIBC as _libc
 
 from ._chunks import short_chunk_error
 
 _MAP_FIXED = 0x10  # Linux; not exported by the mmap module
-
-
-def _load_libc():
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
-    libc.munmap.restype = ctypes.c_int
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    return libc
-
-
-_libc = _load_libc()
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 

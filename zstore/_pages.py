@@ -44,19 +44,26 @@ def _load_libc():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.restype = ctypes.c_int
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.restype = ctypes.c_int
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     return libc
 
 
-_libc = _load_libc()
+#: libc with ``madvise``, ``mmap`` and ``munmap`` typed (Linux), else None: paging advice
+#: here, copy-on-write checkpoint loads in ``checkpoint._mapped``.
+LIBC = _load_libc()
 
 
 def advise_range(address: int, nbytes: int, advice: int) -> bool:
     """``madvise`` the pages covering ``nbytes`` from ``address``; ``False`` where the advice
     cannot be given. Only paging changes, never the data."""
-    if _libc is None or nbytes <= 0:
+    if LIBC is None or nbytes <= 0:
         return False
     page = address - address % mmap.PAGESIZE
-    return _libc.madvise(page, nbytes + (address - page), advice) == 0
+    return LIBC.madvise(page, nbytes + (address - page), advice) == 0
 
 
 def advise(mapped: torch.Tensor, advice: int) -> bool:
@@ -68,7 +75,7 @@ def advise(mapped: torch.Tensor, advice: int) -> bool:
 def prefetch_rows(mapped: torch.Tensor, rows: np.ndarray) -> None:
     """Ask for the pages of ``mapped[rows]`` (rows along dim 0 of a contiguous tensor over a
     file mapping) all at once, in runs of adjacent pages, before a gather faults them in."""
-    if _libc is None or len(rows) == 0 or mapped.numel() == 0:
+    if LIBC is None or len(rows) == 0 or mapped.numel() == 0:
         return
     row_bytes = mapped.stride(0) * mapped.element_size()
     base = mapped.data_ptr()

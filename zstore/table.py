@@ -221,7 +221,6 @@ class MmapTable(Table):
         # A read-only buffer (an offline dataset, perhaps larger than RAM) is sampled at
         # random: its maps read no pages around a fault (zstore._pages). A writer's maps keep
         # the kernel's read-around, which fills fresh rows of the sparse files for less.
-        self.random_access = read_only
         self.cold = True  # whether the last random read waited for the disk (then: prefetch)
         arrays = checked_arrays(group, leaves, rows, dict.fromkeys(
             (leaf.path for leaf in leaves), (rows, None)), root, raw=True)
@@ -248,7 +247,7 @@ class MmapTable(Table):
                 self.maps[leaf.path] = torch.empty(shape, dtype=dtype)
                 continue
             mapped = torch.from_file(str(chunk), shared=not read_only, size=numel, dtype=dtype)
-            if self.random_access:
+            if self.read_only:
                 advise(mapped, MADV_RANDOM)
             self.maps[leaf.path] = mapped.view(shape)
         # NumPy views of the same maps: assigning one row through NumPy costs half what a
@@ -266,7 +265,7 @@ class MmapTable(Table):
         rows = rows.to("cpu", torch.int64)
         first = contiguous_start(rows) if lanes is None and len(rows) > 1 else None
         faults = None
-        if self.random_access and first is None and lanes is None:
+        if self.read_only and first is None and lanes is None:
             faults = major_faults()
             if self.cold:  # the last read waited for the disk: ask for every page at once
                 wanted = rows.numpy()
@@ -277,7 +276,7 @@ class MmapTable(Table):
             mapped = self.maps[leaf.path]
             if lanes is not None:
                 value = gather_cells(mapped, rows, lanes)
-            elif first is not None and self.random_access:
+            elif first is not None and self.read_only:
                 with scan(mapped[first:first + len(rows)]):
                     value = mapped.index_select(0, rows)
             else:
