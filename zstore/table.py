@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import math
+import os
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -208,8 +210,19 @@ class ChunkedTable(Table):
                 g.writes.drain()
 
 
+#: Disk blocks a writer allocates ahead of its writes, per column (see MmapTable.reserve).
+RESERVE_BYTES = 16 << 20
+
+
 class MmapTable(Table):
-    """Local, uncompressed, single-chunk columns: chunk files memory-mapped in place."""
+    """Local, uncompressed, single-chunk columns: chunk files memory-mapped in place.
+
+    The chunk files are sparse. Before rows that were never written are stored
+    through the maps, their disk blocks are allocated (:meth:`reserve`, a few MiB
+    ahead at a time): on a full disk that allocation raises ``OSError``, naming
+    the key and file, where a store into an unbacked page of the map would kill
+    the process with SIGBUS.
+    """
 
     def __init__(self, root: str, group: zarr.Group, leaves: tuple[Leaf, ...], rows: int,
                  high_water: int, *, read_only: bool):
@@ -218,6 +231,9 @@ class MmapTable(Table):
         self.high_water = high_water
         self.read_only = read_only
         self.maps: dict[str, torch.Tensor] = {}
+        self.chunk_files: dict[str, Path] = {}
+        self.reserved = high_water  # rows below it have their disk blocks (written or reserved)
+        self.reserve_rows = max(1, RESERVE_BYTES // max(1, *(leaf.row_bytes for leaf in leaves)))
         # A read-only buffer (an offline dataset, perhaps larger than RAM) is sampled at
         # random: its maps read no pages around a fault (zstore._pages). A writer's maps keep
         # the kernel's read-around, which fills fresh rows of the sparse files for less.
@@ -233,6 +249,7 @@ class MmapTable(Table):
             chunk = Path(root, chunk_key(leaf.path, len(shape), 0, separator))
             nbytes = numel * torch.empty((), dtype=dtype).element_size()
             size = chunk.stat().st_size if chunk.exists() else 0
+            self.chunk_files[leaf.path] = chunk
             if size not in (0, nbytes):  # 0: created, never sized (killed in between)
                 raise CorruptChunkError(
                     f"chunk file {chunk} of key {leaf.path!r} has {size} bytes, expected {nbytes}")
@@ -286,17 +303,52 @@ class MmapTable(Table):
             self.cold = major_faults() > faults
         return out
 
+    def reserve(self, end: int) -> None:
+        """Allocate the chunk files' disk blocks of every row below ``end`` (and of
+        :data:`RESERVE_BYTES` more of the widest column), unless already done.
+
+        ``OSError`` (ENOSPC on a full disk) names the key and file; nothing is written
+        then. A disk without room ahead still takes the rows up to ``end``. Where the
+        filesystem cannot allocate ahead, glibc writes the blocks.
+        """
+        if end <= self.reserved or not hasattr(os, "posix_fallocate"):
+            return
+        ahead = min(self.rows, max(end, self.reserved + self.reserve_rows))
+        try:
+            self._allocate(ahead)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or ahead == end:
+                raise
+            self._allocate(end)
+
+    def _allocate(self, stop: int) -> None:
+        for leaf in self.leaves:
+            if not leaf.row_bytes:
+                continue
+            chunk = self.chunk_files[leaf.path]
+            try:
+                with open(chunk, "r+b") as handle:
+                    os.posix_fallocate(handle.fileno(), self.reserved * leaf.row_bytes,
+                                       (stop - self.reserved) * leaf.row_bytes)
+            except OSError as exc:
+                raise OSError(exc.errno or errno.EIO,
+                              f"cannot allocate rows {self.reserved}..{stop - 1} of key "
+                              f"{leaf.path!r} in {chunk}: {exc.strerror}") from exc
+        self.reserved = stop
+
     def write(self, rows: torch.Tensor, values: Mapping[str, torch.Tensor]) -> None:
         self._check_writable()
         rows = rows.to("cpu", torch.int64)
         first = contiguous_start(rows)
         if first is not None:
+            self.reserve(first + len(rows))
             for leaf in self.leaves:
                 self.maps[leaf.path][first:first + len(rows)].copy_(to_storage(values[leaf.path]))
                 _faults.crash_point("mmap.write")
             self.high_water = max(self.high_water, first + len(rows))
             return
         urows, last = _positions_of_last(rows)
+        self.reserve(int(urows[-1]) + 1)
         for leaf in self.leaves:
             value = to_storage(values[leaf.path])
             if len(urows) != len(rows):
@@ -309,6 +361,8 @@ class MmapTable(Table):
 
     def write_row(self, row: int, values: Mapping[str, torch.Tensor]) -> None:
         self._check_writable()
+        if row >= self.reserved:
+            self.reserve(row + 1)
         for leaf in self.leaves:
             value = to_storage(values[leaf.path])
             try:

@@ -240,8 +240,12 @@ class TensorStorage(Storage):
         rows = self._container_shape()[0]
         if self._row_rev is None or len(self._row_rev) != rows:
             self._row_rev = torch.zeros(rows, dtype=torch.int64)
+            self._row_rev_array = self._row_rev.numpy()  # one row: NumPy stores it for less
             self._ckpt_marks = {}
         self._write_rev += 1
+        if type(cursor) is int and -rows <= cursor < rows:  # add()'s hot path
+            self._row_rev_array[cursor] = self._write_rev
+            return
         first = cursor[0] if isinstance(cursor, tuple) else cursor
         if isinstance(first, range):
             first = slice(first.start, first.stop, first.step)
