@@ -268,8 +268,11 @@ class MmapTable(Table):
                 advise(mapped, MADV_RANDOM)
             self.maps[leaf.path] = mapped.view(shape)
         # NumPy views of the same maps: assigning one row through NumPy costs half what a
-        # torch view plus copy_ does (add()'s hot path)
+        # torch view plus copy_ does (add()'s hot path, which walks this plan)
         self.arrays = {path: mapped.numpy() for path, mapped in self.maps.items()}
+        self.row_plan = tuple(
+            (leaf.path, compute_dtype(leaf.dtype) if compute_dtype(leaf.dtype) != leaf.dtype
+             else None, self.arrays[leaf.path]) for leaf in leaves)
 
     @staticmethod
     def supported(is_local: bool, raw: bool, rows: int,
@@ -363,14 +366,12 @@ class MmapTable(Table):
         self._check_writable()
         if row >= self.reserved:
             self.reserve(row + 1)
-        for leaf in self.leaves:
-            value = to_storage(values[leaf.path])
+        for path, view_as, array in self.row_plan:
+            value = values[path] if view_as is None else values[path].view(view_as)
             try:
-                source = value.numpy()
+                array[row] = value.numpy()
             except (TypeError, RuntimeError):  # on a GPU, needing grad, a conjugate view ...
-                self.maps[leaf.path][row].copy_(value)
-                continue
-            self.arrays[leaf.path][row] = source
+                self.maps[path][row].copy_(value)
         self.high_water = max(self.high_water, row + 1)
 
     def flush(self) -> None:
@@ -383,3 +384,4 @@ class MmapTable(Table):
     def close(self) -> None:
         self.maps.clear()
         self.arrays.clear()
+        self.row_plan = ()
