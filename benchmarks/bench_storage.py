@@ -426,7 +426,11 @@ def bench_reads(data: TensorDict, readers: dict[str, Callable], slow: set[str], 
                 slow_repeats: int, seed: int, errors: list[str]) -> dict[str, dict]:
     """Interleaved rounds: every reader gets the same index in the same round, the order
     rotating round by round (a reader always timed right after the same other one would
-    always find the allocator and the CPU caches in the state that one leaves)."""
+    always find the allocator and the CPU caches in the state that one leaves).
+
+    As in ``timeit``, the garbage collector is off while reads are timed (it collects
+    between rounds): otherwise a reader would pay for collecting whatever the readers
+    before it left behind."""
     n, rb, paths = len(data), row_bytes(data), leaf_paths(data)
     out = {}
     order = list(readers.items())
@@ -436,6 +440,8 @@ def bench_reads(data: TensorDict, readers: dict[str, Callable], slow: set[str], 
         for r in range(repeats + 1):  # round 0 is a warm-up (not timed) and the correctness check
             idx = make_index(n, gen)
             shift = r % len(order)
+            gc.collect()
+            gc.disable()  # for the round; collected between rounds, untimed
             for name, read in order[shift:] + order[:shift]:
                 if name in slow and r >= slow_repeats:
                     continue
@@ -448,6 +454,7 @@ def bench_reads(data: TensorDict, readers: dict[str, Callable], slow: set[str], 
                 else:
                     times[name].append(dt)
                 del got
+            gc.enable()
         out[op] = {name: summarize(t, BATCH, rb, amortized=False) for name, t in times.items() if t}
     return out
 
