@@ -147,13 +147,18 @@ def test_stale_lease_is_taken_over_and_the_old_holder_is_fenced(location, clock)
     taker.close()
 
 
-def test_a_writer_that_lost_its_lease_cannot_commit(location, clock):
+def committed_two_rows(location) -> tuple[str, StoreSpec, zstore.LazyMemmapStorage]:
+    """A writer (ttl 1 s, no autocommit) that committed rows 0 and 1: ``(url, spec, writer)``."""
     url = location.new()
-    spec = StoreSpec.parse(url, location.options)
     writer = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options,
                                       lease_ttl=1, autocommit_seconds=1e9)
     writer.set(torch.arange(2), rows(0, 2))
     writer.flush()
+    return url, StoreSpec.parse(url, location.options), writer
+
+
+def test_a_writer_that_lost_its_lease_cannot_commit(location, clock):
+    url, spec, writer = committed_two_rows(location)
     clock.now = T0 + 10
     thief = Lease(spec, ttl=60)
     with pytest.warns(UserWarning, match="took over"):
@@ -251,3 +256,62 @@ def test_a_storage_that_wrote_nothing_never_commits_its_stale_view(location):
     writer.close()
     reader.close()
     assert lease_record(url, location.options) is None
+
+
+def stored_objects(spec: StoreSpec) -> dict[str, bytes]:
+    """Every object of the store but the lease record, with its bytes."""
+    fs, root = spec.filesystem()
+    fs.invalidate_cache()
+    return {path: fs.cat_file(path) for path in fs.find(root) if not path.endswith(LEASE_NAME)}
+
+
+@pytest.mark.parametrize("stalled", ["before its store", "inside its store"])
+def test_a_writer_stalled_past_its_ttl_stores_none_of_its_buffered_chunks(location, clock,
+                                                                          stalled):
+    if location.kind == "local":
+        pytest.skip("a local buffer's rows land in its memory-mapped files as they are written")
+    url, spec, writer = committed_two_rows(location)
+    writer.set(torch.arange(2, 4), rows(100, 2))  # held in its cache: the chunk is not full
+    if stalled == "inside its store":  # it renewed and started the store, then stalled
+        for group in writer.table.groups:
+            group.writes.keepalive = None
+    clock.now = T0 + 10  # the writer stalls past its ttl; another process takes the lease
+    thief = Lease(spec, ttl=60)
+    with pytest.warns(UserWarning, match="took over"):
+        thief.ensure()
+    before = stored_objects(spec)
+    # the stalled writer wakes up and stores its buffered chunk without a commit (write-behind)
+    expected = "lost the write lease" if stalled == "before its store" else "past its ttl of 1 s"
+    with pytest.raises((OSError, LeaseError), match=expected):
+        writer.table.flush()
+    with pytest.raises((OSError, LeaseError), match="lost the write lease|past its ttl"):
+        writer.table.flush()  # and again: a retry stores nothing either
+    assert stored_objects(spec) == before  # the other writer's store is untouched
+    assert committed(url, location.options) == [0, 1]
+    thief.release()
+
+
+def test_a_long_write_renews_the_lease_as_its_stores_start(location, clock, monkeypatch):
+    if location.kind == "local":
+        pytest.skip("a local buffer's rows land in its memory-mapped files as they are written")
+    from zstore.writeback import WriteBehind
+
+    start = WriteBehind._start
+
+    def slow_start(self, write):  # each store starts 0.3 s after the one before
+        clock.now += 0.3
+        start(self, write)
+
+    monkeypatch.setattr(WriteBehind, "_start", slow_start)
+    url = location.new()
+    writer = zstore.LazyMemmapStorage(4096, scratch_dir=url, storage_options=location.options,
+                                      lease_ttl=1, autocommit_seconds=1e9, cache_bytes=2 << 20)
+    data = TensorDict(x=torch.arange(4096 * 1024, dtype=torch.float32).reshape(4096, 1024),
+                      batch_size=[4096])
+    # one extend of 16 MB through a 2 MB cache: its chunks are stored batch by batch
+    writer.set(torch.arange(4096), data)
+    writer.flush()
+    assert clock.now > T0 + 2  # the extend's stores took over twice the ttl ...
+    assert lease_record(url, location.options)["renewed"] > clock.now - 1  # ... and renewed it
+    assert torch.equal(zstore.open(url, location.options, mode="r")[:]["x"], data["x"])
+    writer.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -55,8 +55,11 @@ class BlockGroup:
     def __init__(self, arrays: Mapping[str, zarr.Array], leaves: tuple[Leaf, ...], rows: int,
                  chunk_rows: int,
                  shard_rows: int | None, high_water: int, *, cache_bytes: int, cache_tier: str,
-                 lock: threading.RLock, where: str, read_only: bool = False):
+                 lock: threading.RLock, where: str, read_only: bool = False, lease: Any = None):
         self.leaves = leaves
+        # the writer's lease (zstore.lease): renewed as stores start, and checked again as each
+        # one runs, however late: a writer stalled past its ttl stores nothing more
+        self.lease = lease
         self.rows = rows
         self.R = chunk_rows
         self.k = (shard_rows or chunk_rows) // chunk_rows
@@ -65,7 +68,7 @@ class BlockGroup:
         self.lock = lock
         self.n_blocks = -(-rows // chunk_rows)
         self.store = arrays[leaves[0].path].store
-        self.writes = WriteBehind(where)
+        self.writes = WriteBehind(where, keepalive=None if lease is None else lease.keep_alive)
         fs = getattr(self.store, "fs", None)
         self.remote = fs is not None and "memory" not in fs.protocol
         arrays = {leaf.path: arrays[leaf.path] for leaf in leaves}
@@ -145,6 +148,8 @@ class BlockGroup:
         """
         async def put(path: str, i: int) -> None:
             try:
+                if self.lease is not None:
+                    self.lease.ensure_fresh()
                 await self.arrays[path].setitem(slice(*spans[i]), data[path][i])
             except Exception as exc:
                 raise OSError(f"cannot write rows {spans[i]} of key {path!r} to {self.where}: "

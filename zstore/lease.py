@@ -340,6 +340,7 @@ class Lease:
         self._pid = os.getpid()
         self._token: Token | None = None
         self._renewed = self._acquired = 0.0
+        self._lost = False  # a renewal found another holder: nothing more may be stored
         self._metadata_token: Token | None = None
         self._lock = threading.RLock()
         self.users = 0  # storages of this process using it (see WriterLease)
@@ -364,6 +365,7 @@ class Lease:
             if self._pid != os.getpid():  # a forked child: nothing of the parent's is ours
                 self._pid = os.getpid()
                 self._token = self._metadata_token = None
+                self._lost = False
             if not self.held:
                 self._acquire()
                 return True
@@ -389,6 +391,7 @@ class Lease:
             raise LeaseError(f"cannot take the write lease on {self.spec.redacted()}: another "
                              "writer took it at the same moment")
         self._token, self._renewed, self._acquired = token, now, now
+        self._lost = False
 
     def _take_over(self, found: tuple[bytes, Token], now: float) -> Token | None:
         data, token = found
@@ -413,6 +416,31 @@ class Lease:
                           f"{_describe(holder, now)}", stacklevel=4)
         return taken
 
+    def keep_alive(self) -> None:
+        """As a store starts: renew the lease once half its ttl is gone (a long write keeps
+        it); :class:`LeaseError` if it was lost. A released lease is left alone."""
+        self._refuse_if_lost()
+        if self.held and clock() - self._renewed > self.ttl / 2:
+            self.renew()
+
+    def ensure_fresh(self) -> None:
+        """:class:`LeaseError` if the lease was lost, or if this process holds it but has not
+        renewed it for its ttl: another writer may have taken it meanwhile (this process
+        was paused, or starved), so nothing more may be stored. Local: no request."""
+        self._refuse_if_lost()
+        age = clock() - self._renewed
+        if self.held and age > self.ttl:
+            raise LeaseError(
+                f"the write lease on {self.spec.redacted()} was last renewed {age:.1f} s ago, "
+                f"past its ttl of {self.ttl:g} s: another writer may hold it now, so this writer "
+                "stores nothing more. Reopen the store to continue from what is committed.")
+
+    def _refuse_if_lost(self) -> None:
+        if self._lost and self._pid == os.getpid():
+            raise LeaseError(f"this writer lost the write lease on {self.spec.redacted()}: it "
+                             "stores nothing more. Reopen the store to continue from what is "
+                             "committed.")
+
     def renew(self) -> None:
         """Push ``renewed`` forward; :class:`LeaseError` if the lease was lost."""
         with self._lock:
@@ -423,6 +451,7 @@ class Lease:
             token = self.objects.replace(LEASE_NAME, self._record(now, self._acquired), self._token)
             if token is None:
                 self._token = self._metadata_token = None
+                self._lost = True
                 raise LeaseError(self._lost_message(self.objects.read(LEASE_NAME), now))
             self._token, self._renewed = token, now
 

@@ -23,7 +23,7 @@ import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 import zarr
@@ -118,7 +118,7 @@ class ChunkedTable(Table):
     def __init__(self, group: zarr.Group, leaves: tuple[Leaf, ...], rows: int,
                  layout: Mapping[str, tuple[int, int | None]], high_water: int, *,
                  read_only: bool, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 cache_tier: str = "host", where: str = ""):
+                 cache_tier: str = "host", where: str = "", lease: Any = None):
         self.leaves = leaves
         self.rows = rows
         self.read_only = read_only
@@ -131,7 +131,8 @@ class ChunkedTable(Table):
         self.groups = [
             BlockGroup(arrays, tuple(members), rows, chunk_rows, shard_rows, high_water,
                        cache_bytes=cache_bytes * sum(m.row_bytes for m in members) // total,
-                       cache_tier=cache_tier, lock=self.lock, where=where, read_only=read_only)
+                       cache_tier=cache_tier, lock=self.lock, where=where, read_only=read_only,
+                       lease=lease)
             for (chunk_rows, shard_rows), members in by_layout.items()]
         self.device = self.groups[0].device
         self._executor: ThreadPoolExecutor | None = None

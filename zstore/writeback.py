@@ -44,8 +44,10 @@ class _Write:
 class WriteBehind:
     """Writes running on zarr's I/O loop, bounded in bytes, ordered per unit."""
 
-    def __init__(self, where: str, limit_bytes: int = DEFAULT_LIMIT_BYTES):
+    def __init__(self, where: str, limit_bytes: int = DEFAULT_LIMIT_BYTES,
+                 keepalive: Callable[[], None] | None = None):
         self.where = where
+        self.keepalive = keepalive  # called before each write starts (a lease's renewal)
         self.limit_bytes = limit_bytes
         self._pending: deque[_Write] = deque()
         self._failed: list[_Write] = []
@@ -99,6 +101,8 @@ class WriteBehind:
         return sum(w.nbytes for w in writes)
 
     def _start(self, write: _Write) -> None:
+        if self.keepalive is not None:
+            self.keepalive()
         write.future = asyncio.run_coroutine_threadsafe(write.start(), _get_loop())
         self._pending.append(write)
 

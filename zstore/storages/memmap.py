@@ -274,7 +274,8 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
             self._table = ChunkedTable(group, meta.schema.leaves, meta.rows, meta.layout,
                                        meta.high_water, read_only=read_only,
                                        cache_bytes=self.cache_bytes, cache_tier=self.cache,
-                                       where=self.spec.redacted())
+                                       where=self.spec.redacted(),
+                                       lease=self._lease)
 
     @property
     def table(self) -> Table:
