@@ -440,8 +440,8 @@ def bench_reads(data: TensorDict, readers: dict[str, Callable], slow: set[str], 
         for r in range(repeats + 1):  # round 0 is a warm-up (not timed) and the correctness check
             idx = make_index(n, gen)
             shift = r % len(order)
-            gc.collect()
-            gc.disable()  # for the round; collected between rounds, untimed
+            gc.collect(1)  # the young garbage of the last round (a full collection takes
+            gc.disable()  # seconds beside 200k CompressedList items); off for the round
             for name, read in order[shift:] + order[:shift]:
                 if name in slow and r >= slow_repeats:
                     continue
@@ -654,6 +654,12 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
     print(f"    sampling ({args.repeats} rounds) ...", flush=True)
     result["ops"].update(bench_reads(data, readers, slow, args.repeats, args.slow_repeats,
                                      args.seed, errors))
+    # the same two memory maps with nothing else in the rotation: no other reader's memory
+    # traffic (zarr's decodes above all) between their batches
+    print(f"    sampling head to head ({args.repeats} rounds) ...", flush=True)
+    pair = {name: readers[name] for name in ("zstore local (mmap)", "torchrl LazyMemmap")}
+    for op, rows in bench_reads(data, pair, set(), args.repeats, 0, args.seed + 2, errors).items():
+        result["ops"][op.replace("sample", "pair")] = rows
     for key, st in opened.items():
         stats = st.cache_stats
         if stats is not None and key in before:  # counters of the sampling rounds only
@@ -663,7 +669,7 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
                 "resident_mb": stats.resident_bytes / MB}
         st.close()
     local_writer.close()  # its maps would keep its pages in the page cache (disk-cold below)
-    del readers, opened, keep, trl_readers, local_writer
+    del readers, opened, keep, trl_readers, local_writer, pair  # TorchRL's maps too (disk-cold)
     gc.collect()
 
     # -- cold -------------------------------------------------------------------------------
