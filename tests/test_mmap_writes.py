@@ -53,7 +53,7 @@ def test_every_write_path_matches_a_model(tmp_path):
         storage.set(index, value)
         model[index] = value
 
-    for row in (0, 1, 5, 40, 3):  # fresh rows (pwrite), past the high-water mark and below it
+    for row in (0, 1, 5, 40, 3):  # fresh rows, past the high-water mark and below it
         put(row, _item(gen))
     for row in (1, 40, 2):  # rewritten rows and a fresh one below the high-water mark
         put(row, _item(gen))
