@@ -22,7 +22,7 @@ from zarr.core.group import AsyncGroup
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
-from zarr.storage import LocalStore, StorePath
+from zarr.storage import LocalStore, MemoryStore, StorePath
 
 from . import _faults
 from .dtypes import storage_numpy_dtype, torch_dtype_name
@@ -164,7 +164,7 @@ def _create_arrays(store, meta: StoreMeta, key_separator: str) -> zarr.Group:
 
     lanes = list(meta.schema.lane_shape)
     root_batch = [meta.rows, *lanes]
-    draft = zarr.storage.MemoryStore()
+    draft = MemoryStore()
     group = zarr.create_group(draft, attributes={_INCOMPLETE_ATTR: True,
                                                  TENSORDICT_ATTR: _tensordict_attrs(root_batch)})
     subgroups = meta.schema.group_paths

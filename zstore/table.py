@@ -268,12 +268,12 @@ class MmapTable(Table):
             if self.read_only:
                 advise(mapped, MADV_RANDOM)
             self.maps[leaf.path] = mapped.view(shape)
-        # NumPy views of the same maps: assigning one row through NumPy costs half what a
-        # torch view plus copy_ does (add()'s hot path, which walks this plan)
-        self.arrays = {path: mapped.numpy() for path, mapped in self.maps.items()}
+        # add()'s hot path walks this plan: (key, dtype its values are viewed as, or None,
+        # NumPy view of its map). Assigning a row through NumPy costs half what a torch view
+        # plus copy_ does.
         self.row_plan = tuple(
             (leaf.path, compute_dtype(leaf.dtype) if compute_dtype(leaf.dtype) != leaf.dtype
-             else None, self.arrays[leaf.path]) for leaf in leaves)
+             else None, self.maps[leaf.path].numpy()) for leaf in leaves)
 
     @staticmethod
     def supported(is_local: bool, raw: bool, rows: int,
@@ -384,5 +384,4 @@ class MmapTable(Table):
 
     def close(self) -> None:
         self.maps.clear()
-        self.arrays.clear()
         self.row_plan = ()
