@@ -5,6 +5,7 @@ their disk blocks allocated a few MiB ahead of the writes, so that a full disk i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -117,9 +118,11 @@ print("kept", written)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
-                    reason="mounts a 1 MiB tmpfs (Linux, as root)")
-def test_a_full_disk_is_an_error_naming_the_key_not_a_crash(tmp_path):
+@contextlib.contextmanager
+def _small_disk(tmp_path):
+    """A 1 MiB tmpfs mounted for the block (Linux, as root; skips elsewhere)."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        pytest.skip("mounts a 1 MiB tmpfs (Linux, as root)")
     disk = tmp_path / "small"
     disk.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
@@ -127,10 +130,15 @@ def test_a_full_disk_is_an_error_naming_the_key_not_a_crash(tmp_path):
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
-        run = subprocess.run([sys.executable, "-c", _FILL_A_SMALL_DISK, str(disk / "rb")],
-                             capture_output=True, text=True, timeout=300)
+        yield disk
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_is_an_error_naming_the_key_not_a_crash(tmp_path):
+    with _small_disk(tmp_path) as disk:
+        run = subprocess.run([sys.executable, "-c", _FILL_A_SMALL_DISK, str(disk / "rb")],
+                             capture_output=True, text=True, timeout=300)
     # through a map of the sparse file, the first store past the disk's end is a SIGBUS (-7)
     assert run.returncode == 0, (run.returncode, run.stdout, run.stderr)
     assert "extend failed: [Errno 28] cannot allocate rows 4..63 of key 'obs'" in run.stdout
@@ -138,3 +146,55 @@ def test_a_full_disk_is_an_error_naming_the_key_not_a_crash(tmp_path):
     assert 4 < kept < 16, run.stdout  # the disk's room ahead ran out, then the disk itself
     assert f"add failed: [Errno 28] cannot allocate rows {kept}..{kept} of key 'obs'" in run.stdout
     assert "No space left on device" in run.stdout
+
+
+_WRITE_INTO_HOLES = """
+import os, sys, torch, zstore
+from tensordict import TensorDict
+url, filler, spare = sys.argv[1:]
+with open(spare, "wb") as f:  # room for the commit's metadata, not for a row
+    f.write(b"x" * 32768)
+try:
+    with open(filler, "wb") as f:
+        while True:
+            f.write(b"x" * 4096)
+            f.flush()
+except OSError:
+    pass
+os.remove(spare)
+storage = zstore.open(url)
+row = lambda v: TensorDict(obs=torch.full((8192,), v, dtype=torch.float64), batch_size=[])
+try:
+    storage.set(10, row(10.0))
+except OSError as exc:
+    print("write failed:", exc)
+os.remove(filler)
+storage.set(10, row(10.0))
+storage.flush()
+# rows 0..10 (only those: reading a hole of a tmpfs file through a map takes a page too)
+print("first values", storage.get(torch.arange(11))["obs"][:, 0].tolist())
+"""
+
+
+def test_holes_of_a_sparse_copy_are_allocated_before_a_reopened_buffer_writes(tmp_path):
+    """A buffer copied sparse (cp --sparse, rsync -S) has holes where its rows were zeros;
+    on a full disk, writing one through the map of a reopened buffer must not SIGBUS."""
+    source = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(64, scratch_dir=source)
+    values = torch.zeros(64)
+    values[:4] = torch.arange(1.0, 5.0)  # 4 rows of data, 60 rows of zeros: 3.75 MiB of holes
+    storage.set(range(64), TensorDict(obs=values[:, None].expand(64, 8192).to(torch.float64),
+                                      batch_size=[64]))
+    storage.close()
+    with _small_disk(tmp_path) as disk:
+        subprocess.run(["cp", "-r", "--sparse=always", source, str(disk / "rb")], check=True)
+        obs = next(p for p in (disk / "rb").rglob("*") if p.is_file() and p.stat().st_size
+                   == 64 * 8192 * 8)
+        assert obs.stat().st_blocks * 512 < 512 * 1024  # holes where the zeros were
+        run = subprocess.run([sys.executable, "-c", _WRITE_INTO_HOLES, str(disk / "rb"),
+                              str(disk / "filler"), str(disk / "spare")],
+                             capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, (run.returncode, run.stdout, run.stderr)  # not SIGBUS (-7)
+    assert "write failed: [Errno 28] cannot allocate rows 0..10 of key 'obs'" in run.stdout
+    values[10] = 10.0
+    assert f"first values {values[:11].tolist()}" in run.stdout

@@ -233,7 +233,9 @@ class MmapTable(Table):
         self.read_only = read_only
         self.maps: dict[str, torch.Tensor] = {}
         self.chunk_files: dict[str, Path] = {}
-        self.reserved = high_water  # rows below it have their disk blocks (written or reserved)
+        # rows below it are known to have their disk blocks: none at open, for a file copied
+        # sparse (cp --sparse, rsync -S) or left by an older zstore has holes anywhere
+        self.reserved = 0
         self.reserve_rows = max(1, RESERVE_BYTES // max(1, *(leaf.row_bytes for leaf in leaves)))
         # A read-only buffer (an offline dataset, perhaps larger than RAM) is sampled at
         # random: its maps read no pages around a fault (zstore._pages). A writer's maps keep
@@ -309,7 +311,9 @@ class MmapTable(Table):
 
     def reserve(self, end: int) -> None:
         """Allocate the chunk files' disk blocks of every row below ``end`` (and of
-        :data:`RESERVE_BYTES` more of the widest column), unless already done.
+        :data:`RESERVE_BYTES` more of the widest column), unless already done. The
+        first call also allocates the holes a reopened file may have below its high-water
+        mark (where blocks are already allocated, ``posix_fallocate`` only checks).
 
         ``OSError`` (ENOSPC on a full disk) names the key and file; nothing is written
         then. A disk without room ahead still takes the rows up to ``end``. Where the
@@ -317,7 +321,7 @@ class MmapTable(Table):
         """
         if end <= self.reserved or not hasattr(os, "posix_fallocate"):
             return
-        ahead = min(self.rows, max(end, self.reserved + self.reserve_rows))
+        ahead = min(self.rows, max(end, self.reserved + self.reserve_rows, self.high_water))
         try:
             self._allocate(ahead)
         except OSError as exc:
