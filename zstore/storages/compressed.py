@@ -366,7 +366,8 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         """An inner LazyMemmapStorage at ``<url>/<name>`` (ragged parts: default chunking)."""
         return LazyMemmapStorage(capacity, scratch_dir=f"{self.spec.url}/{name}",
                                  storage_options=self.spec.storage_options, codec=codec,
-                                 cache_bytes=self.cache_bytes, auto_cleanup=False, lease_ttl=None)
+                                 cache_bytes=self.cache_bytes, auto_cleanup=False,
+                                 lease_ttl=None)._with_store_lease(self._lease)
 
     def _reopen(self, name: str) -> LazyMemmapStorage:
         """The committed inner LazyMemmapStorage ``name``."""
@@ -374,7 +375,8 @@ class CompressedListStorage(CompressionRatio, ListStorage):
                                self.spec.read_only)
         group, meta = open_group(spec)
         return LazyMemmapStorage._from_store(spec, group, meta, cache_bytes=self.cache_bytes,
-                                             cache="host", lease_ttl=None)
+                                             cache="host", lease_ttl=None,
+                                             store_lease=self._lease)
 
     def _new_table(self) -> LazyMemmapStorage | None:
         columns = {p: True for p in self._fixed}
@@ -390,11 +392,13 @@ class CompressedListStorage(CompressionRatio, ListStorage):
                    **{p: c for p, c in self.key_codecs.items() if p in self._fixed}},
             chunks={p: c for p, c in chunks.items() if p in self._fixed}
             if isinstance(chunks, Mapping) else chunks,
-            cache_bytes=self.cache_bytes, auto_cleanup=False, lease_ttl=None)
+            cache_bytes=self.cache_bytes, auto_cleanup=False,
+            lease_ttl=None)._with_store_lease(self._lease)
 
     def _hold_lease(self) -> None:
-        """Hold the root's write lease before writing (the inner tables have none). On taking
-        it, continue from the committed root block and fence it (as LazyMemmapStorage does)."""
+        """Hold the root's write lease before writing (the inner tables take none; it
+        fences their chunk stores). On taking it, continue from the committed root block
+        and fence it (as LazyMemmapStorage does)."""
         if self._lease is None or not self._lease.ensure() or self._root is None:
             return
         self._lease.read_metadata()

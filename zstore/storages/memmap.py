@@ -226,14 +226,18 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         if self.lease_ttl is not None and not self.spec.read_only:
             self._lease = writer_lease(self.spec, self.lease_ttl)
             self._lease_finalizer = weakref.finalize(self, self._lease.release_later)
+        # the lease that fences the table's chunk stores: this storage's own, or the lease of
+        # the container it is part of (CompressedListStorage's inner tables take none)
+        self._store_lease = self._lease
         _LIVE.add(self)
 
     # -- opening --------------------------------------------------------------------------
     @classmethod
     def _from_store(cls, spec: StoreSpec, group, meta: StoreMeta, *, cache_bytes: int,
                     cache: str, device: Any = None, autocommit_seconds: float = 5.0,
-                    lease_ttl: float | None = DEFAULT_TTL):
-        """Reopen a committed buffer (used by :func:`zstore.open`)."""
+                    lease_ttl: float | None = DEFAULT_TTL, store_lease: Any = None):
+        """Reopen a committed buffer (used by :func:`zstore.open`); ``store_lease``: see
+        :meth:`_with_store_lease`."""
         self = cls.__new__(cls)
         tier = cache_tier(cache, device)
         TensorStorage.__init__(self, None, meta.max_size, device=tier.device, ndim=meta.ndim)
@@ -250,7 +254,18 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self.lease_ttl = lease_ttl
         self.auto_cleanup = False
         self._setup_runtime()
+        if store_lease is not None:
+            self._store_lease = store_lease
         self._attach(group, meta)
+        return self
+
+    def _with_store_lease(self, lease: Any) -> "LazyMemmapStorage":
+        """Fence this storage's chunk stores with a container's lease (for a storage that
+        takes none itself): each store renews it as it starts and is refused once the
+        lease is lost or past its ttl. Only before the first write opens the table."""
+        if self._table is not None:
+            raise RuntimeError("a storage's store lease is set before its table is opened")
+        self._store_lease = lease
         return self
 
     def _attach(self, group, meta: StoreMeta) -> None:
@@ -275,7 +290,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
                                        meta.high_water, read_only=read_only,
                                        cache_bytes=self.cache_bytes, cache_tier=self.cache,
                                        where=self.spec.redacted(),
-                                       lease=self._lease)
+                                       lease=self._store_lease)
 
     @property
     def table(self) -> Table:
