@@ -7,9 +7,11 @@ bit for bit, with the same length, capacity and write cursor.
 
 from __future__ import annotations
 
+import copy
 import faulthandler
 import math
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -267,6 +269,25 @@ def test_incremental_dump_writes_only_changed_chunks(location):
     again = LazyTensorStorage(400)
     again.loads(dest)
     assert_same(again.get(slice(None)), target.get(slice(None)))
+
+
+@pytest.mark.parametrize("copy_of", [copy.deepcopy, lambda s: pickle.loads(pickle.dumps(s))],
+                         ids=["deepcopy", "pickle"])
+def test_a_copied_storage_dumps_the_single_rows_it_wrote_since(tmp_path, copy_of):
+    """add()'s hot path stamps a row's revision through a NumPy view of the revisions; a
+    copy of the storage must stamp its own, or its incremental dump skips the row."""
+    source = LazyTensorStorage(64)
+    source.checkpointer = TensorStorageCheckpointer(chunks=16)
+    stream = TEDStream(seed=2)
+    source.set(torch.arange(32), stream.batch(32).select("obs"))
+    source.dumps(tmp_path / "ckpt")
+    copied = copy_of(source)
+    copied[3] = stream.batch(1)[0].select("obs")  # one row in place, by an int cursor
+    copied.dumps(tmp_path / "ckpt")
+    assert _record(StoreSpec.parse(str(tmp_path / "ckpt")))["incremental"]
+    target = LazyTensorStorage(64)
+    target.loads(tmp_path / "ckpt")
+    assert_same(target.get(slice(None)), copied.get(slice(None)))
 
 
 def test_interrupted_incremental_dump_leaves_the_previous_checkpoint_intact(location, monkeypatch):

@@ -115,6 +115,7 @@ class TensorStorage(Storage):
         self._last_cursor = None
         # per-row write revisions: checkpoints know which chunks changed without hashing
         self._row_rev: torch.Tensor | None = None
+        self._row_rev_array: np.ndarray | None = None  # a NumPy view of it (add()'s hot path)
         self._write_rev = 0
         self._ckpt_marks: dict[str, tuple[str, int]] = {}
         if device == "auto" and storage is not None:
@@ -235,13 +236,20 @@ class TensorStorage(Storage):
             raise RuntimeError("Cannot get elements out of a non-initialized storage.")
         return self._read(index)
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_row_rev_array"] = None  # a view of _row_rev: a copy takes a view of its own
+        return state
+
     def _mark_rows(self, cursor: Any) -> None:
         """Stamp the rows ``cursor`` wrote with a new write revision (read by checkpoints)."""
         rows = self._container_shape()[0]
         if self._row_rev is None or len(self._row_rev) != rows:
             self._row_rev = torch.zeros(rows, dtype=torch.int64)
-            self._row_rev_array = self._row_rev.numpy()  # one row: NumPy stores it for less
+            self._row_rev_array = None
             self._ckpt_marks = {}
+        if self._row_rev_array is None:  # one row: NumPy stores it for less
+            self._row_rev_array = self._row_rev.numpy()
         self._write_rev += 1
         if type(cursor) is int and -rows <= cursor < rows:  # add()'s hot path
             self._row_rev_array[cursor] = self._write_rev
