@@ -509,33 +509,39 @@ def evict_page_cache(root: str) -> None:
 
 
 def bench_disk_cold(data: TensorDict, zstore_url: str, torchrl_dir: str, repeats: int, seed: int,
-                    errors: list[str]) -> dict[str, dict]:
+                    errors: list[str], keep_open: bool = False) -> dict[str, dict]:
     """Samples from local disk with nothing in the page cache: the buffer as a read-only
     ``zstore.open`` against TorchRL's memmap folder reopened with ``TensorDict.load_memmap``.
-    Both are reopened after the eviction in every round, in alternating order."""
+    The page cache is dropped before every batch, in alternating order. Both are reopened
+    after the eviction in every round ("disk-cold": the first batch of a reader) or, with
+    ``keep_open``, opened once and sampled batch after batch ("disk-open": a dataset larger
+    than RAM in training; pages an earlier batch mapped stay mapped, for both)."""
     n, rb, paths = len(data), row_bytes(data), leaf_paths(data)
+    suffix = "disk-open" if keep_open else "disk-cold"
     readers = {
-        "zstore local disk-cold": (zstore_url, lambda: zstore.open(zstore_url, mode="r"),
+        f"zstore local {suffix}": (zstore_url, lambda: zstore.open(zstore_url, mode="r"),
                                    lambda st, idx: st.get(idx)),
-        "torchrl LazyMemmap disk-cold": (torchrl_dir, lambda: TensorDict.load_memmap(torchrl_dir),
+        f"torchrl LazyMemmap {suffix}": (torchrl_dir, lambda: TensorDict.load_memmap(torchrl_dir),
                                          lambda td, idx: td[idx]),
     }
     out = {}
     for op, make_index in INDEXERS.items():
         gen = torch.Generator().manual_seed(seed + 2)
         times: dict[str, list[float]] = {name: [] for name in readers}
+        kept = {name: reopen() for name, (_, reopen, _) in readers.items()} if keep_open else {}
         for r in range(repeats):
             idx = make_index(n, gen)
             order = list(readers.items())
             for name, (root, reopen, read) in order[r % 2:] + order[:r % 2]:
                 gc.collect()
                 evict_page_cache(root)
-                source = reopen()
+                source = kept[name] if keep_open else reopen()
                 dt, got = timed(lambda source=source: read(source, idx))
                 if r == 0:
                     check_equal(f"{op} / {name}", got, data, idx, paths, errors)
                 times[name].append(dt)
                 del source, got
+        del kept
         out[op] = {name: summarize(t, BATCH, rb, amortized=False) for name, t in times.items()}
     return out
 
@@ -685,9 +691,11 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
             result["ops"][op][f"zstore {label} cold"] = r
         result["cold"][label] = det
     print("    cold reads from local disk (page cache evicted) ...", flush=True)
-    for op, r in bench_disk_cold(data, urls["zstore local"], f"{tmp}/trl-{name}-x",
-                                 min(args.repeats, 5), args.seed, errors).items():
-        result["ops"][op].update(r)
+    for keep_open in (False, True):
+        for op, r in bench_disk_cold(data, urls["zstore local"], f"{tmp}/trl-{name}-x",
+                                     min(args.repeats, 5) * (2 if keep_open else 1), args.seed,
+                                     errors, keep_open).items():
+            result["ops"][op].update(r)
     if s3 is not None:
         print("    S3 ceiling (plain s3fs GETs) ...", flush=True)
         chunk_bytes = layout["zstore s3"]["chunk_rows"] * row_width(data)
@@ -705,13 +713,14 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
 
 # ----------------------------------------------------------------------------- report
 ZSTORE_ROWS = ("zstore local", "zstore local (mmap)", "zstore local reopened",
-               "zstore local disk-cold", "zstore memory://",
+               "zstore local disk-cold", "zstore local disk-open", "zstore memory://",
                "zstore memory:// warm",
                "zstore memory:// cold", "zstore s3", "zstore s3 warm", "zstore s3 cold")
 ALTERNATIVES = ("torchrl LazyTensor", "torchrl LazyMemmap", "torchrl LazyMemmap disk-cold",
+                "torchrl LazyMemmap disk-open",
                 "torchrl CompressedList", "zarr local", "zarr memory://", "zarr s3")
 SHORT = {"torchrl LazyTensor": "trl-Tensor", "torchrl LazyMemmap": "trl-Memmap",
-         "torchrl LazyMemmap disk-cold": "trl-MmDisk",
+         "torchrl LazyMemmap disk-cold": "trl-MmDisk", "torchrl LazyMemmap disk-open": "trl-MmOpen",
          "torchrl CompressedList": "trl-Compr", "zarr local": "zarr-local",
          "zarr memory://": "zarr-mem", "zarr s3": "zarr-s3"}
 

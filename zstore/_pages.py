@@ -10,9 +10,10 @@ buffer (an offline dataset, perhaps larger than RAM) are therefore advised
 :func:`scan`, advised ``MADV_SEQUENTIAL`` for its own pages while it runs.
 
 Without read-around, a sample from a cold disk would fault its pages in one at a
-time; while a read-only table's reads take major faults, it first asks for the
-pages of every sampled row at once (:func:`prefetch_rows`, ``MADV_WILLNEED``),
-so the disk serves them concurrently (the same sample: 22 ms instead of 187).
+time; while a read-only table's reads read from the disk (:func:`disk_reads`), it
+first asks for the pages of every sampled row at once (:func:`prefetch_rows`,
+``MADV_WILLNEED``), so the disk serves them concurrently (the same sample: 22 ms
+instead of 187).
 
 A writer's maps keep the read-around: filling fresh rows of a sparse chunk
 file costs the same ~2.4 µs per page either way, and measured side by side,
@@ -92,9 +93,16 @@ def prefetch_rows(mapped: torch.Tensor, rows: np.ndarray) -> None:
     advise_range(origin + start * page, (end - start + 1) * page, MADV_WILLNEED)
 
 
-def major_faults() -> int:
-    """Major page faults of this process so far (faults that waited for the disk)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+def disk_reads() -> int:
+    """Blocks this process has read from the disk plus its major page faults, so far.
+
+    It grows during a read that needed the disk, whether its pages came in through
+    faults or through :func:`prefetch_rows`' readahead. Major faults alone do not tell:
+    a prefetched read takes none (its faults find the pages already being read), so a
+    table judging by them stopped prefetching after every prefetched read, and every
+    other sample of a disk-resident buffer waited for its pages one at a time."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_inblock + usage.ru_majflt
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from .blocks import BlockGroup, gather_cells
 from .cache import DEFAULT_CACHE_BYTES, CacheStats
 from .dtypes import compute_dtype, from_storage, to_storage
 from .errors import CorruptChunkError, ReadOnlyError
-from ._pages import MADV_RANDOM, advise, major_faults, prefetch_rows, scan
+from ._pages import MADV_RANDOM, advise, disk_reads, prefetch_rows, scan
 from .group import checked_arrays
 from .layout import Leaf, chunk_key, key_separator
 
@@ -287,9 +287,9 @@ class MmapTable(Table):
     def read(self, rows: torch.Tensor, lanes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         rows = rows.to("cpu", torch.int64)
         first = contiguous_start(rows) if lanes is None and len(rows) > 1 else None
-        faults = None
+        reads_before = None
         if self.read_only and first is None and lanes is None:
-            faults = major_faults()
+            reads_before = disk_reads()
             if self.cold:  # the last read waited for the disk: ask for every page at once
                 wanted = rows.numpy()
                 for mapped in self.maps.values():
@@ -305,8 +305,8 @@ class MmapTable(Table):
             else:
                 value = mapped.index_select(0, rows)
             out[leaf.path] = from_storage(value, leaf.dtype)
-        if faults is not None:
-            self.cold = major_faults() > faults
+        if reads_before is not None:
+            self.cold = disk_reads() > reads_before
         return out
 
     def reserve(self, end: int) -> None:
