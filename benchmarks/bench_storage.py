@@ -635,6 +635,8 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
     local = zstore.open(urls["zstore local"], mode="r")
     opened["zstore local"] = local
     readers["zstore local reopened"] = local.get
+    trl_reopened = TensorDict.load_memmap(f"{tmp}/trl-{name}-x")  # what another process maps
+    readers["torchrl LazyMemmap reopened"] = lambda idx: trl_reopened[idx]
     warm_s, before = {}, {}
     for label, key, opts in (("memory://", "zstore memory://", {}),
                              ("s3", "zstore s3", s3.options if s3 else None)):
@@ -675,7 +677,7 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
                 "resident_mb": stats.resident_bytes / MB}
         st.close()
     local_writer.close()  # its maps would keep its pages in the page cache (disk-cold below)
-    del readers, opened, keep, trl_readers, local_writer, pair  # TorchRL's maps too (disk-cold)
+    del readers, opened, keep, trl_readers, local_writer, pair, trl_reopened  # (disk-cold)
     gc.collect()
 
     # -- cold -------------------------------------------------------------------------------
@@ -716,10 +718,11 @@ ZSTORE_ROWS = ("zstore local", "zstore local (mmap)", "zstore local reopened",
                "zstore local disk-cold", "zstore local disk-open", "zstore memory://",
                "zstore memory:// warm",
                "zstore memory:// cold", "zstore s3", "zstore s3 warm", "zstore s3 cold")
-ALTERNATIVES = ("torchrl LazyTensor", "torchrl LazyMemmap", "torchrl LazyMemmap disk-cold",
-                "torchrl LazyMemmap disk-open",
+ALTERNATIVES = ("torchrl LazyTensor", "torchrl LazyMemmap", "torchrl LazyMemmap reopened",
+                "torchrl LazyMemmap disk-cold", "torchrl LazyMemmap disk-open",
                 "torchrl CompressedList", "zarr local", "zarr memory://", "zarr s3")
 SHORT = {"torchrl LazyTensor": "trl-Tensor", "torchrl LazyMemmap": "trl-Memmap",
+         "torchrl LazyMemmap reopened": "trl-MmReop",
          "torchrl LazyMemmap disk-cold": "trl-MmDisk", "torchrl LazyMemmap disk-open": "trl-MmOpen",
          "torchrl CompressedList": "trl-Compr", "zarr local": "zarr-local",
          "zarr memory://": "zarr-mem", "zarr s3": "zarr-s3"}
