@@ -188,6 +188,24 @@ def test_a_table_keeps_prefetching_while_its_prefetched_reads_still_read_the_dis
     assert len(prefetched) == 4
 
 
+@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="needs preadv2's RWF_NOWAIT")
+@pytest.mark.parametrize("background", [False, True])
+def test_prefetch_asks_the_disk_for_the_rows_pages_ahead_of_the_read(tmp_path, background):
+    url, data = _buffer(tmp_path, rows=2048)
+    chunk = _obs_chunk(url)
+    reader = zstore.open(url, mode="r")
+    idx = torch.arange(7, 2048, 97)
+    _drop_page_cache(chunk)
+    if _in_page_cache(chunk, int(idx[0]) * 1024, 1024):
+        pytest.skip("this filesystem kept the chunk file's pages cached")
+    before = zstore._pages.disk_reads()
+    future = reader.prefetch(idx, background=background)
+    if background:
+        assert future.result() is None
+    assert zstore._pages.disk_reads() > before  # the reads were asked of the disk
+    assert torch.equal(reader.get(idx)["obs"], data["obs"][idx])
+
+
 def test_add_writes_rows_that_numpy_cannot_view(tmp_path):
     """add() writes a row through a NumPy view of the map; a tensor NumPy refuses (one that
     needs grad, a conjugate view) goes through torch instead, with the same bytes."""

@@ -10,6 +10,7 @@ from tensordict import TensorDict
 
 import zstore
 from zstore import RandomSampler, ReplayBuffer, SliceSampler
+from zstore.samplers import Sampler
 
 
 def episodes(lengths: list[int], first_episode: int = 0, first_step: int = 0) -> TensorDict:
@@ -227,6 +228,89 @@ def test_slice_sampler_arguments_and_errors():
     listed.extend(["a", "b", "c"])
     with pytest.raises(TypeError, match="reads its key from TensorDicts; this storage holds other"):
         listed.sample(4)
+
+
+# -- sample-ahead (prefetch) -----------------------------------------------------------------
+
+class RecordingSampler(Sampler):
+    """Draws as ``inner`` does and keeps every index it handed out."""
+
+    def __init__(self, inner: Sampler):
+        self.inner, self.draws = inner, []
+
+    def sample(self, storage, batch_size, generator=None):
+        index = self.inner.sample(storage, batch_size, generator)
+        self.draws.append(index)
+        return index
+
+    def mark_update(self, index, data, storage, revision):
+        self.inner.mark_update(index, data, storage, revision)
+
+
+@pytest.mark.parametrize("inner", ["random", "slices"])
+def test_batches_drawn_ahead_are_served_next_and_dropped_after_a_write(inner, location):
+    storage = zstore.LazyMemmapStorage(60, scratch_dir=location.new(),
+                                       storage_options=location.options)
+    sampler = RecordingSampler(RandomSampler() if inner == "random" else SliceSampler(slice_len=4))
+    rb, model = ReplayBuffer(storage, sampler=sampler, batch_size=16, prefetch=2), RingModel(60)
+    data = episodes([9, 12, 7, 15])
+    rb.extend(data)
+    model.extend(data)
+    batch, info = rb.sample(return_info=True)
+    assert len(sampler.draws) == 3 and info["index"] is sampler.draws[0]  # now, then 2 ahead
+    assert_equal(batch, model.rows[info["index"]])
+    batch, info = rb.sample(return_info=True)
+    assert info["index"] is sampler.draws[1] and len(sampler.draws) == 4
+    assert_equal(batch, model.rows[info["index"]])
+    data = episodes([8, 14, 9], first_episode=10, first_step=model.written)  # wraps the ring
+    rb.extend(data)
+    model.extend(data)
+    batch, info = rb.sample(return_info=True)  # the two drawn before the write are dropped
+    assert info["index"] is sampler.draws[4] and len(sampler.draws) == 7
+    assert_equal(batch, model.rows[info["index"]])
+    if inner == "slices":
+        check_windows(batch, 4, 4, model)
+    batch, info = rb.sample(8, return_info=True)  # another batch size: drawn afresh
+    assert info["index"] is sampler.draws[7] and len(info["index"]) == 8
+    assert_equal(batch, model.rows[info["index"]])
+    draws = len(sampler.draws)
+    seeded = rb.sample(generator=torch.Generator().manual_seed(5))  # reproducible, not ahead
+    assert len(sampler.draws) == draws + 1
+    again = ReplayBuffer(storage, sampler=RecordingSampler(sampler.inner), batch_size=16)
+    assert_equal(seeded, again.sample(generator=torch.Generator().manual_seed(5)))
+
+
+def test_batches_drawn_ahead_load_in_the_background(location, monkeypatch):
+    storage = zstore.LazyMemmapStorage(4000, scratch_dir=location.new(),
+                                       storage_options=location.options)
+    data = TensorDict(obs=torch.randn(4000, 64), batch_size=[4000])
+    storage.set(torch.arange(4000), data)
+    storage.flush()
+    reader = zstore.open(storage.spec.url, location.options, mode="r")
+    started = []
+    original = reader.prefetch
+    monkeypatch.setattr(reader, "prefetch", lambda index, background=False: started.append(
+        (index, background, original(index, background))) or started[-1][2])
+    rb = ReplayBuffer(reader, writer=zstore.ImmutableDatasetWriter(), batch_size=64, prefetch=1)
+    first, info = rb.sample(return_info=True)
+    assert torch.equal(first["obs"], data["obs"][info["index"]])
+    (ahead, background, future), = started
+    assert background and future.result() is None
+    misses = reader.cache_stats.misses if reader.cache_stats is not None else None
+    second, info = rb.sample(return_info=True)
+    assert info["index"] is ahead and torch.equal(second["obs"], data["obs"][ahead])
+    if misses is not None:  # a cached store: the batch was loaded before it was asked for
+        assert reader.cache_stats.misses == misses
+    assert len(started) == 2  # and the next one is on its way
+
+
+def test_prefetch_needs_a_storage_that_loads_ahead():
+    with pytest.raises(ValueError, match="a LazyTensorStorage reads its items from memory"):
+        ReplayBuffer(zstore.LazyTensorStorage(10), prefetch=1)
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="prefetch must be a number of batches"):
+            ReplayBuffer(zstore.LazyTensorStorage(10), prefetch=bad)
+    assert "prefetch=0" in repr(ReplayBuffer(zstore.LazyTensorStorage(10)))
 
 
 # -- resuming and checkpoints ----------------------------------------------------------------

@@ -1,15 +1,16 @@
 """A small replay buffer for users without TorchRL: a storage, a writer and a sampler.
 
 It does what a training loop needs — ``add``, ``extend``, ``sample``, ``len``,
-``dumps``/``loads`` — and nothing more (no transforms, priorities or
-prefetch threads). With TorchRL installed, use its buffers over
-``zstore.torchrl`` storages instead.
+``dumps``/``loads``, and drawing the next batches ahead so that their chunks
+load while the caller trains — and nothing more (no transforms or priorities).
+With TorchRL installed, use its buffers over ``zstore.torchrl`` storages instead.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections import deque
 from typing import Any
 
 import torch
@@ -46,6 +47,15 @@ class ReplayBuffer:
             after the last cursor of a reopened storage);
             :class:`~zstore.ImmutableDatasetWriter` for read-only datasets.
         batch_size: the default of :meth:`sample`.
+        prefetch: batches drawn ahead. After each :meth:`sample`, the indices of
+            the next ``prefetch`` batches are drawn and their rows made ready in
+            the background (``storage.prefetch``: chunks loaded into the cache,
+            or a memory-mapped buffer's pages read from the disk) while the
+            caller trains. A write to the buffer discards the drawn batches, so
+            every batch is drawn from the buffer as it is when sampled; a call
+            with another batch size or a ``generator`` draws afresh. Needs a
+            storage with ``prefetch`` (:class:`~zstore.LazyMemmapStorage`, a
+            :class:`~zstore.dataset.Dataset`).
 
     >>> rb = ReplayBuffer(zstore.LazyTensorStorage(100), batch_size=4)
     >>> _ = rb.extend(TensorDict(obs=torch.arange(10.0), batch_size=[10]))
@@ -54,14 +64,25 @@ class ReplayBuffer:
     """
 
     def __init__(self, storage: Storage, sampler: Sampler | None = None,
-                 writer: Writer | None = None, batch_size: int | None = None):
+                 writer: Writer | None = None, batch_size: int | None = None,
+                 prefetch: int = 0):
         if not isinstance(storage, Storage):
             raise TypeError(f"storage must be a zstore storage, got {type(storage).__name__}")
+        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
+            raise ValueError(f"prefetch must be a number of batches (an int >= 0), "
+                             f"got {prefetch!r}")
+        if prefetch and not callable(getattr(storage, "prefetch", None)):
+            raise ValueError(f"prefetch={prefetch} needs a storage that loads rows ahead "
+                             f"(LazyMemmapStorage, a Dataset); a {type(storage).__name__} "
+                             "reads its items from memory")
         self.storage = storage
         self.sampler = sampler if sampler is not None else RandomSampler()
         self.writer = writer if writer is not None else RoundRobinWriter()
         self.writer.register_storage(storage)
         self.batch_size = batch_size
+        self.prefetch = prefetch
+        #: batches drawn ahead: (storage revision when drawn, batch size, index)
+        self._ahead: deque[tuple[int, int, Any]] = deque()
 
     def __len__(self) -> int:
         return len(self.storage)
@@ -94,9 +115,30 @@ class ReplayBuffer:
         batch_size = self.batch_size if batch_size is None else batch_size
         if batch_size is None:
             raise ValueError("batch_size was given neither to sample() nor to the ReplayBuffer")
-        index = self.sampler.sample(self.storage, batch_size, generator)
+        index = None if generator is not None else self._drawn_ahead(batch_size)
+        if index is None:
+            index = self.sampler.sample(self.storage, batch_size, generator)
         batch = _collate(self.storage.get(index))
+        if generator is None:
+            self._draw_ahead(batch_size)
         return (batch, {"index": index}) if return_info else batch
+
+    def _drawn_ahead(self, batch_size: int) -> Any:
+        """The next batch drawn ahead, if it still fits (no write since, same size)."""
+        if self._ahead:
+            revision, size, index = self._ahead.popleft()
+            if revision == self.storage._mutation_revision and size == batch_size:
+                return index
+            self._ahead.clear()
+        return None
+
+    def _draw_ahead(self, batch_size: int) -> None:
+        """Draw batches up to :attr:`prefetch` ahead and start getting their rows ready."""
+        while len(self._ahead) < self.prefetch:
+            index = self.sampler.sample(self.storage, batch_size)
+            self._ahead.append((self.storage._mutation_revision, batch_size, index))
+            self.storage.prefetch(index[0] if isinstance(index, tuple) else index,
+                                  background=True)
 
     # -- checkpoints ------------------------------------------------------------------------
     def dumps(self, path: str | os.PathLike) -> None:
@@ -128,4 +170,5 @@ class ReplayBuffer:
     def __repr__(self) -> str:
         storage = repr(self.storage).replace("\n", "\n    ")
         return (f"ReplayBuffer(\n    storage={storage},\n    sampler={self.sampler!r},\n"
-                f"    writer={self.writer!r},\n    batch_size={self.batch_size})")
+                f"    writer={self.writer!r},\n    batch_size={self.batch_size},\n"
+                f"    prefetch={self.prefetch})")

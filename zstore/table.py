@@ -83,13 +83,30 @@ class Table:
     def flush(self) -> None:
         """Store every pending block (data only; the caller commits metadata after)."""
 
-    def prefetch(self, rows: torch.Tensor, background: bool = False) -> Future | None:
-        """Load the blocks holding ``rows`` into the cache ahead of a read.
+    _executor: ThreadPoolExecutor | None = None
 
-        With ``background=True`` the load runs on a worker thread and a Future is
+    def prefetch(self, rows: torch.Tensor, background: bool = False) -> Future | None:
+        """Get ``rows`` ready ahead of a read (:meth:`_prefetch` says how).
+
+        With ``background=True`` it runs on a worker thread and a Future is
         returned; reads meanwhile wait only for the blocks they need.
         """
-        return None
+        rows = rows.to("cpu", torch.int64).reshape(-1)
+        if not background:
+            self._prefetch(rows)
+            return None
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="zstore-prefetch")
+        return self._executor.submit(self._prefetch, rows)
+
+    def _prefetch(self, rows: torch.Tensor) -> None:
+        """Get ``rows`` (flat int64 on the CPU) ready for a read: nothing by default."""
+
+    def _stop_prefetching(self) -> None:
+        """Wait for background prefetches, then release their thread (on close)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
     @property
     def cache_stats(self) -> CacheStats | None:
@@ -135,7 +152,6 @@ class ChunkedTable(Table):
                        lease=lease)
             for (chunk_rows, shard_rows), members in by_layout.items()]
         self.device = self.groups[0].device
-        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def high_water(self) -> int:
@@ -188,24 +204,14 @@ class ChunkedTable(Table):
             for g in self.groups:
                 g.flush()
 
-    def prefetch(self, rows: torch.Tensor, background: bool = False) -> Future | None:
-        rows = rows.to("cpu", torch.int64).reshape(-1)
-        if background:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="zstore-prefetch")
-            return self._executor.submit(self._prefetch, rows)
-        self._prefetch(rows)
-        return None
-
     def _prefetch(self, rows: torch.Tensor) -> None:
+        """Load the blocks holding ``rows`` into the cache."""
         with self.lock:
             for g in self.groups:
                 g.prefetch(rows)
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        self._stop_prefetching()
         for g in self.groups:  # nothing may land after close (e.g. after a cleanup's delete)
             with contextlib.suppress(OSError):  # a failure was raised by flush already
                 g.writes.drain()
@@ -386,6 +392,15 @@ class MmapTable(Table):
         loss additionally needs ``os.sync()`` (zstore does not fsync).
         """
 
+    def _prefetch(self, rows: torch.Tensor) -> None:
+        """Ask for the pages of ``rows`` (``MADV_WILLNEED``): the disk reads what is not in
+        the page cache while the caller goes on, and the read finds it there."""
+        if len(rows):
+            wanted = rows.numpy()
+            for mapped in self.maps.values():
+                prefetch_rows(mapped, wanted)
+
     def close(self) -> None:
+        self._stop_prefetching()
         self.maps.clear()
         self.row_plan = ()

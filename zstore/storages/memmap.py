@@ -578,7 +578,8 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         return self.table.cache_stats if self.initialized else None
 
     def prefetch(self, index: Any, background: bool = False):
-        """Load the chunks holding rows ``index`` into the cache ahead of a read.
+        """Get rows ``index`` ready ahead of a read: their chunks are loaded into the cache,
+        or, for a memory-mapped buffer, their pages are asked of the disk (``MADV_WILLNEED``).
 
         With ``background=True`` (e.g. the next batch's indices, drawn early)
         the load overlaps with the caller's work; a ``Future`` is returned.
@@ -587,7 +588,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         if self.initialized:
             rows, _, _ = _rows_of(index, self._len_along_dim0)
             future = self.table.prefetch(rows, background=background)
-        if background and future is None:  # nothing to load (memory-mapped, or empty)
+        if background and future is None:  # nothing to load: the storage is empty
             future = Future()
             future.set_result(None)
         return future
