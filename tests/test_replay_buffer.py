@@ -120,6 +120,10 @@ def test_random_cells_of_an_ndim2_storage(location):
     time, env = info["index"]
     assert int(time.max()) < 6 and int(env.max()) < 3 and len(set(env.tolist())) == 3
     assert torch.equal(batch["obs"], rollout["obs"][time, env])
+    ahead = ReplayBuffer(storage, writer=zstore.ImmutableDatasetWriter(), batch_size=64, prefetch=1)
+    for _ in range(2):  # drawn now, then drawn ahead: rows prefetched, cells gathered
+        batch, info = ahead.sample(return_info=True)
+        assert torch.equal(batch["obs"], rollout["obs"][info["index"]])
 
 
 def test_random_sampler_refuses_empty_and_needs_a_batch_size():
@@ -302,6 +306,25 @@ def test_batches_drawn_ahead_load_in_the_background(location, monkeypatch):
     if misses is not None:  # a cached store: the batch was loaded before it was asked for
         assert reader.cache_stats.misses == misses
     assert len(started) == 2  # and the next one is on its way
+
+
+def test_a_failed_draw_ahead_is_raised_by_the_sample_it_belongs_to(tmp_path):
+    class Finite(Sampler):  # two batches, then nothing
+        calls = 0
+
+        def sample(self, storage, batch_size, generator=None):
+            Finite.calls += 1
+            if Finite.calls > 2:
+                raise RuntimeError("the sampler ran out")
+            return torch.arange(batch_size)
+
+    storage = zstore.LazyMemmapStorage(10, scratch_dir=str(tmp_path / "rb"))
+    rb = ReplayBuffer(storage, sampler=Finite(), batch_size=4, prefetch=2)
+    rb.extend(TensorDict(obs=torch.arange(10.0), batch_size=[10]))
+    assert rb.sample()["obs"].tolist() == [0.0, 1.0, 2.0, 3.0]  # the second draw is ahead
+    assert rb.sample()["obs"].tolist() == [0.0, 1.0, 2.0, 3.0]  # served from ahead
+    with pytest.raises(RuntimeError, match="the sampler ran out"):
+        rb.sample()
 
 
 def test_prefetch_needs_a_storage_that_loads_ahead():

@@ -133,9 +133,15 @@ class ReplayBuffer:
         return None
 
     def _draw_ahead(self, batch_size: int) -> None:
-        """Draw batches up to :attr:`prefetch` ahead and start getting their rows ready."""
+        """Draw batches up to :attr:`prefetch` ahead and start getting their rows ready.
+
+        A draw that fails stops the drawing: the next :meth:`sample` that draws
+        raises it again, from the call the batch belongs to."""
         while len(self._ahead) < self.prefetch:
-            index = self.sampler.sample(self.storage, batch_size)
+            try:
+                index = self.sampler.sample(self.storage, batch_size)
+            except Exception:  # noqa: BLE001 - the next sample() that draws raises it again
+                return
             self._ahead.append((self.storage._mutation_revision, batch_size, index))
             self.storage.prefetch(index[0] if isinstance(index, tuple) else index,
                                   background=True)

@@ -67,6 +67,7 @@ class Table:
     rows: int
     high_water: int
     read_only: bool
+    _executor: ThreadPoolExecutor | None = None  # the prefetch thread, started on first use
 
     def read(self, rows: torch.Tensor, lanes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Rows (or, with ``lanes``, single cells of rows) of every column, as ``{path: tensor}``."""
@@ -82,8 +83,6 @@ class Table:
 
     def flush(self) -> None:
         """Store every pending block (data only; the caller commits metadata after)."""
-
-    _executor: ThreadPoolExecutor | None = None
 
     def prefetch(self, rows: torch.Tensor, background: bool = False) -> Future | None:
         """Get ``rows`` ready ahead of a read (:meth:`_prefetch` says how).
