@@ -157,6 +157,13 @@ def _in_page_cache(path: Path, offset: int, nbytes: int) -> bool:
         os.close(fd)
 
 
+def _drop_or_skip(path: Path, offset: int, nbytes: int) -> None:
+    """Drop ``path``'s page cache; skip the test where ``nbytes`` at ``offset`` stay cached."""
+    _drop_page_cache(path)
+    if _in_page_cache(path, offset, nbytes):
+        pytest.skip("this filesystem kept the chunk file's pages cached")
+
+
 @pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="needs preadv2's RWF_NOWAIT")
 def test_a_table_keeps_prefetching_while_its_prefetched_reads_still_read_the_disk(
         tmp_path, monkeypatch):
@@ -179,9 +186,7 @@ def test_a_table_keeps_prefetching_while_its_prefetched_reads_still_read_the_dis
                                                 original(mapped, wanted)))
     for round_ in range(4):
         idx = torch.arange(round_, rows, 32)  # rows no earlier round mapped
-        _drop_page_cache(chunk)
-        if _in_page_cache(chunk, int(idx[0]) * row_bytes, row_bytes):
-            pytest.skip("this filesystem kept the chunk file's pages cached")
+        _drop_or_skip(chunk, int(idx[0]) * row_bytes, row_bytes)
         assert torch.equal(reader.get(idx)["obs"], data["obs"][idx])
         assert prefetched[-1] == idx.tolist(), f"round {round_} did not prefetch"
         assert reader._table.cold  # its pages came from the disk
@@ -195,9 +200,7 @@ def test_prefetch_asks_the_disk_for_the_rows_pages_ahead_of_the_read(tmp_path, b
     chunk = _obs_chunk(url)
     reader = zstore.open(url, mode="r")
     idx = torch.arange(7, 2048, 97)
-    _drop_page_cache(chunk)
-    if _in_page_cache(chunk, int(idx[0]) * 1024, 1024):
-        pytest.skip("this filesystem kept the chunk file's pages cached")
+    _drop_or_skip(chunk, int(idx[0]) * 1024, 1024)
     before = zstore._pages.disk_reads()
     future = reader.prefetch(idx, background=background)
     if background:
