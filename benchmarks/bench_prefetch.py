@@ -21,8 +21,8 @@ alternating order, each measured ``--repeats`` times:
   with ``prefetch=0`` and ``prefetch=1`` (its prefetch runs ``sample()`` ahead on a thread).
 
 Reported: the median and mean time ``sample()`` takes (what the trainer waits for) and
-the loop's time per step, medians over the repeats. Writes
-benchmarks/results/prefetch.json.
+the loop's time per step, medians over the repeats. One more zstore batch after each
+loop is checked against the memmap folder. Writes benchmarks/results/prefetch.json.
 """
 
 from __future__ import annotations
@@ -64,13 +64,20 @@ class PermutationSampler(Sampler):
         return rows
 
 
-def zstore_loop(url: str, n: int, prefetch: int, steps: int, step_s: float, seed: int):
+def zstore_loop(url: str, reference: str, n: int, prefetch: int, steps: int, step_s: float,
+                seed: int):
     reader = zstore.open(url, mode="r")
     rb = zstore.ReplayBuffer(reader, sampler=PermutationSampler(n, seed),
                              writer=zstore.ImmutableDatasetWriter(), batch_size=BATCH,
                              prefetch=prefetch)
     try:
-        return run_loop(rb.sample, steps, step_s)
+        result = run_loop(rb.sample, steps, step_s)
+        batch, info = rb.sample(return_info=True)  # after the timed loop: checked
+        expected = TensorDict.load_memmap(reference)[info["index"]]
+        for key in expected.keys(True, True):
+            if not torch.equal(batch[key], expected[key]):
+                raise AssertionError(f"zstore prefetch={prefetch}: key {key} differs")
+        return result
     finally:
         reader.close()
 
@@ -109,8 +116,9 @@ def main() -> int:
     p.add_argument("--tmpdir", default=None, help="where the datasets go (a disk, not tmpfs)")
     p.add_argument("--json", default=str(HERE / "results" / "prefetch.json"))
     args = p.parse_args()
-    if args.steps * BATCH > args.n:
-        p.error(f"--steps x {BATCH} rows must not exceed --n (rows are drawn without replacement)")
+    if (args.steps + 2) * BATCH > args.n:  # the timed batches, one drawn ahead, one checked
+        p.error(f"(--steps + 2) x {BATCH} rows must not exceed --n (rows are drawn without "
+                "replacement)")
 
     root = Path(tempfile.mkdtemp(prefix="zstore-prefetch-", dir=args.tmpdir))
     print(f"writing {args.n} Atari transitions ...", flush=True)
@@ -126,8 +134,8 @@ def main() -> int:
 
     step_s = args.step_ms / 1000
     loops = {
-        ("zstore", 0): lambda seed: zstore_loop(url, args.n, 0, args.steps, step_s, seed),
-        ("zstore", 1): lambda seed: zstore_loop(url, args.n, 1, args.steps, step_s, seed),
+        ("zstore", 0): lambda seed: zstore_loop(url, folder, args.n, 0, args.steps, step_s, seed),
+        ("zstore", 1): lambda seed: zstore_loop(url, folder, args.n, 1, args.steps, step_s, seed),
         ("torchrl", 0): lambda seed: torchrl_loop(folder, args.n, 0, args.steps, step_s, seed),
         ("torchrl", 1): lambda seed: torchrl_loop(folder, args.n, 1, args.steps, step_s, seed),
     }
