@@ -296,9 +296,7 @@ class MmapTable(Table):
         if self.read_only and first is None and lanes is None:
             reads_before = disk_reads()
             if self.cold:  # the last read waited for the disk: ask for every page at once
-                wanted = rows.numpy()
-                for mapped in self.maps.values():
-                    prefetch_rows(mapped, wanted)
+                self._prefetch(rows)
         out = {}
         for leaf in self.leaves:
             mapped = self.maps[leaf.path]
