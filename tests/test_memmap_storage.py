@@ -105,8 +105,10 @@ class Model:
                 ref[r] = value if single else value[j]
             self.written[r] = True
         if set_cursor:
-            self.len = min(self.len + len(rows) * self.cells_per_row, self.max_size)
             self.last = rows[-1]
+            # writes are counted, and every row up to the last one written is reachable
+            self.len = min(max(self.len + len(rows) * self.cells_per_row,
+                               (self.last + 1) * self.cells_per_row), self.max_size)
 
     def add(self, item) -> int:
         index = self.cursor

@@ -34,6 +34,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from . import storages as _z
 from .api import open as _open
 from .cache import DEFAULT_CACHE_BYTES
+from .writers import rolled_back_on_error
 
 __all__ = [
     "CompressedListStorage",
@@ -143,9 +144,28 @@ class _Resuming:
             self._write_count = len(storage)
 
 
-class RoundRobinWriter(_Resuming, _trl_writers.RoundRobinWriter):
-    """TorchRL's RoundRobinWriter that resumes a reopened storage (see :func:`open`)."""
+class _AllOrNothing:
+    """A write the storage refuses leaves the writer's cursor and count as they were.
+
+    TorchRL's writers move their cursor before the storage sees the data, so a
+    refused batch (a wrong shape, a missing key) would leave a gap of never-written
+    rows that the next write skips over and samplers draw from.
+    """
+
+    def add(self, data: Any) -> Any:
+        with rolled_back_on_error(self):
+            return super().add(data)
+
+    def extend(self, data: Any) -> Any:
+        with rolled_back_on_error(self):
+            return super().extend(data)
 
 
-class TensorDictRoundRobinWriter(_Resuming, _trl_writers.TensorDictRoundRobinWriter):
-    """TorchRL's TensorDictRoundRobinWriter that resumes a reopened storage (see :func:`open`)."""
+class RoundRobinWriter(_AllOrNothing, _Resuming, _trl_writers.RoundRobinWriter):
+    """TorchRL's RoundRobinWriter that resumes a reopened storage (see :func:`open`) and
+    moves nothing on a refused write."""
+
+
+class TensorDictRoundRobinWriter(_AllOrNothing, _Resuming, _trl_writers.TensorDictRoundRobinWriter):
+    """TorchRL's TensorDictRoundRobinWriter that resumes a reopened storage (see :func:`open`)
+    and moves nothing on a refused write."""

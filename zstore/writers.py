@@ -7,6 +7,7 @@ never wrapping). :class:`ImmutableDatasetWriter` refuses every write.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,22 @@ def _batch_len(data: Any) -> int:
     if isinstance(data, torch.Tensor) or is_tensor_collection(data):
         return len(data)
     return len(pytree.tree_leaves(data)[0])
+
+
+@contextlib.contextmanager
+def rolled_back_on_error(writer: Any):
+    """Restore ``writer``'s cursor and write count when the write inside raises.
+
+    A writer moves its cursor before the storage sees the data; a batch the
+    storage refuses (a wrong shape, a missing key, a failed store) must leave
+    no gap behind that later writes would skip over and samplers would draw.
+    """
+    saved = writer._cursor, writer._write_count
+    try:
+        yield
+    except BaseException:
+        writer._cursor, writer._write_count = saved
+        raise
 
 
 class Writer:
@@ -68,6 +85,9 @@ class Writer:
 class RoundRobinWriter(Writer):
     """Writes items in a ring: index = cursor, cursor advances modulo the capacity.
 
+    A write the storage refuses moves nothing: the cursor and the write count
+    are those before it, so the next write fills the same rows.
+
     >>> from zstore import LazyTensorStorage
     >>> w = RoundRobinWriter(); w.register_storage(LazyTensorStorage(3))
     >>> [w.add(torch.zeros(1)) for _ in range(4)]
@@ -102,9 +122,10 @@ class RoundRobinWriter(Writer):
     def add(self, data: Any) -> Any:
         rows = self._storage._max_size_along_dim0(single_data=data)
         index = self._cursor
-        self._cursor = (index + 1) % rows
-        self._write_count += 1
-        self._storage.set(index, data)
+        with rolled_back_on_error(self):
+            self._cursor = (index + 1) % rows
+            self._write_count += 1
+            self._storage.set(index, data)
         index = self._replicate_index(index)
         self._mark_update_entities(index)
         return index
@@ -116,9 +137,10 @@ class RoundRobinWriter(Writer):
         rows = self._storage._max_size_along_dim0(batched_data=data)
         device = data.device if hasattr(data, "device") and data.device is not None else None
         index = torch.arange(self._cursor, self._cursor + n, device=device) % rows
-        self._cursor = (self._cursor + n) % rows
-        self._write_count += n
-        self._storage.set(index, data)
+        with rolled_back_on_error(self):
+            self._cursor = (self._cursor + n) % rows
+            self._write_count += n
+            self._storage.set(index, data)
         index = self._replicate_index(index)
         self._mark_update_entities(index)
         return index

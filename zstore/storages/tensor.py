@@ -210,10 +210,16 @@ class TensorStorage(Storage):
                 lead = 0 if _is_int(cursor) else 1
                 container.set(key, torch.empty((*self._container_shape(), *value.shape[lead + self.ndim - 1:]),
                                                dtype=value.dtype, device=_first_leaf(container).device))
+            if not isinstance(data, LazyStackedTensorDict):  # a lazy stack is written item-wise
+                _refuse_misfits(cursor, [(container.get(key), data.get(key), key) for key in
+                                         data.keys(include_nested=True, leaves_only=True)])
             container[cursor] = data
         elif isinstance(container, torch.Tensor):
             container[cursor] = data
         else:
+            leaves, values = pytree.tree_leaves(container), pytree.tree_leaves(data)
+            _refuse_misfits(cursor, [(leaf, value, i) for i, (leaf, value) in
+                                     enumerate(zip(leaves, values))])
             pytree.tree_map(lambda leaf, value: leaf.__setitem__(cursor, value), container, data)
 
     # -- the contract ---------------------------------------------------------------------
@@ -228,7 +234,11 @@ class TensorStorage(Storage):
         if set_cursor:
             self._set_last_cursor(cursor)
             n = self.ndim - 1 if single else self.ndim
-            self._len_value = min(self._len_value + math.prod(_lead_shape(data, n)), self.max_size)
+            # TorchRL counts writes; a writer that moved its cursor past a refused batch
+            # must still reach the rows it writes after it: len covers the last one
+            reached = (self._last_cursor_value + 1) * (self._lanes if self.ndim > 1 else 1)
+            self._len_value = min(max(self._len_value + math.prod(_lead_shape(data, n)), reached),
+                                  self.max_size)
         self._bump_mutation_revision()
 
     def get(self, index: Any) -> Any:
@@ -410,6 +420,36 @@ class TensorStorage(Storage):
         if not isinstance(done, torch.Tensor) or (self.ndim > 1 and not self._is_full):
             return None  # not TED data; or the last row is partly filled (its other cells hold no data)
         return int(done[: self._len_along_dim0].sum())
+
+
+def _refuse_misfits(cursor: Any, pairs: list) -> None:
+    """Raise before anything is written if a value cannot fill the rows ``cursor`` selects.
+
+    A TensorDict or a pytree is written leaf by leaf: without this check, a batch whose
+    third key has the wrong shape would already have overwritten the first two.
+    ``pairs``: ``(container leaf, value, key)``.
+    """
+    for leaf, value, key in pairs:
+        if not isinstance(value, torch.Tensor) or not isinstance(leaf, torch.Tensor):
+            continue
+        target = leaf.shape[1:] if _is_int(cursor) else \
+            torch.empty(leaf.shape, device="meta")[_on_cpu(cursor)].shape
+        try:
+            fits = torch.broadcast_shapes(value.shape, target) == target
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise RuntimeError(
+                f"shape mismatch for key {key!r}: value of shape {list(value.shape)} cannot be "
+                f"written to rows of shape {list(target)}; nothing was written")
+
+
+def _on_cpu(cursor: Any) -> Any:
+    if isinstance(cursor, torch.Tensor):
+        return cursor.cpu()
+    if isinstance(cursor, tuple):
+        return tuple(_on_cpu(c) for c in cursor)
+    return cursor
 
 
 def _apply(container: Any, fn) -> Any:

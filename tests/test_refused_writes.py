@@ -1,0 +1,167 @@
+"""A write the storage refuses changes nothing: no cursor move, no length change, no row stored.
+
+The reference is a plain list of the rows that were accepted. Every storage runs on
+memory://, local disk and S3 (the ``location`` fixture), reopened where it persists.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import zstore
+
+CAPACITY = 1000
+
+
+def rows(start: int, n: int, width: int = 4) -> TensorDict:
+    """``n`` rows whose ``obs`` holds their (1-based, never zero) serial number."""
+    serial = torch.arange(start + 1, start + n + 1, dtype=torch.float32)
+    return TensorDict(obs=serial[:, None].expand(n, width).clone(),
+                      act=serial.long(), batch_size=[n])
+
+
+def make(kind: str, location) -> zstore.Storage:
+    if kind == "LazyTensorStorage":
+        return zstore.LazyTensorStorage(CAPACITY)
+    cls = getattr(zstore, kind)
+    return cls(CAPACITY, scratch_dir=location.new(), storage_options=location.options)
+
+
+def refused_batches():
+    """Batches of 200 rows a 4-wide ``obs`` / ``act`` buffer refuses, and why."""
+    return {"wrong shape": rows(400, 200, width=5),
+            "missing key": TensorDict(obs=torch.ones(200, 4), batch_size=[200]),
+            "wrong batch": rows(400, 200).reshape(20, 10)}
+
+
+def batch(items):
+    """A list storage's items as one batch; a tensor storage's batch as it is."""
+    return zstore.stack_items(items) if isinstance(items, list) else items
+
+
+def assert_holds_exactly(storage, serials: list[int]) -> None:
+    """The storage holds exactly these rows, in order, and nothing a sampler could draw else."""
+    assert len(storage) == len(serials)
+    got = batch(storage.get(torch.arange(len(storage))))
+    assert got["obs"][:, 0].tolist() == [float(s) for s in serials]
+    assert got["act"].tolist() == serials
+    drawn = batch(storage.get(torch.randint(len(storage), (256,))))
+    assert (drawn["obs"] != 0).all(), "a sampler drew a row that was never written"
+
+
+@pytest.mark.parametrize("kind", ["LazyTensorStorage", "LazyMemmapStorage",
+                                  "CompressedListStorage"])
+def test_a_refused_extend_moves_neither_the_writer_nor_the_storage(kind, location):
+    storage = make(kind, location)
+    writer = zstore.RoundRobinWriter()
+    writer.register_storage(storage)
+    writer.extend(rows(0, 400))
+    refused = refused_batches()
+    if kind == "LazyTensorStorage":
+        del refused["missing key"]  # TorchRL's in-RAM storage writes the keys a batch has
+    if kind == "CompressedListStorage":
+        del refused["wrong shape"]  # a list storage holds items of any shape
+    for why, batch in refused.items():
+        with pytest.raises((zstore.errors.ZStoreError, RuntimeError)):
+            writer.extend(batch)
+        assert (writer._cursor, writer._write_count, len(storage)) == (400, 400, 400), why
+    writer.extend(rows(400, 200))
+    tensor = isinstance(storage, zstore.TensorStorage)  # list storages keep no last cursor
+    assert writer._cursor == 600 and (not tensor or storage._last_cursor_index == 599)
+    assert_holds_exactly(storage, list(range(1, 601)))
+    if kind != "LazyTensorStorage":
+        storage.flush()
+        again = zstore.open(storage.scratch_dir, location.options, mode="r")
+        assert not tensor or again._last_cursor_index == 599
+        assert_holds_exactly(again, list(range(1, 601)))
+
+
+def test_a_refused_add_moves_nothing(location):
+    storage = make("LazyMemmapStorage", location)
+    writer = zstore.RoundRobinWriter()
+    writer.register_storage(storage)
+    writer.extend(rows(0, 3))
+    with pytest.raises(zstore.errors.SchemaError, match="obs"):
+        writer.add(rows(3, 1, width=7)[0])
+    assert (writer._cursor, len(storage)) == (3, 3)
+    assert writer.add(rows(3, 1)[0]) == 3
+    assert_holds_exactly(storage, [1, 2, 3, 4])
+
+
+def test_the_replay_buffer_never_samples_a_row_that_was_not_written(location):
+    rb = zstore.ReplayBuffer(make("LazyMemmapStorage", location), batch_size=256)
+    rb.extend(rows(0, 400))
+    with pytest.raises(zstore.errors.SchemaError):
+        rb.extend(rows(400, 200, width=5))
+    rb.extend(rows(400, 200))
+    assert len(rb) == 600
+    for _ in range(4):
+        assert (rb.sample()["obs"] != 0).all()
+
+
+def test_a_refused_batch_leaves_the_rows_it_would_overwrite_intact():
+    """A TensorDict is written key by key: the check runs before the first key is stored."""
+    storage = zstore.LazyTensorStorage(10)
+    writer = zstore.RoundRobinWriter()
+    writer.register_storage(storage)
+    writer.extend(rows(0, 10))  # full: the next batch would overwrite rows 0..3
+    bad = TensorDict(act=torch.zeros(4, dtype=torch.long), obs=torch.zeros(4, 9), batch_size=[4])
+    with pytest.raises(RuntimeError, match="'obs'.*nothing was written"):
+        writer.extend(bad)
+    assert_holds_exactly(storage, list(range(1, 11)))
+
+
+def test_a_refused_pytree_batch_leaves_every_leaf_intact():
+    storage = zstore.LazyTensorStorage(6)
+    storage.set(torch.arange(6), (torch.ones(6, 2), torch.ones(6, 3)))
+    with pytest.raises(RuntimeError, match="nothing was written"):
+        storage.set(torch.arange(2), (torch.zeros(2, 2), torch.zeros(2, 4)))
+    first, second = storage.get(torch.arange(6))
+    assert (first == 1).all() and (second == 1).all()
+
+
+# -- under TorchRL's buffers -------------------------------------------------------------------
+
+T = pytest.importorskip("torchrl.data")
+zt = pytest.importorskip("zstore.torchrl")
+
+
+@pytest.mark.torchrl
+@pytest.mark.parametrize("writer_cls", ["RoundRobinWriter", "TensorDictRoundRobinWriter"])
+def test_zstore_torchrl_writers_roll_back_a_refused_extend(writer_cls, location):
+    storage = zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
+                                   storage_options=location.options)
+    rb = T.TensorDictReplayBuffer(storage=storage, writer=getattr(zt, writer_cls)(),
+                                  batch_size=256)
+    rb.extend(rows(0, 400))
+    with pytest.raises(zstore.errors.SchemaError, match="obs"):
+        rb.extend(rows(400, 200, width=5))
+    assert (rb._writer._cursor, rb._writer._write_count, len(rb)) == (400, 400, 400)
+    rb.extend(rows(400, 200))
+    assert len(rb) == 600
+    for _ in range(4):
+        assert (rb.sample()["obs"] != 0).all()
+
+
+@pytest.mark.torchrl
+def test_under_torchrl_own_writer_the_rows_after_a_refused_batch_stay_reachable(location):
+    """TorchRL's writer moves its cursor before the storage sees the data, by design: as on
+    TorchRL's own storage, the rows written after the refused batch are inside ``len``."""
+    ours = zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
+                                storage_options=location.options)
+    theirs = T.LazyTensorStorage(CAPACITY)
+    buffers = [T.TensorDictReplayBuffer(storage=s, writer=T.RoundRobinWriter())
+               for s in (ours, theirs)]
+    for rb in buffers:
+        rb.extend(rows(0, 400))
+        with pytest.raises(Exception):
+            rb.extend(rows(400, 200, width=5))
+        rb.extend(rows(600, 200))
+    assert len(buffers[0]) == len(buffers[1]) == 800
+    good = buffers[0][600:800]
+    assert good["act"].tolist() == list(range(601, 801))
+    ours.flush()
+    again = zstore.open(ours.scratch_dir, location.options, mode="r")
+    assert len(again) == 800 and again.get(799)["act"].item() == 800
