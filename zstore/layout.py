@@ -45,7 +45,7 @@ def check_format_version(block: Mapping[str, Any], where: str) -> None:
 SINGLE_TENSOR_KEY = "_-single-tensor-_"
 #: Largest number of elements zstore accepts for one buffer leaf (guards absurd metadata).
 MAX_ELEMENTS = 1 << 48
-_RESERVED = {"zarr.json", ".zarray", ".zgroup", ".zattrs", "c"}
+_RESERVED = {"zarr.json", ".zarray", ".zgroup", ".zattrs"}
 
 
 #: Chunk-key separators of Zarr v3's default encoding that zstore reads and writes: "/"

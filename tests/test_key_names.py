@@ -1,0 +1,78 @@
+"""Any key TorchRL stores is stored: a key part named ``"c"`` (Zarr v3's chunk-key prefix) too.
+
+Under Zarr v3's default encoding an array's chunks live at ``<array>/c/...`` and a
+group's children at ``<group>/<name>``: a child named ``c`` of a group never meets a
+chunk key, so zstore refused such keys for nothing (42 of TorchRL's own tests used
+``("b", "c")`` or ``("td", "c")``). The reference is the TensorDict written.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import checkpoint
+import zstore
+
+KEYS = [("c",), ("b", "c"), ("td", "c", "c"), ("next", "c")]
+
+
+def data(n: int = 12) -> TensorDict:
+    td = TensorDict(batch_size=[n])
+    for i, key in enumerate(KEYS):
+        td[key] = torch.arange(n * 3, dtype=torch.float32).reshape(n, 3) + 100 * i
+    return td
+
+
+def assert_same(got: TensorDict, want: TensorDict) -> None:
+    def keys(td):
+        return {key if isinstance(key, tuple) else (key,) for key in td.keys(True, True)}
+
+    assert keys(got) == keys(want)
+    for key in KEYS:
+        assert torch.equal(got[key], want[key]), key
+
+
+@pytest.mark.parametrize("codec", [None, "zstd"])
+def test_keys_named_c_round_trip_through_a_buffer_and_a_reopen(location, codec):
+    want = data()
+    url = location.new()
+    storage = zstore.LazyMemmapStorage(20, scratch_dir=url, storage_options=location.options,
+                                       codec=codec, chunks=5)
+    storage.set(torch.arange(12), want)
+    assert_same(storage.get(torch.arange(12)), want)
+    storage.flush()
+    assert_same(zstore.open(url, location.options, mode="r")[:], want)
+
+
+def test_keys_named_c_in_a_compressed_list_storage(location):
+    want = data(6)
+    url = location.new()
+    storage = zstore.CompressedListStorage(10, scratch_dir=url, storage_options=location.options)
+    storage.set(list(range(6)), want)
+    storage.flush()
+    again = zstore.open(url, location.options, mode="r")
+    assert_same(zstore.stack_items(again.get(list(range(6)))), want)
+
+
+@pytest.mark.parametrize("name", ["TensorStorageCheckpointer", "FlatStorageCheckpointer",
+                                  "NestedStorageCheckpointer", "H5StorageCheckpointer"])
+def test_keys_named_c_through_every_tensor_checkpointer(name, tmp_path):
+    want = data()
+    source = zstore.LazyTensorStorage(20)
+    source.checkpointer = getattr(checkpoint, name)()
+    source.set(torch.arange(12), want)
+    source.dumps(tmp_path / "ckpt")
+    target = zstore.LazyTensorStorage(20)
+    target.checkpointer = getattr(checkpoint, name)()
+    target.loads(tmp_path / "ckpt")
+    assert len(target) == 12
+    assert_same(target.get(torch.arange(12)), want)
+
+
+def test_key_parts_that_would_escape_the_group_are_still_refused(tmp_path):
+    storage = zstore.LazyMemmapStorage(4, scratch_dir=str(tmp_path / "rb"))
+    for bad in ("zarr.json", "..", "a/b"):
+        with pytest.raises(zstore.errors.InvalidKeyError, match="cannot be stored"):
+            storage.set(torch.arange(2), TensorDict({bad: torch.ones(2)}, batch_size=[2]))
