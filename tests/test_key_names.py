@@ -76,3 +76,47 @@ def test_key_parts_that_would_escape_the_group_are_still_refused(tmp_path):
     for bad in ("zarr.json", "..", "a/b"):
         with pytest.raises(zstore.errors.InvalidKeyError, match="cannot be stored"):
             storage.set(torch.arange(2), TensorDict({bad: torch.ones(2)}, batch_size=[2]))
+
+
+def pytree(n: int = 8):
+    """A TorchRL-style pytree: int keys, a nested mix of dicts, tuples and lists."""
+    base = torch.arange(n, dtype=torch.float32)
+    return {30: base.clone(), "30": base + 1, 0: (base + 2, [base + 3, {1.5: base + 4}]),
+            "a": {None: base + 5, True: base + 6}}
+
+
+def assert_same_tree(got, want) -> None:
+    import torch.utils._pytree as tree
+
+    got_flat, got_spec = tree.tree_flatten(got)
+    want_flat, want_spec = tree.tree_flatten(want)
+    assert got_spec == want_spec
+    assert all(torch.equal(g, w) for g, w in zip(got_flat, want_flat))
+
+
+@pytest.mark.parametrize("codec", [None, "zstd"])
+def test_pytree_with_non_string_keys_round_trips_through_a_reopen(location, codec):
+    want = pytree()
+    url = location.new()
+    storage = zstore.LazyMemmapStorage(10, scratch_dir=url, storage_options=location.options,
+                                       codec=codec)
+    storage.set(torch.arange(8), want)
+    assert_same_tree(storage.get(torch.arange(8)), want)
+    storage.flush()
+    again = zstore.open(url, location.options, mode="r")
+    assert_same_tree(again.get(torch.arange(8)), want)
+    assert_same_tree(again.get(3), {k: v for k, v in _index(want, 3).items()})
+
+
+def _index(tree_value, i):
+    import torch.utils._pytree as tree
+
+    return tree.tree_map(lambda x: x[i], tree_value)
+
+
+def test_pytree_keys_that_cannot_be_given_back_exactly_are_refused(tmp_path):
+    storage = zstore.LazyMemmapStorage(4, scratch_dir=str(tmp_path / "rb"))
+    with pytest.raises(zstore.errors.InvalidKeyError, match=r"\(1, 2\).*tuple"):
+        storage.set(torch.arange(2), {(1, 2): torch.ones(2)})
+    with pytest.raises(zstore.errors.InvalidKeyError, match="same column twice"):
+        storage.set(torch.arange(2), {3: torch.ones(2), "<int>3": torch.ones(2)})

@@ -71,6 +71,25 @@ def key_separator(array_meta: Mapping[str, Any]) -> str | None:
     return separator
 
 
+#: Zarr ``dimension_names`` of a buffer's row dim and lane dims (``ndim > 1``).
+ROW_DIM, LANE_DIM = "row", "env"
+
+
+def dimension_names(path: str, ndim: int, lead: int = 0, prefix: str = "") -> list[str]:
+    """The Zarr v3 ``dimension_names`` of the ``ndim``-D array at ``path``.
+
+    Its first ``lead`` dims index rows then lanes: ``row``, then ``env`` (``env_0``,
+    ``env_1`` ... for several lane dims), shared by every array aligned on them (xarray
+    aligns on names); ``prefix`` sets apart rows that do not align (``episode_row``). Each
+    other dim is the array's own, ``<path>_0``, ``<path>_1`` ... (``/`` written ``.``), so
+    feature dims of different lengths never share a name.
+    """
+    lanes = max(0, lead - 1)
+    shared = [ROW_DIM, *([LANE_DIM] if lanes == 1 else [f"{LANE_DIM}_{i}" for i in range(lanes)])]
+    own = path.replace("/", ".")
+    return [f"{prefix}{name}" for name in shared[:lead]] + [f"{own}_{i}" for i in range(ndim - lead)]
+
+
 def key_to_path(key: str | tuple[str, ...]) -> str:
     """Map a (nested) key to its Zarr path, refusing keys that would escape the group."""
     parts = (key,) if isinstance(key, str) else tuple(key)
@@ -204,6 +223,11 @@ class Schema:
         leaves = tuple(Leaf(_keypath(path), v.dtype, tuple(v.shape)) for path, v in flat)
         for leaf in leaves:
             key_to_path(leaf.key)
+        paths = [leaf.path for leaf in leaves]
+        if len(set(paths)) != len(paths):
+            twice = sorted({p for p in paths if paths.count(p) > 1})
+            raise InvalidKeyError(f"pytree keys {twice} name the same column twice (a string "
+                                  "key spelled like a tagged one, e.g. '<int>3' beside 3)")
         return cls(leaves, "pytree", tuple(flat[0][1].shape[:lanes]),
                    treespec=pytree.treespec_dumps(spec))
 
@@ -350,13 +374,29 @@ def _flat_leaves(td: TensorDictBase) -> dict[str, Any]:
     return out
 
 
+#: Dict keys a pytree's JSON spec records exactly (a tuple key would come back a list).
+_NON_STR_KEYS = (bool, int, float, type(None))
+
+
+def _non_str_part(key: Any) -> str:
+    """The path part of a pytree dict key that is not a string: ``<int>30``, ``<float>1.5``.
+
+    The treespec stored with the schema gives back the key itself; the part only names
+    the column, tagged with the type so that ``30`` and ``"30"`` get different columns.
+    """
+    if type(key) not in _NON_STR_KEYS:
+        raise InvalidKeyError(
+            f"pytree dict key {key!r} ({type(key).__name__}) cannot be stored: keys must be "
+            "str, int, float, bool or None (what the stored JSON tree spec gives back "
+            "exactly); use a TensorDict, or convert the key")
+    return f"<{type(key).__name__}>{key!r}"
+
+
 def _keypath(path: tuple) -> tuple[str, ...]:
     parts = []
     for entry in path:
         if isinstance(entry, pytree.MappingKey):
-            if not isinstance(entry.key, str):
-                raise InvalidKeyError(f"pytree dict keys must be strings, got {entry.key!r}")
-            parts.append(entry.key)
+            parts.append(entry.key if isinstance(entry.key, str) else _non_str_part(entry.key))
         elif isinstance(entry, pytree.SequenceKey):
             parts.append(str(entry.idx))
         else:
