@@ -8,7 +8,7 @@ from typing import Any
 
 from tensordict import is_tensor_collection
 
-from zstore.codecs import CodecSpec
+from zstore.codecs import CodecSpec, with_default_checksum
 from zstore.layout import Schema
 
 from ._buffer import dump_buffer, load_buffer
@@ -74,7 +74,8 @@ class _Configured(StorageCheckpointerBase):
     def __init__(self, *, codec: Any = None, chunks: int | None = None,
                  storage_options: Mapping[str, Any] | None = None, progress: bool = True) -> None:
         super().__init__()
-        self.codec = CodecSpec.parse(codec)
+        # raw checkpoint chunks are written as plain bytes (no codec runs): no checksum
+        self.codec = with_default_checksum(CodecSpec.parse(codec), remote=False)
         self.chunks = chunks
         self.storage_options = dict(storage_options or {})
         self.progress = progress

@@ -37,7 +37,7 @@ def test_demo_local(capsys):
 def test_demo_wraps_around_with_zstd_and_keeps_url(capsys, tmp_path):
     url = tmp_path / "rb"
     out = _demo(capsys, "--capacity", "1500", "--codec", "zstd", "--url", str(url))
-    assert "codec zstd:1, capacity 1,500" in out
+    assert "codec zstd:1+crc32c, capacity 1,500" in out
     assert "len 1,500, cursor 499  ok" in out
     assert f"kept at {url}" in out
     assert (url / "zarr.json").exists()

@@ -193,7 +193,7 @@ def test_per_key_codec_in_zarr_metadata(tmp_path):
     storage.flush()
     group = zarr.open_group(f"{url}/items-1", mode="r")
     names = lambda key: [c.to_dict()["name"] for c in group[key].metadata.codecs]  # noqa: E731
-    assert names("obs") == ["bytes", "zstd"]
+    assert names("obs") == ["bytes", "zstd", "crc32c"]  # compressed: checksummed by default
     assert names("next/reward") == ["bytes"]
     assert group.attrs["zstore"]["codecs"] == {"next/reward": {"name": None, "level": None,
                                                                "checksum": False}}

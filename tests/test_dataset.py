@@ -280,7 +280,7 @@ def test_convert_keeps_ring_order_and_seals_the_copy(tmp_path):
     assert (a[:] == b[:]).all() and (a.episodes == b.episodes).all()
     assert _as_rows(b.episodes) == [{**m, "start": (m["start"] + 50) % 100}
                                     for m in _model_episodes(td[50:])]
-    assert str(copy.codec) == "lz4:5" and b._meta.layout["obs"] == (8, None)
+    assert str(copy.codec) == "lz4:5+crc32c" and b._meta.layout["obs"] == (8, None)
 
 
 @settings(max_examples=40, deadline=None)

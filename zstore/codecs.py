@@ -3,17 +3,24 @@
 A preset is chosen by name — ``None`` (raw bytes), ``"zstd"``, ``"lz4"``,
 ``"blosc-zstd"`` — optionally with a level (``"zstd:3"``). Every preset is
 expressed as standard Zarr v3 codecs (``zstd``, ``blosc``), so any Zarr reader
-decodes the data. ``checksum=True`` adds the standard ``crc32c`` codec.
+decodes the data. A checksum is the standard ``crc32c`` codec: compressed chunks
+carry one by default, raw chunks on remote stores too (:func:`with_default_checksum`);
+``"+nocrc"`` opts out, ``"+crc32c"`` opts in.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
+if TYPE_CHECKING:
+    from .store import StoreSpec
+
 _DEFAULT_LEVELS = {"zstd": 1, "lz4": 5, "blosc-zstd": 3}
+#: Preset-name suffixes and the checksum they choose.
+_SUFFIXES = {"+crc32c": True, "+nocrc": False}
 
 #: Target size of one chunk of the widest column (bytes).
 TARGET_CHUNK_BYTES = 1 << 20
@@ -23,35 +30,53 @@ TARGET_SHARD_BYTES = 32 << 20
 
 @dataclasses.dataclass(frozen=True)
 class CodecSpec:
-    """A named compression preset: ``CodecSpec.parse("zstd:3")``; ``"+crc32c"`` adds a checksum.
+    """A named compression preset: ``CodecSpec.parse("zstd:3")``.
 
-    >>> str(CodecSpec.parse("zstd:3+crc32c"))
-    'zstd:3+crc32c'
+    ``checksum``: whether chunks carry a crc32c. Compressed presets default to
+    ``True``; ``"+nocrc"`` turns it off (``"+crc32c"`` on). A raw preset leaves it
+    ``None`` unless given — the store decides (:func:`with_default_checksum`).
+
+    >>> str(CodecSpec.parse("zstd:3")), str(CodecSpec.parse("zstd:3+nocrc"))
+    ('zstd:3+crc32c', 'zstd:3+nocrc')
     """
 
     name: str | None = None
     level: int | None = None
-    checksum: bool = False
+    checksum: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.checksum is None and self.name is not None:
+            object.__setattr__(self, "checksum", True)
 
     @classmethod
-    def parse(cls, value: "str | None | CodecSpec | dict[str, Any]",
-              checksum: bool = False) -> "CodecSpec":
-        """Accept a preset name (``"zstd"``, ``"zstd:5"``, ``None``), a spec, or its JSON."""
+    def parse(cls, value: "str | None | CodecSpec | dict[str, Any]") -> "CodecSpec":
+        """Accept a preset name (``"zstd"``, ``"zstd:5+nocrc"``, ``None``), a spec, or its JSON.
+
+        The JSON form is taken as written (an old store's ``"checksum": false`` stays
+        off); a missing ``checksum`` means none, ``null`` an undecided raw preset.
+        """
         if isinstance(value, CodecSpec):
             return value
         if isinstance(value, dict):
-            return cls(value.get("name"), value.get("level"), bool(value.get("checksum", False)))
-        if value is None or value in ("none", "raw"):
-            return cls(None, None, checksum)
+            stored = value.get("checksum", False)
+            return cls(value.get("name"), value.get("level"), None if stored is None else bool(stored))
+        if value is None:
+            return cls()
         if not isinstance(value, str):
             raise ValueError(f"codec must be a preset name or None, got {value!r}")
-        if value.endswith("+crc32c"):
-            return cls.parse(value[: -len("+crc32c")], checksum=True)
-        name, _, level = value.partition(":")
+        text, checksum = value, None
+        for suffix, flag in _SUFFIXES.items():
+            if text.endswith(suffix):
+                text, checksum = text[: -len(suffix)], flag
+                break
+        if text in ("none", "raw"):
+            return cls(None, None, checksum)
+        name, _, level = text.partition(":")
         if name not in _DEFAULT_LEVELS:
             raise ValueError(
                 f"unknown codec preset {value!r}; choose one of "
-                f"{[None, *sorted(_DEFAULT_LEVELS)]} (optionally with ':level')"
+                f"{[None, *sorted(_DEFAULT_LEVELS)]}, optionally with ':level' and "
+                f"'+crc32c' or '+nocrc' (no checksum)"
             )
         try:
             lvl = int(level) if level else _DEFAULT_LEVELS[name]
@@ -85,29 +110,49 @@ class CodecSpec:
 
     def __str__(self) -> str:
         text = "raw" if self.name is None else f"{self.name}:{self.level}"
-        return text + ("+crc32c" if self.checksum else "")
+        return text + {True: "+crc32c", False: "+nocrc", None: ""}[self.checksum]
 
 
-def parse_codecs(value: Any) -> "tuple[CodecSpec, dict[str, CodecSpec]]":
+def with_default_checksum(spec: CodecSpec, *, remote: bool) -> CodecSpec:
+    """``spec`` with an undecided checksum settled: crc32c on remote stores, none elsewhere.
+
+    Only raw presets are undecided (compressed ones default to a checksum); local raw
+    buffers stay plain bytes so they can be memory-mapped.
+    """
+    if spec.checksum is not None:
+        return spec
+    return dataclasses.replace(spec, checksum=remote)
+
+
+def is_remote(store: StoreSpec) -> bool:
+    """Whether ``store`` is remote: neither a local directory nor ``memory://``."""
+    return not store.is_local and store.protocol != "memory"
+
+
+def parse_codecs(value: Any, *, remote: bool) -> "tuple[CodecSpec, dict[str, CodecSpec]]":
     """A storage's ``codec`` argument as (default preset, ``{key path: preset}`` overrides).
 
     ``value`` is a preset (``"zstd:3"``, ``None`` ...) or a mapping
     ``{key path or tuple key: preset, "default": preset}`` (``"default"`` falls back
-    to raw); overrides equal to the default are dropped.
+    to raw); overrides equal to the default are dropped. Every preset's checksum is
+    settled for a ``remote`` store or not (:func:`with_default_checksum`).
 
-    >>> default, per_key = parse_codecs({"default": "zstd", "next/reward": None})
+    >>> default, per_key = parse_codecs({"default": "zstd", "next/reward": None}, remote=True)
     >>> str(default), {k: str(v) for k, v in per_key.items()}
-    ('zstd:1', {'next/reward': 'raw'})
+    ('zstd:1+crc32c', {'next/reward': 'raw+crc32c'})
     """
+    def settle(preset: Any) -> CodecSpec:
+        return with_default_checksum(CodecSpec.parse(preset), remote=remote)
+
     if not isinstance(value, Mapping):
-        return CodecSpec.parse(value), {}
-    default = CodecSpec.parse(value.get("default"))
+        return settle(value), {}
+    default = settle(value.get("default"))
     overrides = {}
     for key, preset in value.items():
         if key == "default":
             continue
         path = key if isinstance(key, str) else "/".join(key)
-        spec = CodecSpec.parse(preset)
+        spec = settle(preset)
         if spec != default:
             overrides[path] = spec
     return default, overrides

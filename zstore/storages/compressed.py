@@ -40,7 +40,7 @@ from tensordict._td import _StringOnlyDict
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats
-from ..codecs import CodecSpec, parse_codecs
+from ..codecs import CodecSpec, is_remote, parse_codecs
 from ..display import KeyRow, Summary, dtype_name
 from ..dtypes import torch_dtype_from_name, torch_dtype_name
 from ..errors import (CorruptChunkError, MissingKeyError, NotAZStoreError, SchemaError,
@@ -330,7 +330,7 @@ class CompressedListStorage(CompressionRatio, ListStorage):
             codec = preset
         elif isinstance(codec, Mapping) and "default" not in codec:
             codec = {"default": preset, **codec}
-        self.default_codec, self.key_codecs = parse_codecs(codec)
+        self.default_codec, self.key_codecs = parse_codecs(codec, remote=is_remote(spec))
         self.spec = spec
         self.scratch_dir = spec.url
         self.chunks = chunks

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import math
 import os
+import threading
 from concurrent.futures import Future
 import tempfile
 import time
@@ -23,8 +25,9 @@ import numpy as np
 import torch
 from tensordict import is_tensor_collection, is_tensorclass
 
+from .. import autocommit
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats, cache_tier
-from ..codecs import choose_layout, parse_codecs
+from ..codecs import choose_layout, is_remote, parse_codecs
 from ..errors import MissingKeyError, ReadOnlyError, SchemaError, StoreExistsError
 from ..display import KeyRow, Summary, dtype_name
 from ..group import commit, create_group, existing_meta, open_group
@@ -150,8 +153,11 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         storage_options: fsspec options (``endpoint_url``, ``key``, ``secret`` ...).
         codec: compression preset (``None``, ``"zstd"``, ``"lz4"``, ``"blosc-zstd"``), or a
             mapping ``{key path: preset, "default": preset}`` overriding it per key
-            (e.g. ``{"default": "zstd", "next/reward": None}``). Only all-raw local
-            buffers are memory-mapped.
+            (e.g. ``{"default": "zstd", "next/reward": None}``). Compressed chunks
+            carry a crc32c checksum (a corrupt one raises
+            :class:`~zstore.CorruptChunkError`), and so do raw chunks on remote
+            stores; ``"+nocrc"`` (``"zstd+nocrc"``, ``"raw+nocrc"``) stores none. Only
+            all-raw local buffers are memory-mapped.
         chunks: rows per chunk, for every key or as ``{key path: rows}`` (default:
             one chunk for local raw buffers, so they are memory-mapped; else
             about 1 MiB of each key).
@@ -160,10 +166,12 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         cache_bytes: byte budget of the hot-chunk cache.
         cache: cache tier, ``"host"``, ``"pinned"`` or ``"cuda"``.
         read_only: refuse every write.
-        autocommit_seconds: a write commits everything written so far when the
-            last commit is older than this; ``flush()`` and ``close()`` (also at
-            interpreter exit) commit too. A killed writer loses at most the rows
-            written since the last commit.
+        autocommit_seconds: rows are committed at most this long after they were
+            written, whether or not another write comes (a background thread
+            commits an idle buffer; see :mod:`zstore.autocommit`). ``flush()`` and
+            ``close()`` commit at once, and so do interpreter exit and SIGTERM. A
+            killed writer loses at most the rows of its last ``autocommit_seconds``;
+            ``math.inf`` commits only on those calls.
         lease_ttl: seconds the single-writer lease stays valid without renewal.
             The first write takes the store's lease (a second writer gets
             :class:`~zstore.errors.LeaseError`); commits renew it, ``close()``
@@ -200,7 +208,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self.spec = StoreSpec.parse(scratch_dir, storage_options, read_only)
         self.scratch_dir = self.spec.url
         self.existsok = existsok
-        self.codec, self.key_codecs = parse_codecs(codec)
+        self.codec, self.key_codecs = parse_codecs(codec, remote=is_remote(self.spec))
         self.chunks = chunks
         self.shards = shards
         self.cache_bytes = int(cache_bytes)
@@ -217,8 +225,9 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self._meta: StoreMeta | None = None
         self._pid = os.getpid()
         self._uncommitted = False
+        self._dirty_since = 0.0  # time.monotonic() of the oldest uncommitted write
+        self._commit_lock = threading.RLock()  # a write, or a commit, at a time
         self._committed = (0, -1)  # (length, last cursor) as last committed or opened
-        self._last_commit = time.monotonic()
         self._cleaned = False
         self._finalizer = weakref.finalize(self, _collect_store, self.spec) if self.auto_cleanup else None
         self._lease = None
@@ -377,12 +386,14 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self._attach(group, meta)
         self._fence()
 
-    def dumps(self, path: Any) -> None:
-        """Checkpoint to ``path``; onto this storage's own store it is a ``flush()`` (commit)."""
+    def dumps(self, path: Any) -> Any:
+        """Checkpoint to ``path`` and return the checkpointer's
+        :class:`checkpoint.DumpResult`; onto this storage's own store it is a ``flush()``
+        (a commit, not a checkpoint: returns ``None``)."""
         if StoreSpec.parse(path, self.spec.storage_options).url == self.spec.url:
             self.flush()
-            return
-        super().dumps(path)
+            return None
+        return super().dumps(path)
 
     save = dump = dumps
 
@@ -445,7 +456,15 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         if self._last_cursor_value < -1 or (self._last_cursor_value == -1 and _is_negative(cursor)):
             self._last_cursor_value %= self._meta.rows  # a negative index counts from the end
 
+    def get(self, index: Any) -> Any:
+        with self._commit_lock:  # a background commit and a read do not share the table
+            return super().get(index)
+
     def _write(self, cursor: Any, data: Any) -> None:
+        with self._commit_lock:
+            self._write_locked(cursor, data)
+
+    def _write_locked(self, cursor: Any, data: Any) -> None:
         self.spec.require_writable("write")
         self._hold_lease()
         table = self.table
@@ -458,7 +477,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
                 raise IndexError(f"index {row} is out of bounds for dimension 0 with size "
                                  f"{self._meta.rows}")
             table.write_row(row % self._meta.rows, self._schema.columns(data, 0))
-            self._uncommitted = True
+            self._mark_dirty()
             return
         if not isinstance(cursor, (slice, range)):
             probe = cursor if isinstance(cursor, torch.Tensor) else torch.as_tensor(cursor)
@@ -476,7 +495,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
             raise SchemaError(f"{len(rows)} rows addressed but data holds "
                               f"{next(iter(columns.values())).shape[0]}")
         table.write(rows, columns)
-        self._uncommitted = True
+        self._mark_dirty()
 
     def _write_cells(self, cursor: tuple, data: Any) -> None:
         first = cursor[0]
@@ -491,13 +510,47 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         if self.spec.read_only:
             raise ReadOnlyError(f"cannot write: {self.spec.redacted()} is opened read-only")
-        super().set(cursor, data, set_cursor=set_cursor)
-        if time.monotonic() - self._last_commit > self.autocommit_seconds:
-            self.flush()
+        with self._commit_lock:
+            super().set(cursor, data, set_cursor=set_cursor)
+            if self._uncommitted and \
+                    time.monotonic() - self._dirty_since >= self.autocommit_seconds:
+                self.flush()
+
+    def _mark_dirty(self) -> None:
+        """Record an uncommitted write; the first one since a commit starts the clock of
+        the background commit (:mod:`zstore.autocommit`)."""
+        if self._uncommitted:
+            return
+        self._uncommitted = True
+        self._dirty_since = time.monotonic()
+        if math.isfinite(self.autocommit_seconds):
+            autocommit.schedule(self)
+        autocommit.commit_on_sigterm()
+
+    def _commit_due_at(self) -> float | None:
+        """When the oldest uncommitted write is due for its commit (``None``: nothing is)."""
+        if not self._uncommitted or self._table is None:
+            return None
+        return self._dirty_since + self.autocommit_seconds
+
+    def _commit_if_idle(self) -> bool:
+        """The background commit: flush unless a write holds the storage (then ``False``)."""
+        if not self._commit_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._uncommitted and self._table is not None:
+                self.flush()
+            return True
+        finally:
+            self._commit_lock.release()
 
     # -- commit ---------------------------------------------------------------------------
     def flush(self) -> None:
         """Store every written row, then commit the length and cursor (one metadata write)."""
+        with self._commit_lock:
+            self._flush()
+
+    def _flush(self) -> None:
         if not self.initialized or self.spec.read_only or self._table is None \
                 or self._meta.read_only:
             return
@@ -513,7 +566,6 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         commit(self._group, meta, self._lease, self.spec.redacted())
         self._committed = (meta.length, meta.last_cursor)
         self._uncommitted = False
-        self._last_commit = time.monotonic()
 
     def seal(self) -> int:
         """Publish this buffer as a read-only dataset; returns its number of episodes.

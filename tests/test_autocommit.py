@@ -1,0 +1,172 @@
+"""Durability does not wait for the next write: an idle buffer is committed in the background,
+and SIGTERM commits before the process ends.
+
+The reference is the list of rows written; the store is read back by a fresh
+``zstore.open`` (what another process or a restarted job sees).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import zstore
+from zstore import autocommit
+
+ROWS, BURSTS = 200, 5
+WINDOW = 3.0  # seconds: far longer than the burst takes, so no write of it commits it
+
+
+def burst(i: int) -> TensorDict:
+    serial = torch.arange(i * ROWS, (i + 1) * ROWS)
+    return TensorDict(obs=serial[:, None].float().expand(ROWS, 3).clone(), step=serial,
+                      batch_size=[ROWS])
+
+
+def committed_len(url: str, options: dict) -> int:
+    try:
+        return len(zstore.open(url, options, mode="r"))
+    except zstore.errors.StoreNotFoundError:
+        return 0
+
+
+def wait_until(condition, timeout: float) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` seconds pass (the deadline is generous:
+    the test asserts that the commit comes without another write, not how fast)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def assert_rows(url: str, options: dict, n: int) -> None:
+    again = zstore.open(url, options, mode="r")
+    assert len(again) == n
+    assert again.get(torch.arange(n))["step"].tolist() == list(range(n))
+
+
+def test_a_buffer_left_idle_after_a_burst_is_committed_without_another_write(location):
+    url = location.new()
+    storage = zstore.LazyMemmapStorage(10_000, scratch_dir=url, storage_options=location.options,
+                                       autocommit_seconds=WINDOW)
+    writer = zstore.RoundRobinWriter()
+    writer.register_storage(storage)
+    for i in range(BURSTS):
+        writer.extend(burst(i))
+    assert wait_until(lambda: committed_len(url, location.options) == ROWS * BURSTS, 120)
+    assert not storage._uncommitted
+    assert_rows(url, location.options, ROWS * BURSTS)
+    writer.extend(burst(BURSTS))  # writing goes on after a background commit
+    storage.flush()
+    assert_rows(url, location.options, ROWS * (BURSTS + 1))
+
+
+def test_no_background_commit_with_an_infinite_window(location):
+    storage = zstore.LazyMemmapStorage(100, scratch_dir=location.new(),
+                                       storage_options=location.options,
+                                       autocommit_seconds=math.inf)
+    storage.set(torch.arange(ROWS // 2), burst(0)[: ROWS // 2])
+    assert storage._uncommitted and storage not in autocommit._pending
+
+
+def test_the_background_commit_skips_a_storage_that_is_being_written(location):
+    storage = zstore.LazyMemmapStorage(1000, scratch_dir=location.new(),
+                                       storage_options=location.options, autocommit_seconds=60)
+    storage.set(torch.arange(10), burst(0)[:10])
+    holding, release = threading.Event(), threading.Event()
+
+    def write_in_progress():  # holds what a write holds, on the writer's thread
+        with storage._commit_lock:
+            holding.set()
+            release.wait(timeout=120)
+
+    writer = threading.Thread(target=write_in_progress)
+    writer.start()
+    try:
+        assert holding.wait(timeout=120)
+        assert storage._commit_if_idle() is False and storage._uncommitted
+    finally:
+        release.set()
+        writer.join(timeout=120)
+    assert storage._commit_if_idle() is True and not storage._uncommitted
+
+
+WRITER = textwrap.dedent("""
+    import math, sys, torch, zstore
+    from tensordict import TensorDict
+    url, window = sys.argv[1], float(sys.argv[2])
+    options = {k: v for k, v in zip(sys.argv[3::2], sys.argv[4::2])}
+    storage = zstore.LazyMemmapStorage(10_000, scratch_dir=url, storage_options=options,
+                                       autocommit_seconds=window)
+    writer = zstore.RoundRobinWriter()
+    writer.register_storage(storage)
+    for i in range(%(bursts)d):
+        serial = torch.arange(i * %(rows)d, (i + 1) * %(rows)d)
+        writer.extend(TensorDict(obs=serial[:, None].float().expand(%(rows)d, 3).clone(),
+                                 step=serial, batch_size=[%(rows)d]))
+    print("written", flush=True)
+    sys.stdin.read()  # idle, as an actor between calls, until killed
+""") % {"bursts": BURSTS, "rows": ROWS}
+
+
+def start_writer(url: str, options: dict, window: float) -> subprocess.Popen:
+    args = [sys.executable, "-c", WRITER, url, str(window)]
+    for key in ("endpoint_url", "key", "secret"):
+        if key in options:
+            args += [key, options[key]]
+    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert proc.stdout.readline().strip() == "written", proc.communicate(timeout=60)
+    return proc
+
+
+@pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
+def test_a_writer_killed_while_idle_keeps_what_it_wrote(location):
+    """The measured failure: five extends, then the process is killed; a reopen had 0 rows."""
+    url = location.new()
+    proc = start_writer(url, location.options, window=WINDOW)
+    try:
+        assert wait_until(lambda: committed_len(url, location.options) == ROWS * BURSTS, 120)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert_rows(url, location.options, ROWS * BURSTS)
+
+
+@pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
+def test_sigterm_commits_before_the_process_ends(location):
+    url = location.new()
+    proc = start_writer(url, location.options, window=math.inf)  # only SIGTERM can commit
+    assert committed_len(url, location.options) == 0
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert_rows(url, location.options, ROWS * BURSTS)
+
+
+def test_sigterm_handler_leaves_a_program_handler_alone():
+    code = textwrap.dedent("""
+        import signal
+        from zstore import autocommit
+        mine = lambda *a: None
+        signal.signal(signal.SIGTERM, mine)
+        assert autocommit.commit_on_sigterm() is False
+        assert signal.getsignal(signal.SIGTERM) is mine
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.stdout.strip() == "ok", done.stderr
