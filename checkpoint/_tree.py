@@ -23,7 +23,7 @@ from zarr.core.sync import sync
 
 from zstore.codecs import TARGET_CHUNK_BYTES, CodecSpec
 from zstore.dtypes import storage_numpy_dtype, torch_dtype_from_name, torch_dtype_name
-from zstore.layout import key_to_path
+from zstore.layout import dimension_names, key_to_path
 from zstore.store import StoreSpec
 
 from ._buffer import as_numpy, as_torch
@@ -73,6 +73,7 @@ def write_tree(spec: StoreSpec, td: TensorDictBase, codec: CodecSpec, progress: 
             path, shape=shape, dtype=np_dtype, chunks=chunks if shape else "auto",
             compressors=codec.compressors(np_dtype.itemsize),
             fill_value=np.zeros((), dtype=np_dtype).item(),
+            dimension_names=dimension_names(path, len(shape)),
             attributes={"zstore": {"torch_dtype": torch_dtype_name(value.dtype)}})
         jobs.append((path, array._async_array, as_numpy(value, value.dtype)))
     total = sum(job[2].nbytes for job in jobs)

@@ -3,6 +3,8 @@ every torch dtype round-trips bit for bit through every codec."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -142,3 +144,152 @@ def test_ndim2_layout_is_time_major(tmp_path):
     assert group.attrs["__tensordict__"]["batch_size"] == [2, 4]
     assert np.array_equal(group["obs"][:], data["obs"].numpy())
     assert torch.equal(TensorDict.from_zarr(url)["obs"], data["obs"])
+
+
+def _xarray(url: str, options: dict, **kw):
+    """The group at ``url`` as an xarray Dataset (``group=`` opens a sub-group)."""
+    xr = pytest.importorskip("xarray")
+    return xr.open_zarr(url, storage_options=options or None, **kw)
+
+
+def _xarray_tree(url: str, options: dict, **kw):
+    xr = pytest.importorskip("xarray")
+    return xr.open_datatree(url, engine="zarr", storage_options=options or None, **kw)
+
+
+def _assert_xarray_rows(ds, data: TensorDict, prefix: tuple[str, ...] = ()) -> None:
+    """Every leaf of ``data`` under ``prefix`` is a variable of ``ds`` holding its rows."""
+    node = data.get(prefix) if prefix else data
+    names = {key for key, value in node.items() if isinstance(value, torch.Tensor)}
+    assert names and names <= set(ds.data_vars)
+    for name in names:
+        expected = node[name]
+        got = _as_torch(ds[name].values[: len(expected)], expected)
+        assert torch.equal(bits(got), bits(expected)), (prefix, name)
+
+
+def test_xarray_reads_the_buffer_and_its_sub_groups(location):
+    url = location.new()
+    data = _written_buffer(url, location.options, "zstd")
+    root = _xarray(url, location.options, consolidated=False)
+    assert root.sizes["row"] == 10 and root["obs"].dims == ("row", "obs_0")
+    _assert_xarray_rows(root, data)
+    nested = _xarray(url, location.options, consolidated=False, group="next")
+    assert nested["reward"].dims == ("row", "next.reward_0")
+    _assert_xarray_rows(nested, data, ("next",))
+    tree = _xarray_tree(url, location.options, consolidated=False)
+    _assert_xarray_rows(tree["next"].to_dataset(), data, ("next",))
+
+
+def test_xarray_reads_an_ndim2_buffer(location):
+    url = location.new()
+    storage = LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options, ndim=2)
+    data = TensorDict(obs=torch.arange(3 * 4 * 2.0).view(3, 4, 2),
+                      reward=torch.randn(3, 4), batch_size=[3, 4])
+    storage.set(torch.arange(3), data)
+    storage.flush()
+    ds = _xarray(url, location.options, consolidated=False)
+    assert ds["obs"].dims == ("row", "env", "obs_0") and ds["reward"].dims == ("row", "env")
+    assert dict(ds.sizes) == {"row": 4, "env": 4, "obs_0": 2}
+    _assert_xarray_rows(ds, data)
+
+
+def _ted(n: int) -> TensorDict:
+    """``n`` TED steps with an episode end every 5 steps."""
+    done = (torch.arange(n) % 5 == 4).unsqueeze(-1)
+    return TensorDict({
+        "obs": torch.randn(n, 3), "action": torch.randint(0, 4, (n, 1)),
+        ("next", "obs"): torch.randn(n, 3), ("next", "reward"): torch.randn(n, 1),
+        ("next", "done"): done, ("next", "terminated"): done,
+        ("next", "truncated"): torch.zeros(n, 1, dtype=torch.bool),
+    }, batch_size=[n])
+
+
+def test_xarray_reads_a_sealed_dataset(location):
+    from zstore.dataset import open_dataset
+
+    url = location.new("ds")
+    data = _ted(20)
+    storage = LazyMemmapStorage(20, scratch_dir=url, storage_options=location.options)
+    storage.set(torch.arange(20), data)
+    assert storage.seal() == 4
+    storage.close()
+    _assert_xarray_rows(_xarray(url, location.options), data)  # consolidated metadata
+    _assert_xarray_rows(_xarray(url, location.options, group="next"), data, ("next",))
+    tree = _xarray_tree(url, location.options)
+    index = tree["__episodes__"].to_dataset()
+    assert index["start"].dims == ("episode_row",)
+    episodes = open_dataset(url, location.options).episodes
+    _assert_xarray_rows(index, episodes.select(*index.data_vars))
+
+
+def _checkpoint(location, data: TensorDict, *hooks) -> tuple[str, dict]:
+    """Dump a buffer holding ``data`` with a TensorStorageCheckpointer (save ``hooks``
+    registered); the URL of the generation written and the commit record."""
+    import checkpoint
+
+    source = LazyMemmapStorage(16, scratch_dir=location.new("lms"), storage_options=location.options)
+    source.checkpointer = checkpoint.TensorStorageCheckpointer(chunks=8)
+    for hook in hooks:
+        source.checkpointer.register_save_hook(hook)
+    source.set(torch.arange(len(data)), data)
+    dest = zstore.StoreSpec.parse(location.new("ck"), location.options)
+    source.dumps(dest)
+    record = checkpoint._dest.Destination(dest).read_commit()
+    return f"{dest.url}/{record['generation']}", record
+
+
+def test_xarray_reads_a_tensor_checkpoint(location):
+    data = _ted(12)
+    url, record = _checkpoint(location, data)
+    assert record["form"] == "buffer"
+    _assert_xarray_rows(_xarray(url, location.options, consolidated=False), data)
+    _assert_xarray_rows(_xarray(url, location.options, consolidated=False, group="next"), data,
+                        ("next",))
+
+
+def test_xarray_reads_a_flat_ted_checkpoint(location):
+    import checkpoint
+
+    data = _ted(12)
+    url, record = _checkpoint(location, data, checkpoint.TED2Flat())
+    assert record["form"] == "tree"
+    steps = _xarray_tree(url, location.options, consolidated=False)["next"].to_dataset()
+    assert steps["reward"].dims == ("next.reward_0", "next.reward_1")
+    _assert_xarray_rows(steps, data.select(("next", "reward"), ("next", "done")), ("next",))
+
+
+def _drop_dimension_names(root) -> int:
+    """Remove ``dimension_names`` from every ``zarr.json`` under ``root`` (consolidated
+    copies too), as stores written before zstore wrote them; return how many it removed."""
+    def strip(node) -> int:
+        if isinstance(node, dict):
+            return int(node.pop("dimension_names", None) is not None) \
+                + sum(strip(value) for value in node.values())
+        return sum(strip(value) for value in node) if isinstance(node, list) else 0
+
+    removed = 0
+    for path in root.rglob("zarr.json"):
+        meta = json.loads(path.read_text())
+        removed += strip(meta)
+        path.write_text(json.dumps(meta))
+    return removed
+
+
+def test_stores_without_dimension_names_still_open(tmp_path):
+    from zstore.dataset import open_dataset
+
+    buffer, sealed = tmp_path / "rb", tmp_path / "ds"
+    data, steps = _written_buffer(str(buffer), {}, "zstd"), _ted(20)
+    storage = LazyMemmapStorage(20, scratch_dir=str(sealed))
+    storage.set(torch.arange(20), steps)
+    storage.seal()
+    storage.close()
+    assert _drop_dimension_names(buffer) == 5 and _drop_dimension_names(sealed)
+    reopened = zstore.open(str(buffer))
+    reopened.set(torch.tensor([6]), data[:1])  # still writable
+    got = reopened[:7]
+    for key, expected in data.items(include_nested=True, leaves_only=True):
+        assert torch.equal(bits(got[key][:6]), bits(expected)), key
+    ds = open_dataset(str(sealed))
+    assert ds.num_episodes == 4 and torch.equal(ds[:]["next", "reward"], steps["next", "reward"])

@@ -25,12 +25,11 @@ from zarr.errors import GroupNotFoundError, NodeNotFoundError
 from zarr.storage import LocalStore, MemoryStore, StorePath
 
 from . import _faults
-from .dtypes import storage_numpy_dtype, torch_dtype_name
 from .errors import NotAZStoreError, StoreNotFoundError, ZStoreError
-from .layout import StoreMeta
 from .store import StoreSpec
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # layout and dtypes import torch: opening a group (zstore info) needs none
+    from .layout import StoreMeta
     from .lease import Lease
 
 ZSTORE_ATTR = "zstore"
@@ -44,6 +43,8 @@ def _tensordict_attrs(batch_size: list[int]) -> dict[str, Any]:
 
 def read_meta(group: zarr.Group, where: str) -> StoreMeta:
     """The validated ``zstore`` block of ``group``."""
+    from .layout import StoreMeta
+
     return StoreMeta.from_json(group.attrs.get(ZSTORE_ATTR), where)
 
 
@@ -160,6 +161,8 @@ def _create_arrays(store, meta: StoreMeta, key_separator: str) -> zarr.Group:
     interrupted creation, then all the others in one concurrent round — instead
     of zarr's existence checks and writes, node by node.
     """
+    from .dtypes import storage_numpy_dtype, torch_dtype_name
+    from .layout import dimension_names
     from .lease import METADATA_NAME
 
     lanes = list(meta.schema.lane_shape)
@@ -185,6 +188,7 @@ def _create_arrays(store, meta: StoreMeta, key_separator: str) -> zarr.Group:
             compressors=meta.codec_of(leaf.path).compressors(np_dtype.itemsize),
             fill_value=np.zeros((), dtype=np_dtype).item(),
             chunk_key_encoding={"name": "default", "separator": key_separator},
+            dimension_names=dimension_names(leaf.path, 1 + len(leaf.shape), len(root_batch)),
             attributes={ZSTORE_ATTR: {"torch_dtype": torch_dtype_name(leaf.dtype)}},
         )
 
@@ -249,6 +253,8 @@ def checked_arrays(group: zarr.Group, leaves, rows: int,
 
 def _checked_array(node, leaf, rows: int, layout: tuple[int, int | None], where: str,
                    raw: bool) -> zarr.Array:
+    from .dtypes import storage_numpy_dtype
+
     if isinstance(node, (KeyError, NodeNotFoundError, FileNotFoundError)):
         raise NotAZStoreError(f"{where}: key {leaf.path!r} is in the metadata but has no array")
     if isinstance(node, (ValueError, TypeError)):  # e.g. its zarr.json is not JSON

@@ -34,7 +34,7 @@ from tensordict import TensorDict
 
 from ..dtypes import from_numpy
 from ..group import TENSORDICT_ATTR
-from ..layout import StoreMeta
+from ..layout import StoreMeta, dimension_names
 
 #: Sub-group of the dataset group holding the episode index.
 INDEX_PATH = "__episodes__"
@@ -133,7 +133,9 @@ def write_index(group: zarr.Group, meta: StoreMeta, index: TensorDict, codec) ->
             name, shape=(*lead, *feature), dtype=values.dtype,
             chunks=(max(1, min(meta.rows, _INDEX_CHUNK // lanes)), *lead[1:], *feature),
             compressors=codec.compressors(values.dtype.itemsize),
-            fill_value=np.zeros((), dtype=values.dtype).item(), overwrite=True)
+            fill_value=np.zeros((), dtype=values.dtype).item(), overwrite=True,
+            dimension_names=dimension_names(f"{INDEX_PATH}/{name}", len(lead) + len(feature),
+                                            len(lead), prefix="episode_"))
         if used_rows:  # only the chunks holding episodes are stored
             padded = np.zeros((used_rows * lanes, *feature), dtype=values.dtype)
             padded[:n] = values
