@@ -312,6 +312,15 @@ class MmapTable(Table):
             self.cold = disk_reads() > reads_before
         return out
 
+    def views(self, rows: slice) -> dict[str, torch.Tensor]:
+        """Rows ``rows`` (a slice with a positive step) of every column as views of the maps,
+        whose in-place writes land in the chunk files; their disk blocks are allocated first
+        (:meth:`reserve`)."""
+        self._check_writable()
+        self.reserve(rows.stop)
+        return {leaf.path: from_storage(self.maps[leaf.path][rows], leaf.dtype)
+                for leaf in self.leaves}
+
     def reserve(self, end: int) -> None:
         """Allocate the chunk files' disk blocks of every row below ``end`` (and of
         :data:`RESERVE_BYTES` more of the widest column), unless already done. The

@@ -11,7 +11,9 @@ name, with zstore first in the method resolution order::
 
 so every method zstore defines is zstore's (Zarr stores at any URL, 64-bit
 counters, specific errors), and TorchRL's classes only make the ``isinstance``
-checks pass. Switching is one import line::
+checks pass. One addition: a slice of a tensor storage, which TorchRL's in-place buffer
+updates (``rb.set_at_``, ``rb.set_``, ``rb.update_``) write into, stores them
+(:class:`_WriteThrough`). Switching is one import line::
 
     from zstore.torchrl import LazyMemmapStorage   # was: from torchrl.data import ...
     rb = TensorDictReplayBuffer(storage=LazyMemmapStorage(1_000_000, scratch_dir="s3://b/rb"))
@@ -21,9 +23,14 @@ This module imports TorchRL; ``import zstore`` never imports this module.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from typing import Any
+
+import torch
+from tensordict import TensorDict, is_tensorclass
+from tensordict.utils import _unravel_key_to_tuple
 
 try:
     from torchrl.data.replay_buffers import storages as _trl
@@ -79,8 +86,105 @@ class CompressedListStorage(_z.CompressedListStorage, ListStorage, _trl.Compress
     """
 
 
+class _WriteThrough(TensorDict):
+    """The rows ``start, start + step, ...`` of a storage, as ``storage[a:b]`` returns them:
+    their in-place updates are stored.
+
+    TorchRL's ``rb.set_at_`` / ``rb.set_`` / ``rb.update_`` write into ``storage[:]``, and
+    ``rb[key] = value`` assigns a key of it. ``set_at_``, ``set_``, ``update_``,
+    ``update_at_`` and item assignment here write the rows they change back with
+    ``storage.set(rows, ..., set_cursor=False)``: it takes the lease, marks the rows for
+    commits and incremental checkpoints, and refuses a read-only store. A key assigned is
+    updated in place (a buffer's keys are fixed). TensorDicts derived from this one (an
+    index, a clone, a nested TensorDict) store nothing themselves.
+    """
+
+    _source: tuple[Any, int, int] | None = None  # (storage, start, step)
+
+    @classmethod
+    def of(cls, td: TensorDict, storage: Any, start: int, step: int) -> "_WriteThrough":
+        """``td`` (the same tensors) as the rows ``start::step`` of ``storage``."""
+        out = cls._new_unsafe(dict(td.items()), batch_size=td.batch_size, device=td.device,
+                              names=td.names if td._has_names() else None)
+        out._source = (storage, start, step)
+        return out
+
+    def set_at_(self, key: Any, value: Any, index: Any, **kwargs: Any) -> "_WriteThrough":
+        with self._stored(index):
+            return super().set_at_(key, value, index, **kwargs)
+
+    def set_(self, *args: Any, **kwargs: Any) -> "_WriteThrough":
+        with self._stored(slice(None)):
+            return super().set_(*args, **kwargs)
+
+    def update_(self, *args: Any, **kwargs: Any) -> "_WriteThrough":
+        with self._stored(slice(None)):
+            return super().update_(*args, **kwargs)
+
+    def update_at_(self, input_dict_or_td: Any, index: Any, *args: Any,
+                   **kwargs: Any) -> "_WriteThrough":
+        with self._stored(index):
+            return super().update_at_(input_dict_or_td, index, *args, **kwargs)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        key = _unravel_key_to_tuple(index) if isinstance(index, (str, tuple)) else ()
+        if not key:
+            with self._stored(index):
+                super().__setitem__(index, value)
+        elif key in self.keys(include_nested=True):
+            self.set_(key, value)
+        else:
+            raise KeyError(f"{index!r} is not a key of this buffer (its keys are fixed at its "
+                           f"first write; keys: {sorted(self.keys(True, True), key=str)})")
+
+    @contextlib.contextmanager
+    def _stored(self, index: Any):
+        """Run an in-place update at ``index``, then store the rows it wrote (once: the
+        updates it calls inside store nothing)."""
+        source, self._source = self._source, None
+        try:
+            yield
+        finally:
+            self._source = source
+        if source is not None:
+            storage, start, step = source
+            rows = _rows_written(index, self.batch_size[0])
+            if len(rows):
+                storage.set(start + step * rows, self[rows], set_cursor=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_source", None)  # a pickled copy is plain data, not the storage's rows
+        return state
+
+
+def _rows_written(index: Any, n: int) -> torch.Tensor:
+    """The rows (sorted, unique) of an ``n``-row TensorDict that a write at ``index`` reaches."""
+    first = (index[0] if index else slice(None)) if isinstance(index, tuple) else index
+    if not isinstance(first, (slice, type(Ellipsis), type(None))):
+        first = torch.as_tensor(first, device="cpu")
+        if first.dtype == torch.bool and first.ndim > 1:  # a mask over rows and lanes
+            first = first.flatten(1).any(1)
+    return torch.arange(n)[first].reshape(-1).unique()
+
+
 class TensorStorage(_z.TensorStorage, _GapFiller, _trl.TensorStorage):
-    """:class:`zstore.TensorStorage` that TorchRL's replay buffers accept."""
+    """:class:`zstore.TensorStorage` that TorchRL's replay buffers accept.
+
+    A slice of TensorDicts or tensorclasses (``storage[:]``, which TorchRL's in-place buffer
+    updates write into) stores its in-place updates: see :class:`_WriteThrough`.
+    """
+
+    def get(self, index: Any) -> Any:
+        out = super().get(index)
+        if not isinstance(index, slice):
+            return out
+        start, _, step = index.indices(self._len_along_dim0)
+        if type(out) is TensorDict:
+            return _WriteThrough.of(out, self, start, step)
+        if is_tensorclass(out) and type(out._tensordict) is TensorDict:
+            return type(out).from_tensordict(_WriteThrough.of(out._tensordict, self, start, step))
+        return out
 
 
 class LazyTensorStorage(_z.LazyTensorStorage, TensorStorage, _trl.LazyTensorStorage):

@@ -414,8 +414,22 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
     def _container_shape(self) -> tuple[int, ...]:
         return (self._meta.rows, *self._schema.lane_shape)
 
+    @property
+    def _maps_writable(self) -> bool:
+        """Whether a slice is read as views of the chunk files, as TorchRL's memmap does: a
+        writable memory-mapped buffer whose writer holds the lease (or takes none), so that
+        in-place writes into the views are this writer's. Elsewhere every read is a copy."""
+        table = self.table
+        return (isinstance(table, MmapTable) and not table.read_only
+                and (self._lease is None or (self._lease.active and self._lease.held)))
+
     def _read(self, index: Any) -> Any:
         n = self._len_along_dim0
+        if isinstance(index, slice) and self._maps_writable:
+            start, stop, step = index.indices(n)
+            if step > 0:
+                return self._build(self.table.views(slice(start, stop, step)),
+                                   (len(range(start, stop, step)),), self._schema.lane_shape)
         if isinstance(index, torch.Tensor) and index.dtype == torch.bool and index.ndim > 1:
             index = index.nonzero(as_tuple=True)  # a [rows, *lanes] mask selects cells
         if isinstance(index, tuple):

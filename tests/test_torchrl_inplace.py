@@ -1,0 +1,191 @@
+"""TorchRL's in-place buffer updates over zstore.torchrl storages are stored, never lost.
+
+TorchRL's ``rb.set_at_``, ``rb.set_`` and ``rb.update_`` write into ``storage[:]``, and
+``rb[key] = value`` assigns a key of it. Each test applies the same updates to a TorchRL
+buffer over a zstore.torchrl storage and to a plain TensorDict (the reference model: what
+TorchRL's own buffer holds after the same extend), then compares them: read back through
+the buffer and the storage, after ``flush()`` and a reopen (persistent stores, on
+memory://, a local directory and S3 on loopback, raw and compressed), after an incremental
+checkpoint (in-RAM stores). A read-only store refuses every such update.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict, tensorclass
+
+import zstore
+from zstore import ReadOnlyError
+
+pytestmark = pytest.mark.torchrl
+T = pytest.importorskip("torchrl.data")
+zt = pytest.importorskip("zstore.torchrl")
+
+CAPACITY, FILLED = 128, 100
+
+
+def rows(n: int, lanes: tuple[int, ...] = ()) -> TensorDict:
+    """``n`` rows (of ``lanes`` cells each) of every dtype kind, nested keys included."""
+    shape = (n, *lanes)
+    step = torch.arange(n * int(np.prod(lanes))).reshape(shape)
+    return TensorDict({"obs": step.unsqueeze(-1).float().expand(*shape, 3).clone(),
+                       "action": step % 5,
+                       ("next", "reward"): step.unsqueeze(-1).double() / 10,
+                       ("next", "done"): (step % 7 == 6).unsqueeze(-1)}, batch_size=list(shape))
+
+
+#: In-place updates as TorchRL's buffer takes them; a TensorDict takes the same calls.
+UPDATES = {
+    "set_at_": lambda t: t.set_at_("obs", torch.full((3, 3), -1.0), torch.tensor([97, 3, 50])),
+    "set_at_ nested, numpy index": lambda t: t.set_at_(
+        ("next", "done"), torch.ones(2, 1, dtype=torch.bool), np.array([0, 99])),
+    "set_at_ mask": lambda t: t.set_at_("action", torch.tensor(-7), torch.arange(FILLED) % 9 == 0),
+    "set_": lambda t: t.set_(("next", "reward"), torch.linspace(0, 1, FILLED).double()[:, None]),
+    "update_": lambda t: t.update_(TensorDict(
+        obs=torch.randn(FILLED, 3, generator=torch.Generator().manual_seed(1)),
+        batch_size=[FILLED])),
+    "update_ keys_to_update": lambda t: t.update_(TensorDict(
+        obs=torch.zeros(FILLED, 3), action=torch.full((FILLED,), 3), batch_size=[FILLED]),
+        keys_to_update=["action"]),
+    "assign a key": lambda t: t.__setitem__("action", torch.arange(FILLED) * 11),
+}
+
+
+def extended(rb, data: TensorDict) -> TensorDict:
+    """Extend ``rb`` with ``data``; return what TorchRL's own buffer then holds (``data`` with
+    the ``index`` key it adds), as a plain TensorDict."""
+    rb.extend(data.clone())
+    reference = T.TensorDictReplayBuffer(storage=T.LazyTensorStorage(
+        CAPACITY, ndim=rb.storage.ndim), dim_extend=rb.dim_extend)
+    reference.extend(data.clone())
+    return reference[:].clone()
+
+
+def apply_updates(*targets) -> None:
+    for update in UPDATES.values():
+        for target in targets:
+            update(target)
+
+
+def assert_equal(got, want) -> None:
+    assert set(got.keys(True, True)) == set(want.keys(True, True))
+    for key in want.keys(True, True):
+        assert torch.equal(got.get(key), want.get(key)), key
+
+
+def memmap_buffer(location, url: str, codec=None, ndim: int = 1):
+    """A buffer over a new LazyMemmapStorage (``ndim=2``: rows of lanes, extended by rows)."""
+    storage = zt.LazyMemmapStorage(CAPACITY, scratch_dir=url, storage_options=location.options,
+                                   codec=codec, ndim=ndim)
+    return T.TensorDictReplayBuffer(storage=storage, dim_extend=0), storage
+
+
+# -- persistent stores ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("codec", [None, "zstd"])
+def test_in_place_updates_are_stored_and_committed(location, codec):
+    url = location.new()
+    rb, storage = memmap_buffer(location, url, codec)
+    model = extended(rb, rows(FILLED))
+    apply_updates(rb, model)
+    assert_equal(rb[:], model)
+    assert_equal(storage.get(torch.arange(FILLED)), model)
+
+    storage.flush()
+    again = zt.open(url, location.options)
+    assert_equal(again.get(slice(None)), model)
+    storage.close()
+    # the reopened storage writes through too (it takes the lease at that write)
+    rb2 = T.TensorDictReplayBuffer(storage=again, writer=zt.TensorDictRoundRobinWriter())
+    rb2.set_at_("obs", torch.zeros(1, 3), 42)
+    model.set_at_("obs", torch.zeros(1, 3), 42)
+    again.flush()
+    assert_equal(zstore.open(url, location.options, mode="r").get(slice(None)), model)
+
+
+def test_in_place_updates_of_a_2d_storage(location):
+    url = location.new()
+    rb, storage = memmap_buffer(location, url, ndim=2)
+    model = extended(rb, rows(30, (4,)))
+    for target in (rb, model):
+        target.set_at_("obs", torch.full((2, 3), 5.0),
+                       (torch.tensor([29, 1]), torch.tensor([3, 0])))  # two cells
+        target.update_(TensorDict(action=torch.ones(30, 4, dtype=torch.int64), batch_size=[30, 4]))
+    assert_equal(rb[:], model)
+    storage.flush()
+    assert_equal(zstore.open(url, location.options).get(slice(None)), model)
+
+
+@tensorclass
+class Transition:
+    obs: torch.Tensor
+    reward: torch.Tensor
+
+
+def test_in_place_updates_of_tensorclasses(location):
+    url = location.new()
+    storage = zt.LazyMemmapStorage(CAPACITY, scratch_dir=url, storage_options=location.options)
+    rb = T.ReplayBuffer(storage=storage)
+    data = rows(FILLED)
+    rb.extend(Transition(obs=data["obs"], reward=data["next", "reward"], batch_size=[FILLED]))
+    model = TensorDict(obs=data["obs"], reward=data["next", "reward"], batch_size=[FILLED])
+    for target in (rb, model):
+        target.set_at_("obs", torch.full((2, 3), 8.0), torch.tensor([1, 60]))
+        target.set_("reward", torch.ones(FILLED, 1, dtype=torch.float64))
+    assert_equal(rb[:]._tensordict, model)
+    storage.flush()
+    # reopened without the class: TensorDicts
+    assert_equal(zstore.open(url, location.options).get(slice(None)), model)
+
+
+def test_a_read_only_store_refuses_in_place_updates(location):
+    url = location.new()
+    rb, storage = memmap_buffer(location, url)
+    model = extended(rb, rows(FILLED))
+    storage.flush()
+    dataset = zt.open(url, location.options, mode="r")
+    ro = T.TensorDictReplayBuffer(storage=dataset, writer=T.ImmutableDatasetWriter())
+    for update in UPDATES.values():
+        with pytest.raises(ReadOnlyError, match="read-only"):
+            update(ro)
+    assert_equal(zstore.open(url, location.options, mode="r").get(slice(None)), model)
+
+
+def test_assigning_a_new_key_is_refused(location):
+    rb, _ = memmap_buffer(location, location.new())
+    rb.extend(rows(FILLED))
+    with pytest.raises(KeyError, match="keys are fixed at its first write"):
+        rb["new"] = torch.zeros(FILLED)
+
+
+def test_local_slices_are_views_of_the_files(tmp_path):
+    """As TorchRL's memmap: a writable local raw buffer's slice is the files' memory."""
+    storage = zt.LazyMemmapStorage(CAPACITY, scratch_dir=str(tmp_path / "rb"))
+    storage.set(torch.arange(FILLED), rows(FILLED))
+    view = storage[10:20]
+    view["obs"][0] = 42.0
+    assert torch.equal(storage.get(10)["obs"], torch.full((3,), 42.0))
+
+
+# -- in-RAM stores --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["LazyTensorStorage", "TensorStorage"])
+def test_in_ram_updates_reach_incremental_checkpoints(kind, tmp_path):
+    def new_storage():
+        if kind == "LazyTensorStorage":
+            return zt.LazyTensorStorage(CAPACITY)
+        return zt.TensorStorage(rows(FILLED).zero_().set("index", torch.zeros(FILLED).long()))
+
+    storage = new_storage()
+    rb = T.TensorDictReplayBuffer(storage=storage)
+    model = extended(rb, rows(FILLED))
+    dest = tmp_path / "checkpoint"
+    storage.dumps(dest)
+    apply_updates(rb, model)
+    assert_equal(rb[:], model)
+    storage.dumps(dest)  # incremental: only the rows marked as written since the first dump
+    fresh = new_storage()
+    fresh.loads(dest)
+    assert_equal(fresh.get(slice(None)), model)
