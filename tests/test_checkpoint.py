@@ -500,3 +500,15 @@ def test_dumps_returns_what_it_wrote(location):
     flat.set(torch.arange(32), stream.batch(32))
     tree = flat.dumps(spec(location, "flat"))
     assert tree.checkpointer == "FlatStorageCheckpointer" and tree.bytes_written > 0
+
+
+def test_lazy_memmap_dumps_returns_what_the_checkpointer_did(location, tmp_path):
+    """It returned None, dropping the DumpResult that LazyTensorStorage returns."""
+    storage = LazyMemmapStorage(50, scratch_dir=location.new(), storage_options=location.options)
+    storage.set(torch.arange(20), TensorDict(obs=torch.arange(20.0), batch_size=[20]))
+    result = storage.dumps(tmp_path / "ckpt")
+    assert isinstance(result, checkpoint.DumpResult)
+    assert result.length == 20 and result.bytes_written > 0 and not result.incremental
+    again = storage.dumps(tmp_path / "ckpt")
+    assert isinstance(again, checkpoint.DumpResult) and again.incremental
+    assert storage.dumps(storage.scratch_dir) is None  # its own store: a commit

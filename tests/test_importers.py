@@ -170,3 +170,35 @@ def test_progress_bar_on_request_only(tmp_path, capsys):
     assert "import d4rl" in capsys.readouterr().err
     import_d4rl(path, str(tmp_path / "c")).close()  # default: only when stderr is a terminal
     assert capsys.readouterr().err == ""
+
+
+def test_minari_import_takes_the_dataset_folder_minari_writes(tmp_path):
+    """Minari keeps ``<dataset>/data/main_data.hdf5``; h5py refused the folder ("Is a directory")."""
+    folder = tmp_path / "pointmaze-v0"
+    (folder / "data").mkdir(parents=True)
+    _write_minari(folder / "data" / "main_data.hdf5")
+    (folder / "data" / "metadata.json").write_text("{}")
+    from_folder = import_minari(folder, str(tmp_path / "a"), progress=False)
+    from_file = import_minari(folder / "data" / "main_data.hdf5", str(tmp_path / "b"),
+                              progress=False)
+    assert (from_folder[:] == from_file[:]).all()
+    assert from_folder.num_episodes == from_file.num_episodes == 4
+
+
+def test_minari_folder_without_hdf5_names_what_it_found(tmp_path):
+    folder = tmp_path / "arrow-v0"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "episode_0.arrow").write_bytes(b"")
+    with pytest.raises(zstore.errors.MissingKeyError,
+                       match=r"no main_data.hdf5.*episode_0.arrow.*data_format='hdf5'"):
+        import_minari(folder, str(tmp_path / "a"), progress=False)
+
+
+def test_cli_imports_a_minari_folder(tmp_path, capsys):
+    from zstore.cli import main
+
+    folder = tmp_path / "ds-v0"
+    (folder / "data").mkdir(parents=True)
+    _write_minari(folder / "data" / "main_data.hdf5", lengths=(4, 6))
+    assert main(["import", "minari", str(folder), str(tmp_path / "out")]) in (0, None)
+    assert len(zstore.open_dataset(str(tmp_path / "out"))) == 10

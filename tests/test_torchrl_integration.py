@@ -466,3 +466,25 @@ def test_in_memory_buffers_pickle_twice(kind_, tmp_path):
     assert type(copy.storage) is type(storage)
     assert not hasattr(copy.storage, "_mutation_revision_value")
     assert_same_samples(copy, rb)
+
+
+@pytest.mark.parametrize("name", ["TensorStorageCheckpointer", "H5StorageCheckpointer",
+                                  "FlatStorageCheckpointer", "NestedStorageCheckpointer"])
+def test_torchrl_own_checkpointers_are_refused_with_zstore_equivalent(name, tmp_path):
+    """They died later with "'NoneType' object has no attribute 'shape'"."""
+    from torchrl.data.replay_buffers import checkpointers as trl_ckpt
+
+    storage = zt.LazyMemmapStorage(10, scratch_dir=str(tmp_path / "rb"))
+    with pytest.raises(TypeError, match=rf"from checkpoint import {name}"):
+        T.TensorDictReplayBuffer(storage=storage, checkpointer=getattr(trl_ckpt, name)())
+    with pytest.raises(TypeError, match="TorchRL's"):
+        storage.checkpointer = getattr(trl_ckpt, name)()
+    import checkpoint
+
+    rb = T.TensorDictReplayBuffer(storage=storage, checkpointer=getattr(checkpoint, name)())
+    rb.extend(TensorDict(obs=torch.arange(4.0), batch_size=[4]))
+    rb.dumps(tmp_path / "ckpt")
+    fresh = T.TensorDictReplayBuffer(storage=zt.LazyMemmapStorage(10, scratch_dir=str(tmp_path / "b")),
+                                     checkpointer=getattr(checkpoint, name)())
+    fresh.loads(tmp_path / "ckpt")
+    assert fresh[:]["obs"].tolist() == [0.0, 1.0, 2.0, 3.0]

@@ -201,14 +201,40 @@ def _minari_episode(group) -> TensorDict:
     return batch
 
 
+def minari_main_file(path: str | os.PathLike) -> str:
+    """The HDF5 file of a Minari dataset: ``path`` itself, or inside the folder Minari writes.
+
+    Minari keeps a dataset as ``<dataset>/data/main_data.hdf5`` (with ``metadata.json``
+    beside it); its Arrow backend writes no HDF5 file, which is refused with that reason.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return path
+    for candidate in (os.path.join(path, "data", "main_data.hdf5"),
+                      os.path.join(path, "main_data.hdf5")):
+        if os.path.isfile(candidate):
+            return candidate
+    data = os.path.join(path, "data") if os.path.isdir(os.path.join(path, "data")) else path
+    found = sorted(os.listdir(data))
+    raise MissingKeyError(
+        f"the Minari dataset folder {path} holds no main_data.hdf5 (looked in {data}, found "
+        f"{found[:8]}{' ...' if len(found) > 8 else ''}); zstore imports Minari's HDF5 backend: "
+        "create the dataset with data_format='hdf5', or pass the .hdf5 file itself")
+
+
 def import_minari(h5_path: str | os.PathLike, url: str | os.PathLike,
                   storage_options: Mapping[str, Any] | None = None, *,
                   codec: Any = DEFAULT_CODEC, chunks: Any = None, progress: bool | None = None):
-    """Import a Minari-layout HDF5 file as a sealed dataset at ``url``; returns the opened Dataset."""
+    """Import a Minari-layout HDF5 file as a sealed dataset at ``url``; returns the opened Dataset.
+
+    ``h5_path`` is the file, or the dataset folder Minari writes
+    (``<dataset>/data/main_data.hdf5``).
+    """
     import h5py
 
     from .open import open_dataset
 
+    h5_path = minari_main_file(h5_path)
     with h5py.File(h5_path, "r") as f:
         names = _episode_names(f)
         where = f"Minari file {os.fspath(h5_path)}"

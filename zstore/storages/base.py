@@ -97,6 +97,13 @@ class Storage:
 
     @checkpointer.setter
     def checkpointer(self, value) -> None:
+        if type(value).__module__.split(".")[0] == "torchrl":
+            name = type(value).__name__
+            raise TypeError(
+                f"TorchRL's {name} cannot save a zstore {type(self).__name__}: it reads "
+                f"TorchRL's private containers. Use zstore's own checkpointer of the same "
+                f"name, `from checkpoint import {name}` (the same formats), or leave the "
+                "checkpointer unset for this storage's default")
         self._checkpointer = value
 
     def dumps(self, path) -> Any:
