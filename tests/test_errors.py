@@ -171,7 +171,7 @@ def test_keys_that_escape_the_group(location, key):
 
 
 @pytest.mark.parametrize("tree", [{"..": torch.zeros(2)}, {"a/b": torch.zeros(2)},
-                                  {1: torch.zeros(2)}])
+                                  {(1, 2): torch.zeros(2)}])  # int keys are stored (test_key_names)
 def test_pytree_keys_that_escape_the_group(location, tree):
     storage = LazyMemmapStorage(10, scratch_dir=location.new(), storage_options=location.options)
     with pytest.raises(InvalidKeyError):

@@ -81,15 +81,18 @@ def _sweep(now: float) -> "tuple[list[Committable], float | None]":
 
 
 def _commit(storage: Committable) -> None:
-    """Commit one due storage; a busy or failing one is looked at again a tick later."""
+    """Commit one due storage. A busy one is looked at again shortly; a failing one is
+    left to its writer (the store's client has retried already), whose next write or
+    ``flush()`` retries the commit and raises the error where the caller sees it."""
     try:
         if storage._commit_if_idle():
             return
         time.sleep(MAX_TICK / 10)  # mid-write: look again shortly (a back-off, not a wait)
-    except Exception:  # noqa: BLE001 - the writer's next flush() raises it to the caller
-        _log.warning("zstore: background commit of %r failed; the next write or flush() "
-                     "retries it", storage, exc_info=True)
-        time.sleep(MAX_TICK)
+    except Exception as exc:  # noqa: BLE001 - reported to the writer by its next flush()
+        with _wake:
+            _pending.discard(storage)
+        _log.warning("zstore: background commit of %r failed (%s: %s); the next write or "
+                     "flush() retries it", storage, type(exc).__name__, exc)
 
 
 def _forget_thread() -> None:

@@ -552,6 +552,9 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         if not self._commit_lock.acquire(blocking=False):
             return False
         try:
+            lease = self._lease
+            if lease is not None and not (lease.active and lease.held):
+                return True  # released or lost: only the writer's own next write may act
             if self._uncommitted and self._table is not None:
                 self.flush()
             return True
