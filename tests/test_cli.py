@@ -1,8 +1,16 @@
-"""`zstore info | ls | convert | import | seal`: output, exit codes, errors naming the culprit."""
+"""`zstore info | ls | convert | import | seal`: output, exit codes, one-line errors naming the
+culprit and the fix, and a start without torch for `--help`, `ls` and `info`."""
 
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +29,14 @@ def _run(capsys, *argv: str, code: int = 0) -> str:
     captured = capsys.readouterr()
     assert got == code, captured.err
     return captured.out if code == 0 else captured.err
+
+
+def _one_line(err: str, *fragments: str) -> None:
+    """``err`` is one ``zstore: error:`` line holding every fragment, and no traceback."""
+    assert err.startswith("zstore: error: ") and err.count("\n") == 1 and err.endswith("\n"), err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -78,7 +94,7 @@ def test_import_info_ls_convert_seal(capsys, datasets, tmp_path):
         f"{root / 'mini'}\tLazyMemmapStorage\tdataset\t29/29, 4 episodes"]
     out = _run(capsys, "convert", str(root / "hopper"), str(tmp_path / "copy"), "--codec", "lz4",
                "--chunks", "16", "--no-progress")
-    assert "copied 200 cells" in out and "lz4:5, sealed" in out
+    assert "copied 200 cells" in out and "lz4:5+crc32c, sealed" in out
     copy = open_dataset(tmp_path / "copy")
     assert (copy[:] == ds[:]).all() and (copy.episodes == ds.episodes).all()
     assert copy._meta.layout["observation"] == (16, None)
@@ -99,10 +115,13 @@ def test_runtime_errors_exit_1_and_name_the_culprit(capsys, tmp_path, datasets):
                                str(root / "x"), code=1)
     _run(capsys, "import", "d4rl", str(d4rl), str(root / "a"))
     err = _run(capsys, "import", "d4rl", str(d4rl), str(root / "a"), code=1)
-    assert err.startswith("zstore: error: The file") and str(root / "a") in err
+    _one_line(err, f"{root / 'a'} already exists and holds a zstore buffer: choose another "
+                   "destination, or delete it first")
+    assert "existsok" not in err  # the Python advice, not the command's
     assert len(open_dataset(root / "a")) == 200  # the existing dataset is untouched
     err = _run(capsys, "convert", str(root / "a"), str(root / "a"), code=1)
-    assert "already exists" in err and len(open_dataset(root / "a")) == 200
+    _one_line(err, "already exists")
+    assert len(open_dataset(root / "a")) == 200
     err = _run(capsys, "import", "minari", str(d4rl), str(root / "b"), code=1)
     assert "d4rl.hdf5 has no episode_<id> groups" in err
     out = _run(capsys, "ls", str(tmp_path / "sets"))
@@ -154,3 +173,162 @@ def test_info_and_ls_on_a_compressed_list_storage(capsys, tmp_path):
         "CompressedListStorage"
     err = _run(capsys, "seal", url, code=1)
     assert f"cannot seal {url}: it holds a CompressedListStorage" in err
+
+
+def test_info_of_a_storage_ensemble(capsys, tmp_path):
+    members = []
+    for i in range(2):
+        storage = zstore.LazyMemmapStorage(10, scratch_dir=str(tmp_path / "run" / f"c{i}"))
+        storage.set(torch.arange(3), TensorDict(obs=torch.zeros(3, 2), batch_size=[3]))
+        storage.flush()
+        members.append(storage)
+    zstore.StorageEnsemble(*members, scratch_dir=str(tmp_path / "run"))
+    out = _run(capsys, "info", str(tmp_path / "run"))
+    assert out.splitlines()[1].startswith("  StorageEnsemble of 2 storages (c0, c1), capacity 20, ")
+
+
+# -- one-line errors ------------------------------------------------------------------------
+
+def test_debug_prints_the_traceback_then_the_line(capsys, tmp_path):
+    missing = str(tmp_path / "nothing")
+    for argv in (["--debug", "info", missing], ["info", missing, "--debug"]):
+        err = _run(capsys, *argv, code=1)
+        assert err.startswith("Traceback") and "StoreNotFoundError" in err
+        assert err.splitlines()[-1] == (f"zstore: error: no zstore buffer at {missing}: the "
+                                        "location does not exist")
+
+
+def test_an_unexpected_error_is_one_line(capsys, monkeypatch, tmp_path):
+    def broken(args):
+        raise RuntimeError("the disk\nis on fire")
+
+    registered = zstore.cli.COMMANDS
+    monkeypatch.setitem(registered, "ls", replace(registered["ls"], run=broken))
+    _one_line(_run(capsys, "ls", str(tmp_path), code=1),
+              f"RuntimeError: {tmp_path}: the disk is on fire", "zstore --debug")
+
+
+_CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                         "AWS_PROFILE", "AWS_DEFAULT_PROFILE")
+
+
+@pytest.fixture
+def no_credentials(s3_server, monkeypatch):
+    """No AWS credentials anywhere (variables, files, instance metadata); yields the endpoint."""
+    import s3fs
+
+    for name in _CREDENTIAL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.setenv(name, os.devnull)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    s3fs.S3FileSystem.clear_instance_cache()  # no client made with the credentials
+    yield s3_server
+    s3fs.S3FileSystem.clear_instance_cache()  # nor one without them, for later tests
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("argv", [["info", "{url}"], ["info", "--json", "{url}"], ["seal", "{url}"],
+                                  ["ls", "{bucket}"], ["convert", "{url}", "{tmp}"]])
+def test_missing_credentials_are_named_with_the_fix(capsys, no_credentials, s3_bucket, tmp_path,
+                                                    argv):
+    url, bucket = f"s3://{s3_bucket}/cli/none", f"s3://{s3_bucket}"
+    where = bucket if "{bucket}" in argv else url
+    argv = [arg.format(url=url, bucket=bucket, tmp=tmp_path / "copy") for arg in argv]
+    err = _run(capsys, *argv, "-o", f"endpoint_url={no_credentials}", code=1)
+    _one_line(err, f"zstore: error: no credentials to access {where} {{'endpoint_url': ",
+              "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", "-o key=KEY -o secret=SECRET")
+
+
+@pytest.mark.s3
+def test_missing_credentials_in_a_fresh_process(s3_server, s3_bucket):
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
+    env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+               AWS_EC2_METADATA_DISABLED="true")
+    url = f"s3://{s3_bucket}/cli/none"
+    done = subprocess.run([sys.executable, "-m", "zstore", "info", url, "-o",
+                           f"endpoint_url={s3_server}"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and done.stdout == ""
+    _one_line(done.stderr, f"no credentials to access {url}", "AWS_ACCESS_KEY_ID")
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("command", ["info", "ls"])
+def test_an_unreachable_endpoint_is_named(capsys, command):
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    url = "s3://zstore-nowhere/rb"
+    err = _run(capsys, command, url, "-o", f"endpoint_url={endpoint}", "-o", "key=k", "-o",
+               "secret=s", "-o", 'config_kwargs={"retries": {"max_attempts": 1}}', code=1)
+    _one_line(err, f"cannot connect to the server: {url} {{'endpoint_url': '{endpoint}'",
+              "'secret': '***'", f'}}: Could not connect to the endpoint URL: "{endpoint}/',
+              "check the endpoint (-o endpoint_url=URL)")
+
+
+@pytest.mark.s3
+def test_a_refused_request_names_the_url(capsys, s3_options):
+    """A 403, as S3 answers wrong credentials (moto takes any key, so its bucket policy refuses)."""
+    import boto3
+    import s3fs
+
+    bucket = f"zstore-denied-{uuid.uuid4().hex[:8]}"
+    fs = s3fs.S3FileSystem(**s3_options, skip_instance_cache=True)
+    fs.mkdir(bucket)
+    fs.pipe(f"{bucket}/rb/zarr.json", b"{}")
+    client = boto3.client("s3", endpoint_url=s3_options["endpoint_url"], region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    client.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Statement": [{
+        "Effect": "Deny", "Principal": "*", "Action": "s3:GetObject",
+        "Resource": f"arn:aws:s3:::{bucket}/*"}]}))
+    opts = [f"-o{k}={v}" for k, v in s3_options.items()]
+    for argv in (["info", f"s3://{bucket}/rb"], ["ls", f"s3://{bucket}"]):
+        _one_line(_run(capsys, *argv, *opts, code=1), "access denied: ", f"{argv[1]} {{",
+                  "'secret': '***'}", "Forbidden; check the credentials and the bucket's policy")
+
+
+# -- start-up without torch -----------------------------------------------------------------
+
+_IMPORTS = """
+import contextlib, io, json, sys
+from zstore.cli import main
+seen = {}
+for argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
+    seen[" ".join(argv)] = [code, [m for m in ("torch", "tensordict") if m in sys.modules]]
+print(json.dumps(seen))
+"""
+
+
+def test_help_ls_and_info_do_not_import_torch(tmp_path, datasets):
+    root, d4rl, _ = datasets
+    zstore.dataset.import_d4rl(d4rl, root / "hopper", progress=False).close()
+    storage = zstore.LazyMemmapStorage(20, scratch_dir=str(root / "rb"), ndim=2)
+    storage.set((torch.arange(3),), TensorDict(obs=torch.zeros(3, 2, 4), batch_size=[3, 2]))
+    storage.close()
+    compressed = zstore.CompressedListStorage(5, scratch_dir=str(root / "frames"))
+    compressed.set(0, TensorDict(pixels=torch.zeros(2, 2, dtype=torch.uint8)))
+    compressed.flush()
+    runs = [["--help"], ["ls", str(tmp_path)], ["info", str(root / "hopper")],
+            ["info", str(root / "rb")], ["info", "--json", str(root / "rb")],
+            ["info", str(root / "frames")], ["info", "--help"]]
+    done = subprocess.run([sys.executable, "-c", _IMPORTS, json.dumps(runs)], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {" ".join(argv): [0, []] for argv in runs}
+
+
+def test_public_names_are_imported_on_first_use():
+    for name in zstore.__all__:
+        assert getattr(zstore, name) is not None and name in dir(zstore)
+    from zstore import LazyMemmapStorage, open
+    assert zstore.storages.LazyMemmapStorage is LazyMemmapStorage  # a submodule, as before
+    assert open is zstore.api.open
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        zstore.nothing_here

@@ -6,44 +6,38 @@
 >>> rb.set(torch.arange(10), TensorDict(obs=torch.randn(10, 4), batch_size=[10]))
 >>> rb.get(torch.tensor([0, 9]))["obs"].shape
 torch.Size([2, 4])
+
+The public names are imported on first use (``zstore.X``, ``from zstore import X``):
+``import zstore`` itself imports neither torch nor tensordict, so the ``zstore``
+command starts without them.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from . import display, plots
-from .api import open
-from .cache import CacheStats, cache_tier
-from .codecs import CodecSpec
-from .dataset import Dataset, open_dataset, seal
-from .errors import (
-    BackendNotInstalledError,
-    CorruptChunkError,
-    FormatVersionError,
-    InvalidKeyError,
-    LeaseError,
-    MissingKeyError,
-    NotAZStoreError,
-    ReadOnlyError,
-    SchemaError,
-    StoreExistsError,
-    StoreNotFoundError,
-    ZStoreError,
-)
-from .storages import (
-    CompressedListStorage,
-    LazyMemmapStorage,
-    LazyStackStorage,
-    LazyTensorStorage,
-    ListStorage,
-    Storage,
-    StorageEnsemble,
-    TensorStorage,
-    stack_items,
-)
-from .replay_buffer import ReplayBuffer
-from .samplers import RandomSampler, Sampler, SliceSampler
-from .store import StoreSpec
-from .writers import ImmutableDatasetWriter, RoundRobinWriter, TensorDictRoundRobinWriter, Writer
+#: Public name -> the submodule that defines it.
+_SOURCES = {
+    "open": "api",
+    "CacheStats": "cache", "cache_tier": "cache",
+    "CodecSpec": "codecs",
+    "Dataset": "dataset", "open_dataset": "dataset", "seal": "dataset",
+    "ReplayBuffer": "replay_buffer",
+    "RandomSampler": "samplers", "Sampler": "samplers", "SliceSampler": "samplers",
+    "StoreSpec": "store",
+    "ImmutableDatasetWriter": "writers", "RoundRobinWriter": "writers",
+    "TensorDictRoundRobinWriter": "writers", "Writer": "writers",
+    **dict.fromkeys(["CompressedListStorage", "LazyMemmapStorage", "LazyStackStorage",
+                     "LazyTensorStorage", "ListStorage", "Storage", "StorageEnsemble",
+                     "TensorStorage", "stack_items"], "storages"),
+    **dict.fromkeys(["ZStoreError", "BackendNotInstalledError", "StoreNotFoundError",
+                     "NotAZStoreError", "FormatVersionError", "ReadOnlyError", "SchemaError",
+                     "MissingKeyError", "InvalidKeyError", "CorruptChunkError",
+                     "StoreExistsError", "LeaseError"], "errors"),
+}
 
 __all__ = [
     "open", "open_dataset", "seal", "Dataset", "Storage", "ListStorage", "LazyStackStorage", "TensorStorage", "LazyTensorStorage",
@@ -54,3 +48,24 @@ __all__ = [
     "FormatVersionError", "ReadOnlyError", "SchemaError", "MissingKeyError", "InvalidKeyError",
     "CorruptChunkError", "StoreExistsError", "LeaseError", "display", "plots",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's submodule on first use; ``zstore.<submodule>`` imports it."""
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    source = _SOURCES.get(name)
+    if source is None:
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f"{__name__}.{source}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

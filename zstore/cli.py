@@ -3,11 +3,13 @@
 Subcommands live in :data:`COMMANDS`, one :class:`Command` each: its name, help
 text, a function that adds its arguments to an :mod:`argparse` parser, and a
 function that runs it and returns an exit code. To add one, write those two
-functions and call :func:`register`.
+functions and call :func:`register`. Only the chosen command's arguments are
+declared, and torch is imported only by the commands that need it, so ``--help``,
+``ls`` and ``info`` start fast.
 
-Exit codes: 0 success, 1 runtime error (a :class:`~zstore.ZStoreError` or an
-OS error, printed as ``zstore: error: <message>``), 2 usage error, 130 when
-interrupted.
+Exit codes: 0 success, 1 runtime error, 2 usage error, 130 when interrupted.
+Every failure is one line, ``zstore: error: <what failed, where, the fix>``
+(:func:`error_message`); ``--debug`` prints the traceback first.
 """
 
 from __future__ import annotations
@@ -17,10 +19,14 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Any, Callable, Sequence
+import traceback
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from . import __version__
-from .errors import ZStoreError
+from .errors import StoreExistsError, ZStoreError
+
+if TYPE_CHECKING:
+    from .store import StoreSpec
 
 PROG = "zstore"
 
@@ -184,20 +190,103 @@ register(Command(
                 "read-only (zstore.open_dataset then opens it with one metadata read)."))
 
 
+# -- errors ---------------------------------------------------------------------------------
+
+_CREDENTIALS = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
+                "-o key=KEY -o secret=SECRET")
+
+
+def _cause(exc: BaseException | None, test: Callable[[BaseException], bool]) -> BaseException | None:
+    """The first exception in ``exc``'s chain (itself, then what it was raised from or while
+    handling) that passes ``test``."""
+    while exc is not None and not test(exc):
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return exc
+
+
+def _named(*names: str) -> Callable[[BaseException], bool]:
+    """A test for exceptions of a class named in ``names`` (botocore's, aiohttp's and the
+    builtins, matched by name: neither library is imported)."""
+    return lambda exc: any(cls.__name__ in names for cls in type(exc).__mro__)
+
+
+def _denied(exc: BaseException) -> bool:
+    """A ``PermissionError`` (s3fs's 403), or a botocore ``ClientError`` with HTTP status 403."""
+    response = getattr(exc, "response", None)
+    return isinstance(exc, PermissionError) or (
+        isinstance(response, dict)
+        and response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 403)
+
+
+def _stores(args: argparse.Namespace) -> list[StoreSpec]:
+    """The stores a command was given (``URL``, ``SRC``, ``DST``) with their storage options."""
+    from .store import StoreSpec
+
+    options = dict(getattr(args, "storage_options", ()))
+    dst_options = getattr(args, "dst_options", None)
+    return [StoreSpec.parse(url, dict(dst_options) if name == "dst" and dst_options is not None
+                            else options)
+            for name in ("url", "src", "dst") if (url := getattr(args, name, None))]
+
+
+def error_message(exc: BaseException, args: argparse.Namespace) -> str:
+    """One line for a failed command: what failed, where (credentials redacted), the fix.
+
+    zstore's own errors say all three; those of the storage client (botocore, s3fs,
+    aiohttp) and of the OS get the store they concern and the CLI's fix.
+    """
+    stores = _stores(args)
+    where = " and ".join(spec.redacted() for spec in stores) or "the store"
+    remote = " and ".join(spec.redacted() for spec in stores
+                          if not spec.is_local and spec.protocol != "memory") or where
+    names = [name for name in (getattr(args, "file", None), *(spec.url for spec in stores)) if name]
+
+    def about(error: BaseException) -> str:  # the error, with the store unless it names one
+        return str(error) if any(name in str(error) for name in names) else f"{where}: {error}"
+
+    if _cause(exc, _named("NoCredentialsError", "PartialCredentialsError")):
+        text = f"no credentials to access {remote}: {_CREDENTIALS} (-o anon=true for a public bucket)"
+    elif cause := _cause(exc, _named("ConnectionError", "ClientConnectionError")):
+        text = (f"cannot connect to the server: {about(cause)}; check the endpoint "
+                "(-o endpoint_url=URL) and that the server is up")
+    elif isinstance(exc, StoreExistsError):  # its advice (existsok=True) is for Python callers
+        destination = stores[-1].redacted() if stores else where  # DST, or the command's URL
+        text = (f"{destination} already exists and holds a zstore buffer: choose another "
+                "destination, or delete it first")
+    elif isinstance(exc, ZStoreError):
+        text = str(exc)
+    elif cause := _cause(exc, _denied):
+        text = f"access denied: {about(cause)}; " + (
+            "check the file's permissions" if getattr(cause, "filename", None) else
+            f"check the credentials and the bucket's policy; for other credentials, {_CREDENTIALS}")
+    elif isinstance(exc, FileNotFoundError):
+        text = f"not found: {about(exc)}"
+    elif isinstance(exc, OSError):
+        text = about(exc)
+    else:
+        text = f"{type(exc).__name__}: {about(exc)} (unexpected: `{PROG} --debug ...` shows where)"
+    return " ".join(text.split())
+
+
 # -- entry point ----------------------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``zstore`` parser with one subparser per entry of :data:`COMMANDS`."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``zstore`` parser with one subparser per entry of :data:`COMMANDS`; with ``only``,
+    the arguments of that command alone are declared (another's may import torch)."""
     parser = argparse.ArgumentParser(
         prog=PROG, description="zstore: TorchRL replay-buffer storages on Zarr v3 at any "
                                "fsspec URL.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    debug = {"action": "store_true", "help": "on an error, print the traceback too"}
+    parser.add_argument("--debug", **debug)
     sub = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND",
                                 required=True)
     for command in COMMANDS.values():
         child = sub.add_parser(command.name, help=command.help,
                                description=command.description or command.help)
-        command.add_arguments(child)
+        if only in (None, command.name):
+            command.add_arguments(child)
+        child.add_argument("--debug", default=argparse.SUPPRESS, **debug)  # keeps `zstore --debug CMD`
         child.set_defaults(_command=command, _parser=child)
     return parser
 
@@ -211,9 +300,10 @@ def _exit_code(exc: SystemExit) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``zstore`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    chosen = next((arg for arg in argv if not arg.startswith("-")), "")  # no option takes a value
     try:
-        args = parser.parse_args(argv)
+        args = build_parser(only=chosen).parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors
         return _exit_code(exc)
     try:
@@ -225,12 +315,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of stdout left (`zstore info URL | head`): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ZStoreError, OSError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - every failure is one line, --debug adds the traceback
+        if args.debug:
+            traceback.print_exc()
+        print(f"{PROG}: error: {error_message(exc, args)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ from .cli import (
     positive_int,
     storage_option,
 )
-from .demo import fmt_bytes
+from .errors import NotAZStoreError, StoreNotFoundError
+from .format_version import check_format_version
 
 #: ``--codec`` not given (``--codec none`` means raw, so None cannot mark it).
 _DEFAULT = object()
@@ -56,68 +57,101 @@ def info_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def info_run(args: argparse.Namespace) -> int:
-    import zstore
-    from zstore.storages import LazyMemmapStorage
-
     from .group import ZSTORE_ATTR, open_zarr_group
     from .store import StoreSpec
 
+    spec = StoreSpec.parse(args.url, _options(args), read_only=True)
+    group = open_zarr_group(spec)
+    block = group.attrs.asdict().get(ZSTORE_ATTR)
     if args.json:
-        group = open_zarr_group(StoreSpec.parse(args.url, _options(args), read_only=True))
-        print(json.dumps(group.attrs.asdict().get(ZSTORE_ATTR, {}), indent=2))
+        print(json.dumps(block or {}, indent=2))
         return 0
-    storage = zstore.open(args.url, _options(args), mode="r")
-    print(storage.spec.redacted())
-    if not isinstance(storage, LazyMemmapStorage):
-        print(f"  {type(storage).__name__}: {len(storage):,} items of "
-              f"{storage.max_size:,}, {fmt_bytes(storage.nbytes)} stored")
-        return 0
+    where = spec.redacted()
+    if not isinstance(block, dict):
+        raise NotAZStoreError(f"{where} is not a zstore buffer: no 'zstore' block in its attributes")
+    check_format_version(block, where)
+    print(where)
     try:
-        _print_buffer(storage)
-    finally:
-        storage.close()
+        _print_block(spec, group, block)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise NotAZStoreError(f"{where}: malformed metadata ({exc!r})") from None
     return 0
 
 
-def _print_buffer(storage) -> None:
-    """The schema table and counters of a LazyMemmapStorage."""
-    from .dataset.episodes import read_index
+def _print_block(spec, group, block: dict[str, Any]) -> None:
+    """What the ``zstore`` block of a storage says (read as JSON: no torch, so ``info`` starts fast)."""
+    from .display import format_bytes
+    from .lease import LEASE_NAME
 
-    meta = storage._meta
-    fs, root = storage.spec.filesystem()
-    kind = "sealed dataset" if meta.sealed else "read-only buffer" if meta.read_only else "buffer"
-    made = meta.created.get("time", "?")
-    print(f"  {meta.storage_class} ({kind}), format v1, created {made} by zstore "
-          f"{meta.created.get('zstore_version', '?')}")
-    print(f"  length {meta.length:,} of capacity {meta.max_size:,} (rows {meta.rows:,}, "
-          f"ndim {meta.ndim}{', lanes ' + str(list(meta.schema.lane_shape)) if meta.ndim > 1 else ''})"
-          f", last cursor {meta.last_cursor:,}")
-    filled = storage._len_along_dim0
+    name = block["storage_class"]
+    if name == "LazyMemmapStorage":
+        _print_buffer(spec, group, block)
+        return
+    stored = format_bytes(spec.stored_bytes(ignore=(LEASE_NAME,)))
+    if name == "StorageEnsemble":
+        members = block["members"]
+        print(f"  StorageEnsemble of {len(members):,} storages ({', '.join(members)}), capacity "
+              f"{block['max_size']:,}, {stored} stored")
+    else:
+        print(f"  {name}: {block['length']:,} items of {block['max_size']:,}, {stored} stored")
+
+
+def _print_buffer(spec, group, block: dict[str, Any]) -> None:
+    """The schema table and counters of a LazyMemmapStorage."""
+    from .codecs import CodecSpec
+    from .display import format_bytes
+
+    fs, root = spec.filesystem()
+    schema, length, ndim = block["schema"], int(block["length"]), int(block["ndim"])
+    lanes = [int(n) for n in schema.get("lane_shape", [])]
+    kind = "sealed dataset" if block.get("sealed") else \
+        "read-only buffer" if block.get("read_only") else "buffer"
+    created = block.get("created") or {}
+    print(f"  {block['storage_class']} ({kind}), format v{block['format_version']}, created "
+          f"{created.get('time', '?')} by zstore {created.get('zstore_version', '?')}")
+    print(f"  length {length:,} of capacity {block['max_size']:,} (rows {block['rows']:,}, "
+          f"ndim {ndim}{', lanes ' + str(lanes) if ndim > 1 else ''})"
+          f", last cursor {block['last_cursor']:,}")
+    filled = -(-length // math.prod(lanes))
     header = f"  {'key':<28}{'dtype':<10}{'shape':<12}{'codec':<16}{'chunk':>8}{'shard':>8}" \
              f"{'raw':>11}{'stored':>11}{'ratio':>7}"
     print("\n" + header)
+    codecs = block.get("codecs") or {}
     total_raw = total_stored = 0
-    for leaf in meta.schema.leaves:
-        chunk, shard = meta.layout[leaf.path]
-        raw = filled * leaf.row_bytes
-        stored = _du(fs, f"{root}/{leaf.path}")
+    for leaf in schema["leaves"]:
+        path, shape = leaf["path"], leaf["shape"]
+        chunk, shard = block["chunks"][path]
+        raw = filled * math.prod(shape) * group[path].dtype.itemsize
+        stored = _du(fs, f"{root}/{path}")
         total_raw, total_stored = total_raw + raw, total_stored + stored
-        dtype = str(leaf.dtype).removeprefix("torch.")
-        shape = str(list(leaf.shape[len(meta.schema.lane_shape):]))
+        codec = CodecSpec.parse(codecs.get(path, block["codec"]))
         ratio = f"{raw / stored:.1f}" if stored else "-"
-        print(f"  {leaf.path:<28}{dtype:<10}{shape:<12}{meta.codec_of(leaf.path)!s:<16}"
-              f"{chunk:>8}{shard or '-':>8}{fmt_bytes(raw):>11}{fmt_bytes(stored):>11}{ratio:>7}")
+        print(f"  {path:<28}{leaf['dtype']:<10}{str(shape[len(lanes):]):<12}{codec!s:<16}"
+              f"{chunk:>8}{shard or '-':>8}{format_bytes(raw):>11}{format_bytes(stored):>11}"
+              f"{ratio:>7}")
     all_stored = _du(fs, root)
-    print(f"  {'total (all objects)':<82}{fmt_bytes(total_raw):>11}{fmt_bytes(all_stored):>11}"
+    print(f"  {'total (all objects)':<82}{format_bytes(total_raw):>11}{format_bytes(all_stored):>11}"
           f"{total_raw / all_stored if all_stored else 0:>7.1f}")
-    if meta.sealed:
-        index = read_index(storage._group, meta)
-        terminated, truncated = int(index["terminated"].sum()), int(index["truncated"].sum())
-        lengths = index["length"].float()
-        print(f"\n  episodes {len(index):,}: {terminated:,} terminated, {truncated:,} truncated, "
-              f"{len(index) - terminated - truncated:,} open; length mean "
-              f"{float(lengths.mean()) if len(index) else math.nan:.1f}, "
-              f"return mean {float(index['return'].double().mean()) if len(index) else math.nan:.3f}")
+    if block.get("sealed"):
+        print(_episodes_line(group, block, math.prod(lanes)))
+
+
+def _episodes_line(group, block: dict[str, Any], lanes: int) -> str:
+    """Counts and means of a sealed dataset's episodes, from its stored index."""
+    import numpy as np
+
+    index = block["extra"]["episodes"]
+    n = int(index["count"])
+    used = -(-n // lanes)  # rows holding episodes: episode i is at flat position i
+    column = {}
+    for name in ("length", "return", "terminated", "truncated"):
+        array = group[f"{index['path']}/{name}"]
+        column[name] = np.asarray(array[:used]).reshape(used * lanes, *array.shape[block["ndim"]:])[:n]
+    terminated, truncated = int(column["terminated"].sum()), int(column["truncated"].sum())
+    return (f"\n  episodes {n:,}: {terminated:,} terminated, {truncated:,} truncated, "
+            f"{n - terminated - truncated:,} open; length mean "
+            f"{column['length'].mean() if n else math.nan:.1f}, "
+            f"return mean {column['return'].astype(np.float64).mean() if n else math.nan:.3f}")
 
 
 def _du(fs, path: str) -> int:
@@ -141,8 +175,10 @@ def ls_run(args: argparse.Namespace) -> int:
 
     spec = StoreSpec.parse(args.url, _options(args), read_only=True)
     fs, root = spec.filesystem()
-    if not fs.exists(root):
-        raise FileNotFoundError(f"no such location: {spec.redacted()}")
+    try:
+        fs.info(root)  # unlike fs.exists, lets a missing credential or endpoint through
+    except FileNotFoundError:
+        raise StoreNotFoundError(f"no such location: {spec.redacted()}") from None
     found = 0
     for path, block in _buffers(fs, root, args.depth):
         found += 1
@@ -215,7 +251,8 @@ def convert_run(args: argparse.Namespace) -> int:
 
 def import_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("layout", choices=("d4rl", "minari"), help="the HDF5 file's layout")
-    parser.add_argument("file", metavar="FILE", help="the HDF5 file to import")
+    parser.add_argument("file", metavar="FILE",
+                        help="the HDF5 file to import (minari: also the dataset's folder)")
     _url(parser, help="where to write the dataset (must be empty)")
     _codec_and_chunks(parser, "zstd+crc32c")
     add_storage_options(parser)

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from tensordict import is_tensor_collection, is_tensorclass
-from torch.utils import _pytree as pytree
-
-from .cache import CacheStats
 from .store import StoreSpec
+
+if TYPE_CHECKING:  # torch is imported where tensors are walked: the CLI formats without it
+    import torch
+
+    from .cache import CacheStats
 
 #: Longest item repr shown for storages of arbitrary objects.
 MAX_ITEM_REPR = 80
@@ -108,6 +108,10 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def tensor_leaves(data: Any) -> list[tuple[str, torch.Tensor]]:
     """``(key path, tensor)`` of every leaf of a tensor, TensorDict, tensorclass or pytree."""
+    import torch
+    from tensordict import is_tensor_collection, is_tensorclass
+    from torch.utils import _pytree as pytree
+
     if isinstance(data, torch.Tensor):
         return [("(tensor)", data)]
     if is_tensor_collection(data):

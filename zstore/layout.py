@@ -21,26 +21,13 @@ from tensordict import TensorDict, TensorDictBase, is_tensor_collection, is_tens
 from .codecs import CodecSpec
 from .dtypes import torch_dtype_from_name, torch_dtype_name
 from .errors import (
-    FormatVersionError,
     InvalidKeyError,
     MissingKeyError,
     NotAZStoreError,
     SchemaError,
 )
+from .format_version import FORMAT_VERSION, check_format_version
 
-FORMAT_VERSION = 1
-
-
-def check_format_version(block: Mapping[str, Any], where: str) -> None:
-    """Refuse a ``zstore`` block without a valid ``format_version``, or from a newer zstore."""
-    version = block.get("format_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise NotAZStoreError(f"{where}: the 'zstore' block has no valid format_version "
-                              f"(got {version!r})")
-    if version > FORMAT_VERSION:
-        raise FormatVersionError(
-            f"{where} was written in zstore format v{version}; this zstore reads up to "
-            f"v{FORMAT_VERSION}: upgrade zstore (pip install -U zstore)")
 #: Name of the array that holds a storage of plain tensors (TorchRL's file name).
 SINGLE_TENSOR_KEY = "_-single-tensor-_"
 #: Largest number of elements zstore accepts for one buffer leaf (guards absurd metadata).
