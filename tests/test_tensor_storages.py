@@ -13,6 +13,7 @@ import pytest
 import torch
 from tensordict import TensorDict, tensorclass
 
+import zstore
 from zstore import LazyTensorStorage, TensorStorage
 
 torchrl_data = pytest.importorskip("torchrl.data")
@@ -361,3 +362,10 @@ def test_random_ops_match_torchrl(seed):
         assert ours._last_cursor_index == theirs._last_cursor_index
         if theirs.initialized:
             assert ours.shape == (theirs._total_shape if length == cap else torch.Size([length]))
+
+
+@pytest.mark.parametrize("make", [lambda: LazyTensorStorage(4, shared_init=True),
+                                  lambda: zstore.LazyMemmapStorage(4, shared_init=True)])
+def test_shared_init_names_the_one_writer_alternative(make):
+    with pytest.raises(NotImplementedError, match="StorageEnsemble.*zstore.open"):
+        make()

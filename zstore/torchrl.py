@@ -13,7 +13,9 @@ so every method zstore defines is zstore's (Zarr stores at any URL, 64-bit
 counters, specific errors), and TorchRL's classes only make the ``isinstance``
 checks pass. One addition: a slice of a tensor storage, which TorchRL's in-place buffer
 updates (``rb.set_at_``, ``rb.set_``, ``rb.update_``) write into, stores them
-(:class:`_WriteThrough`). Switching is one import line::
+(:class:`_WriteThrough`). The checkpointers and ``ImmutableDatasetWriter`` have twins too
+(zstore's classes, subclassing TorchRL's of the same name): all 17 names of TorchRL's
+"Storage Backends" page. Switching is one import line::
 
     from zstore.torchrl import LazyMemmapStorage   # was: from torchrl.data import ...
     rb = TensorDictReplayBuffer(storage=LazyMemmapStorage(1_000_000, scratch_dir="s3://b/rb"))
@@ -33,27 +35,42 @@ from tensordict import TensorDict, is_tensorclass
 from tensordict.utils import _unravel_key_to_tuple
 
 try:
+    from torchrl.data.replay_buffers import checkpointers as _trl_ckpt
     from torchrl.data.replay_buffers import storages as _trl
     from torchrl.data.replay_buffers import writers as _trl_writers
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(f"zstore.torchrl needs TorchRL (pip install torchrl): {exc}") from exc
 
+import checkpoint as _ckpt
+
 from . import storages as _z
+from . import writers as _zw
 from .api import open as _open
 from .cache import DEFAULT_CACHE_BYTES
 from .writers import rolled_back_on_error
 
+#: The checkpointers of TorchRL's "Storage Backends" page (twins built below).
+CHECKPOINTERS = (
+    "StorageCheckpointerBase", "ListStorageCheckpointer", "CompressedListStorageCheckpointer",
+    "TensorStorageCheckpointer", "FlatStorageCheckpointer", "NestedStorageCheckpointer",
+    "H5StorageCheckpointer", "StorageEnsembleCheckpointer",
+)
+
 __all__ = [
     "CompressedListStorage",
+    "ImmutableDatasetWriter",
     "LazyMemmapStorage",
     "LazyStackStorage",
     "LazyTensorStorage",
     "ListStorage",
     "RoundRobinWriter",
+    "Storage",
+    "StorageEnsemble",
     "TensorDictRoundRobinWriter",
     "TensorStorage",
     "open",
     "torchrl_class",
+    *CHECKPOINTERS,
 ]
 
 
@@ -70,7 +87,11 @@ class _GapFiller:
         self.__dict__.update(state)
 
 
-class ListStorage(_z.ListStorage, _GapFiller, _trl.ListStorage):
+class Storage(_z.Storage, _GapFiller, _trl.Storage):
+    """:class:`zstore.Storage` that TorchRL's replay buffers accept (the base of the others)."""
+
+
+class ListStorage(_z.ListStorage, Storage, _trl.ListStorage):
     """:class:`zstore.ListStorage` that TorchRL's replay buffers accept."""
 
 
@@ -168,7 +189,7 @@ def _rows_written(index: Any, n: int) -> torch.Tensor:
     return torch.arange(n)[first].reshape(-1).unique()
 
 
-class TensorStorage(_z.TensorStorage, _GapFiller, _trl.TensorStorage):
+class TensorStorage(_z.TensorStorage, Storage, _trl.TensorStorage):
     """:class:`zstore.TensorStorage` that TorchRL's replay buffers accept.
 
     A slice of TensorDicts or tensorclasses (``storage[:]``, which TorchRL's in-place buffer
@@ -194,12 +215,49 @@ class LazyTensorStorage(_z.LazyTensorStorage, TensorStorage, _trl.LazyTensorStor
 class LazyMemmapStorage(_z.LazyMemmapStorage, LazyTensorStorage, _trl.LazyMemmapStorage):
     """:class:`zstore.LazyMemmapStorage` (Zarr at any URL) that TorchRL's replay buffers accept."""
 
+    def __del__(self) -> None:
+        """Nothing: zstore's finalizer deletes an ``auto_cleanup`` store, at a safe point for
+        ``memory://`` (TorchRL's ``__del__`` would delete it in the middle of a collection)."""
+
+
+class StorageEnsemble(_z.StorageEnsemble, Storage, _trl.StorageEnsemble):
+    """:class:`zstore.StorageEnsemble` that TorchRL's replay buffers (and
+    ``ReplayBufferEnsemble``) accept; TorchRL stacks its samples (``_stack_anything``)."""
+
+    def __getitem__(self, index: Any) -> Any:
+        out = super().__getitem__(index)
+        return _as_twin(out) if type(out) is _z.StorageEnsemble else out  # a sub-ensemble
+
 
 _TWINS: dict[type, type] = {
-    _z.ListStorage: ListStorage, _z.LazyStackStorage: LazyStackStorage,
+    _z.Storage: Storage, _z.ListStorage: ListStorage, _z.LazyStackStorage: LazyStackStorage,
     _z.CompressedListStorage: CompressedListStorage, _z.TensorStorage: TensorStorage,
     _z.LazyTensorStorage: LazyTensorStorage, _z.LazyMemmapStorage: LazyMemmapStorage,
+    _z.StorageEnsemble: StorageEnsemble,
 }
+
+
+def _checkpointer_twin(name: str) -> type:
+    """zstore's checkpointer ``name`` (its formats, any URL) as a subclass of TorchRL's too."""
+    zcls = getattr(_ckpt, name)
+    return type(name, (zcls, getattr(_trl_ckpt, name)), {
+        "__module__": __name__,
+        "__doc__": f":class:`checkpoint.{name}` that is also TorchRL's ``{name}``.",
+    })
+
+
+StorageCheckpointerBase = _checkpointer_twin("StorageCheckpointerBase")
+ListStorageCheckpointer = _checkpointer_twin("ListStorageCheckpointer")
+CompressedListStorageCheckpointer = _checkpointer_twin("CompressedListStorageCheckpointer")
+TensorStorageCheckpointer = _checkpointer_twin("TensorStorageCheckpointer")
+FlatStorageCheckpointer = _checkpointer_twin("FlatStorageCheckpointer")
+NestedStorageCheckpointer = _checkpointer_twin("NestedStorageCheckpointer")
+H5StorageCheckpointer = _checkpointer_twin("H5StorageCheckpointer")
+StorageEnsembleCheckpointer = _checkpointer_twin("StorageEnsembleCheckpointer")
+
+
+class ImmutableDatasetWriter(_zw.ImmutableDatasetWriter, _trl_writers.ImmutableDatasetWriter):
+    """:class:`zstore.ImmutableDatasetWriter` that TorchRL's replay buffers accept."""
 
 
 def torchrl_class(cls: type) -> type:
@@ -227,9 +285,17 @@ def open(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = Non
     >>> storage = zstore.torchrl.open("s3://bucket/rb", mode="r")  # doctest: +SKIP
     >>> rb = TensorDictReplayBuffer(storage=storage, writer=ImmutableDatasetWriter())  # doctest: +SKIP
     """
-    storage = _open(url, storage_options, mode=mode, cache_bytes=cache_bytes, cache=cache,
-                    device=device)
-    storage.__class__ = torchrl_class(type(storage))  # adds no state: only isinstance changes
+    return _as_twin(_open(url, storage_options, mode=mode, cache_bytes=cache_bytes, cache=cache,
+                          device=device))
+
+
+def _as_twin(storage: Any) -> Any:
+    """``storage`` (and an ensemble's members) as its TorchRL-compatible class: adds no
+    state, only ``isinstance`` changes."""
+    storage.__class__ = torchrl_class(type(storage))
+    if isinstance(storage, _z.StorageEnsemble):
+        for member in storage._storages:
+            _as_twin(member)
     return storage
 
 

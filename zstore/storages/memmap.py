@@ -423,6 +423,26 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         return (isinstance(table, MmapTable) and not table.read_only
                 and (self._lease is None or (self._lease.active and self._lease.held)))
 
+    @property
+    def _storage(self) -> Any:
+        """The whole buffer (every row), as TorchRL's ``storage._storage``: views of the
+        chunk files where slices are views (:attr:`_maps_writable`), else a
+        :class:`StoredRows` that reads only what it is indexed by. ``None`` before the
+        first write."""
+        if not self.initialized:
+            return None
+        if self._table is not None and self._maps_writable:
+            rows = self._meta.rows
+            return self._build(self.table.views(slice(0, rows)), (rows,), self._schema.lane_shape)
+        return StoredRows(self)
+
+    @_storage.setter
+    def _storage(self, value: Any) -> None:
+        if value is not None:  # TensorStorage.__init__ sets None: the rows live in the store
+            raise AttributeError(
+                f"the rows of a {type(self).__name__} live in its store and cannot be replaced; "
+                "write them with storage.set(index, data, set_cursor=False)")
+
     def _read(self, index: Any) -> Any:
         n = self._len_along_dim0
         if isinstance(index, slice) and self._maps_writable:
@@ -640,6 +660,16 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self.initialized = False
         return True
 
+    @property
+    def _auto_cleanup(self) -> bool:
+        """TorchRL's name of :attr:`auto_cleanup`."""
+        return self.auto_cleanup
+
+    @property
+    def _cleaned_up(self) -> bool:
+        """TorchRL's name: whether :meth:`cleanup` has deleted the store."""
+        return self._cleaned
+
     # -- introspection --------------------------------------------------------------------
     @property
     def cache_stats(self) -> CacheStats | None:
@@ -796,3 +826,80 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
     def _summary_facts(self) -> tuple[tuple[str, str], ...]:
         return (("shape", str(list(self._total_shape))),) + \
             ((("ndim", str(self.ndim)),) if self.ndim > 1 else ())
+
+
+def _is_key(index: Any) -> bool:
+    """Whether ``index`` names a (nested) key rather than rows."""
+    return isinstance(index, str) or (isinstance(index, tuple) and bool(index)
+                                      and all(isinstance(k, str) for k in index))
+
+
+class StoredRows:
+    """``storage._storage`` of a :class:`LazyMemmapStorage` whose reads are copies (remote,
+    compressed, read-only, or not yet this writer's): every row of the buffer, as TorchRL's
+    container, read only where it is indexed.
+
+    ``rows[index]`` reads those rows (negative indices count from the last row of the
+    container, as TorchRL's); ``rows.get(key)`` reads one key of every row, ``SCAN_ROWS`` rows
+    at a time; ``rows[index] = data`` is ``storage.set(index, data, set_cursor=False)`` (a
+    read-only store refuses it). What a read returns is a copy: editing it stores nothing.
+    """
+
+    def __init__(self, storage: LazyMemmapStorage):
+        self.storage = storage
+
+    @property
+    def shape(self) -> torch.Size:
+        """``[rows, *lanes]`` of the whole container."""
+        return self.storage._total_shape
+
+    batch_size = shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.storage.device
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def keys(self, include_nested: bool = False, leaves_only: bool = False, **kwargs: Any):
+        """The buffer's keys (TensorDict data only), read from its schema."""
+        return self[:0].keys(include_nested, leaves_only, **kwargs)
+
+    def get(self, key: Any, *default: Any) -> Any:
+        """Key ``key`` of every row (``default`` when the buffer lacks it)."""
+        if default and key not in self.keys(include_nested=True):
+            return default[0]
+        from ..samplers import SCAN_ROWS  # (the samplers import the storages)
+
+        rows = len(self)
+        return torch.cat([self[lo:min(lo + SCAN_ROWS, rows)].get(key)
+                          for lo in range(0, rows, SCAN_ROWS)])
+
+    def __getitem__(self, index: Any) -> Any:
+        if _is_key(index):
+            return self.get(index)
+        storage = self.storage
+        first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
+        rows, lead, squeeze = _rows_of(_as_index_tensor(first), len(self))
+        with storage._commit_lock:
+            block = storage._build(storage.table.read(rows), (len(rows),), storage._schema.lane_shape)
+        # the rows read, in order: the block indexed by their positions is the container
+        # indexed by ``first``, and ``rest`` pairs with them as it would there
+        if squeeze:
+            local: Any = 0
+        elif lead is None:
+            local = slice(None)
+        else:
+            local = torch.arange(len(rows)).reshape(lead)
+        return block[(local, *rest)]
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if _is_key(index):
+            raise TypeError(
+                f"storage._storage[{index!r}] = ... would rewrite a key of every row: write "
+                "the rows instead, storage.set(index, data, set_cursor=False)")
+        self.storage.set(index, value, set_cursor=False)
+
+    def __repr__(self) -> str:
+        return f"StoredRows(shape={list(self.shape)}, of={self.storage.spec.redacted()})"

@@ -478,8 +478,11 @@ class LazyTensorStorage(TensorStorage):
                  shared_init: bool = False, cleanup_memmap: bool = True):
         if shared_init:
             raise NotImplementedError(
-                "shared_init is not supported: share a LazyMemmapStorage on a URL instead "
-                "(every process opens the same store)")
+                "shared_init (several processes writing one buffer) is not supported: a "
+                "zstore buffer has one writer, under its lease. Give each writer process its "
+                "own LazyMemmapStorage under one URL prefix and read them together as a "
+                "zstore.StorageEnsemble; readers of one buffer open it with zstore.open(url) "
+                "(docs/scaling.md)")
         super().__init__(None, max_size, device=device, ndim=ndim, compilable=compilable)
         self.consolidated = consolidated
 
