@@ -1,0 +1,282 @@
+"""zstore buffers in Ray actors (zstore.ray, docs/scaling.md §5): a local Ray cluster.
+
+Ray's memory:// is per process, so buffers live in a local directory or on moto S3.
+Every row encodes ``(collector id, serial)`` and sits at row ``serial``, so a reader
+can tell a row that was written (and committed) from anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import sys
+import time
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import zstore
+from zstore.errors import LeaseError
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'zstore[ray]')")
+pytest.importorskip("torchrl", reason="TorchRL is not installed")
+import zstore.ray as zray  # noqa: E402
+import zstore.torchrl  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+# the actors below travel by value: Ray's workers cannot import this test module
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+CAPACITY = 10_000
+DEADLINE = 120.0  # seconds to wait for a commit on two busy cores
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster (no dashboard) for the whole session."""
+    if ray.is_initialized():  # someone else's: use it, leave it
+        yield
+        return
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def rows(collector: int, start: int, n: int) -> TensorDict:
+    serial = torch.arange(start, start + n)
+    return TensorDict(meta=torch.stack([torch.full_like(serial, collector), serial], 1),
+                      obs=serial[:, None].float().expand(n, 3).clone(), batch_size=[n])
+
+
+def check_rows(td: TensorDict, collector: int | torch.Tensor, serial: torch.Tensor) -> None:
+    assert torch.equal(td["meta"][:, 0], torch.as_tensor(collector).expand(len(serial)))
+    assert torch.equal(td["meta"][:, 1], serial)
+    assert torch.equal(td["obs"][:, 0], serial.float())
+
+
+def wait_committed(url: str, options: dict, length: int) -> None:
+    """Poll the committed length (a fresh reader each time) until it reaches ``length``."""
+    deadline = time.monotonic() + DEADLINE
+    seen = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError, zstore.errors.ZStoreError):
+            seen = len(zstore.open(url, options, mode="r"))
+            if seen >= length:
+                return
+        time.sleep(0.2)
+    pytest.fail(f"{url}: {seen} rows committed after {DEADLINE} s, expected {length}")
+
+
+def kill(buffer) -> None:
+    """``ray.kill`` the buffer's actor (SIGKILL: nothing runs at exit) and drop the handle."""
+    ray.kill(buffer._rb, no_restart=True)
+    with contextlib.suppress(Exception):
+        buffer.close()
+
+
+# -- a. TorchRL's RayReplayBuffer over a store --------------------------------------------
+
+@pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
+def test_ray_replay_buffer_survives_kill(ray_cluster, location):
+    url = location.new("rb")
+    make = functools.partial(zray.replay_buffer, url, CAPACITY, storage_options=location.options,
+                             autocommit_seconds=1, batch_size=64,
+                             remote_config={"num_cpus": 0})
+    rb = make()
+    for k in range(5):
+        rb.extend(rows(0, 200 * k, 200))
+    sample = rb.sample()
+    assert sample.shape == (64,)
+    check_rows(sample, 0, sample["meta"][:, 1])
+    wait_committed(url, location.options, 1000)  # by the actor's background commit
+    kill(rb)
+
+    rb = make()  # a new actor over the same URL reopens the committed buffer
+    try:
+        assert len(rb) == 1000
+        check_rows(rb[torch.arange(1000)], 0, torch.arange(1000))
+        rb.extend(rows(0, 1000, 100))  # writing continues at the committed cursor
+        assert len(rb) == 1100
+        check_rows(rb[torch.arange(1100)], 0, torch.arange(1100))
+        rb.extend(rows(0, 1100, 10))
+        assert zray.commit(rb) == 1110  # at once, not after autocommit_seconds
+        assert len(zstore.open(url, location.options, mode="r")) == 1110
+        rb.extend(rows(0, 1110, 10))
+    finally:
+        assert zray.close(rb) == 1120  # commits, releases the lease, ends the actor
+    assert not rb.is_alive
+    zstore.LazyMemmapStorage(CAPACITY, scratch_dir=url, storage_options=location.options,
+                             existsok=True).close()  # the lease is free: a writer starts
+    check_rows(zstore.open(url, location.options, mode="r").get(torch.arange(1120)), 0,
+               torch.arange(1120))
+
+
+def test_existsok_alone_does_not_resume(tmp_path):
+    """Why storage_factory reopens: ``existsok=True`` adopts a committed buffer only at
+    its first write, after the writer has started at cursor 0 (no Ray needed)."""
+    from torchrl.data import ReplayBuffer
+
+    url = str(tmp_path / "rb")
+    first = zstore.torchrl.LazyMemmapStorage(100, scratch_dir=url)
+    first.set(torch.arange(10), rows(0, 0, 10))
+    first.close()
+    adopted = functools.partial(zstore.torchrl.LazyMemmapStorage, 100, scratch_dir=url,
+                                existsok=True)()
+    assert len(adopted) == 0  # nothing adopted before a write: a writer cannot resume
+    adopted.close()
+    rb = ReplayBuffer(storage=zray.storage_factory(url, 100),
+                      writer=zstore.torchrl.RoundRobinWriter)
+    assert len(rb) == 10
+    rb.extend(rows(0, 10, 5))
+    check_rows(rb.storage.get(torch.arange(15)), 0, torch.arange(15))
+    rb.storage.close()
+
+
+def test_prefix_ensemble_without_ray(tmp_path):
+    """Members are committed buffers named collector-*; refresh() sees new commits and
+    members; a member still being created (only its lease there) is not one yet."""
+    import pickle
+
+    prefix = str(tmp_path / "run")
+    assert zray.ensemble(prefix).names == []  # nothing there yet
+    first = zray.open_member(prefix, 0, 100)
+    first.set(torch.arange(4), rows(0, 0, 4))
+    first.flush()
+    zray.open_member(prefix, 1, 100)  # lease taken, nothing committed
+    zstore.LazyMemmapStorage(10, scratch_dir=f"{prefix}/other").set(
+        torch.arange(2), rows(7, 0, 2))  # not collector-*
+    reader = zray.ensemble(prefix)
+    assert reader.names == ["collector-0"] and reader.lengths() == [4]
+    first.set(torch.arange(4, 6), rows(0, 4, 2))
+    first.flush()
+    assert reader.lengths() == [4]  # what it opened, until refreshed
+    assert reader.refresh().lengths() == [6]
+    td, member, index = pickle.loads(pickle.dumps(reader)).sample(
+        50, torch.Generator().manual_seed(0), return_index=True)
+    assert torch.equal(member, torch.zeros(50, dtype=torch.long))
+    check_rows(td, 0, index)
+    with pytest.raises(ValueError, match="not 50"):
+        zray.storage_factory(f"{prefix}/collector-0", 50)()
+    with pytest.raises(RuntimeError, match="nothing is committed"):
+        zray.ensemble(str(tmp_path / "empty")).sample(3)
+
+
+def test_import_does_not_import_ray():
+    import subprocess
+
+    code = "import sys, zstore.ray; assert 'ray' not in sys.modules, 'ray imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+# -- b. collectors under one prefix, a learner reading them as one ensemble ---------------
+
+@ray.remote(num_cpus=0, max_restarts=1, max_task_retries=3)
+class Collector:
+    """Owns ``<prefix>/collector-<i>``; row ``serial`` holds ``(i, serial)``."""
+
+    def __init__(self, prefix: str, i: int, options: dict):
+        self.i = i
+        self.storage = zray.open_member(prefix, i, CAPACITY, storage_options=options,
+                                        autocommit_seconds=math.inf, lease_ttl=30.0, wait=60.0)
+        self.next = len(self.storage)  # the committed length: where a restart resumes
+
+    def collect(self, n: int, commit: bool = True) -> int:
+        self.storage.set(torch.arange(self.next, self.next + n), rows(self.i, self.next, n))
+        self.next += n
+        if commit:
+            self.storage.flush()
+        return self.next
+
+    def position(self) -> tuple[int, int]:
+        """(process id, the next serial)."""
+        return os.getpid(), self.next
+
+
+@ray.remote(num_cpus=0)
+class Learner:
+    def __init__(self, prefix: str, options: dict):
+        self.ensemble = zray.ensemble(prefix, options)
+
+    def step(self, batch: int) -> tuple[list[str], list[int], torch.Tensor]:
+        self.ensemble.refresh()
+        names, lengths = list(self.ensemble.names), self.ensemble.lengths()
+        td, member, index = self.ensemble.sample(batch, return_index=True)
+        return names, lengths, td["meta"], member, index
+
+
+def restarted(actor, old_pid: int) -> int:
+    """Wait until ``actor`` runs in a new process (``ray.kill`` returns at once); its
+    next serial."""
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ray.exceptions.ActorUnavailableError):
+            pid, position = ray.get(actor.position.remote())
+            if pid != old_pid:
+                return position
+        time.sleep(0.2)
+    pytest.fail(f"the actor was not restarted within {DEADLINE} s")
+
+
+@pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
+def test_collectors_and_learner(ray_cluster, location):
+    prefix = location.new("run")
+    opts = location.options
+    collectors = [Collector.remote(prefix, i, opts) for i in range(2)]
+    assert ray.get([c.collect.remote(100) for c in collectors]) == [100, 100]
+    learner = Learner.remote(prefix, opts)
+
+    def learner_sees(committed: list[int]) -> None:
+        names, lengths, meta, member, index = ray.get(learner.step.remote(256))
+        assert names == [f"collector-{i}" for i in range(len(committed))]
+        assert lengths == committed
+        assert len(meta) == 256
+        # every row sampled is the row its collector wrote there, and was committed
+        assert torch.equal(meta[:, 0], member) and torch.equal(meta[:, 1], index)
+        assert (index < torch.tensor(committed)[member]).all()
+
+    learner_sees([100, 100])
+    ray.get(collectors[1].collect.remote(50, commit=False))  # written, never committed
+    pid, _ = ray.get(collectors[1].position.remote())
+    ray.kill(collectors[1], no_restart=False)  # SIGKILL; Ray restarts it (max_restarts=1)
+    # the restarted actor reopens at its last commit (taking the dead holder's lease)
+    assert restarted(collectors[1], pid) == 100
+    learner_sees([100, 100])
+    assert ray.get(collectors[1].collect.remote(30)) == 130  # serials 100.. written again
+    assert ray.get(collectors[0].collect.remote(20)) == 120
+    learner_sees([120, 130])
+
+    collectors.append(Collector.remote(prefix, 2, opts))  # a new member: seen on refresh
+    ray.get(collectors[2].collect.remote(10))
+    learner_sees([120, 130, 10])
+    reader = zray.ensemble(prefix, opts)
+    for i, n in enumerate([120, 130, 10]):
+        check_rows(reader[i].get(torch.arange(n)), i, torch.arange(n))
+    for actor in collectors + [learner]:
+        ray.kill(actor, no_restart=True)
+
+
+# -- c. one writer per storage ------------------------------------------------------------
+
+@ray.remote(num_cpus=0, max_retries=0)
+def second_writer(prefix: str, i: int, options: dict) -> None:
+    storage = zray.open_member(prefix, i, CAPACITY, storage_options=options)
+    storage.set(torch.arange(5), rows(99, 0, 5))  # never reached
+    storage.flush()
+
+
+@pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
+def test_second_writer_refused(ray_cluster, location):
+    prefix = location.new("run")
+    collector = Collector.remote(prefix, 0, location.options)
+    ray.get(collector.collect.remote(40))
+    with pytest.raises(LeaseError, match="being written by"):
+        ray.get(second_writer.remote(prefix, 0, location.options))
+    check_rows(zstore.open(zray.member_url(prefix, 0), location.options, mode="r")
+               .get(torch.arange(40)), 0, torch.arange(40))
+    assert ray.get(collector.collect.remote(10)) == 50  # the holder writes on
+    ray.kill(collector, no_restart=True)

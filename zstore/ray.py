@@ -1,0 +1,260 @@
+"""Small helpers for running zstore buffers in Ray actors (docs/scaling.md §5).
+
+zstore adds no scheduler and no transport: Ray places the actors, the store is
+the only thing they share. What is here:
+
+* :func:`storage_factory`: a picklable callable that creates a buffer at a URL, or
+  reopens the one committed there (its rows, length and cursor). Give it to
+  TorchRL's ``RayReplayBuffer`` (``storage=``) or call it in any actor, so that a
+  restarted actor carries on from the last commit.
+* :func:`replay_buffer`: TorchRL's ``RayReplayBuffer`` over such a factory, with a
+  writer that resumes at the committed cursor; :func:`commit` and :func:`close` commit
+  what its actor holds (``RayReplayBuffer.close()`` alone is a SIGKILL).
+* :func:`open_member`: a collector's own storage ``<prefix>/collector-<i>``, its
+  single-writer lease taken at once (a second writer fails there, not at a write).
+* :func:`ensemble`: every member under a prefix read as one
+  :class:`PrefixEnsemble`; :meth:`PrefixEnsemble.refresh` picks up new commits
+  and new members.
+
+``import zstore.ray`` does not import Ray; :func:`replay_buffer` does.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .api import open as _open
+from .errors import LeaseError, NotAZStoreError, StoreNotFoundError
+from .group import existing_meta
+from .lease import DEFAULT_TTL
+from .storages import LazyMemmapStorage, StorageEnsemble
+from .store import StoreSpec
+
+__all__ = ["PrefixEnsemble", "close", "commit", "ensemble", "member_url", "open_member",
+           "replay_buffer", "storage_factory", "take_lease"]
+
+#: Member names :func:`ensemble` picks up by default (what :func:`member_url` makes).
+MEMBER_PATTERN = "collector-*"
+
+
+def require_ray() -> Any:
+    """Import Ray, or say how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(f"this needs Ray: pip install 'zstore[ray]' ({exc})") from exc
+    return ray
+
+
+def member_url(prefix: str, index: int | str) -> str:
+    """``<prefix>/collector-<index>``: the URL of collector ``index``'s own storage."""
+    return f"{str(prefix).rstrip('/')}/collector-{index}"
+
+
+def _create_or_open(url: str, capacity: int, storage_options: Mapping[str, Any] | None,
+                    torchrl: bool, autocommit_seconds: float, lease_ttl: float | None,
+                    options: Mapping[str, Any]) -> Any:
+    spec = StoreSpec.parse(url, storage_options)
+    meta = existing_meta(spec)
+    if meta is None:
+        cls = LazyMemmapStorage
+        if torchrl:
+            from .torchrl import LazyMemmapStorage as cls
+        # existsok: another process may create it between our look and our first write
+        return cls(capacity, scratch_dir=url, storage_options=storage_options, existsok=True,
+                   autocommit_seconds=autocommit_seconds, lease_ttl=lease_ttl, **options)
+    if meta.max_size != capacity:
+        raise ValueError(f"{spec.redacted()} holds a buffer of {meta.max_size} cells, not "
+                         f"{capacity}: pass its capacity, or use another URL")
+    storage = _open(url, storage_options, mode="r+", lease_ttl=lease_ttl,
+                    **{k: options[k] for k in ("cache_bytes", "cache", "device") if k in options})
+    if torchrl:  # zstore.torchrl.open, which takes no lease_ttl
+        from .torchrl import torchrl_class
+
+        storage.__class__ = torchrl_class(type(storage))
+    storage.autocommit_seconds = autocommit_seconds
+    return storage
+
+
+def storage_factory(url: str, capacity: int, *, storage_options: Mapping[str, Any] | None = None,
+                    torchrl: bool = True, autocommit_seconds: float = 5.0,
+                    lease_ttl: float | None = DEFAULT_TTL, **options: Any) -> functools.partial:
+    """A picklable callable returning the buffer at ``url``: created on first use, reopened after.
+
+    Reopened means what :func:`zstore.open` gives: the committed rows, length and cursor
+    (``existsok=True`` alone adopts the rows only at the first write, too late for a writer
+    to resume). With ``torchrl=True`` the storage is TorchRL's twin class
+    (:mod:`zstore.torchrl`), which ``RayReplayBuffer`` needs; pair it with
+    :class:`zstore.torchrl.RoundRobinWriter` to continue at the committed cursor.
+    ``options`` (``codec``, ``chunks``, ``cache_bytes`` ...) apply when it is created;
+    a reopened buffer keeps its own layout. A different ``capacity`` from the stored
+    buffer's is refused.
+
+    >>> factory = storage_factory("s3://bucket/rb", 1_000_000, storage_options=opts)  # doctest: +SKIP
+    >>> rb = RayReplayBuffer(storage=factory, writer=zstore.torchrl.RoundRobinWriter)  # doctest: +SKIP
+    """
+    return functools.partial(_create_or_open, str(url), int(capacity),
+                             dict(storage_options or {}), torchrl, autocommit_seconds, lease_ttl,
+                             options)
+
+
+def take_lease(storage: Any, *, wait: float = 0.0, poll: float = 0.5) -> Any:
+    """Take ``storage``'s single-writer lease now, waiting up to ``wait`` seconds for a
+    holder's lease to expire (a collector restarted on another node waits at most one
+    ttl; on the same machine a dead holder's lease is taken at once).
+
+    Raises :class:`~zstore.errors.LeaseError` when another writer still holds it."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            storage._hold_lease()
+            return storage
+        except LeaseError:
+            if time.monotonic() + poll > deadline:
+                raise
+            time.sleep(poll)
+
+
+def open_member(prefix: str, index: int | str, capacity: int, *,
+                storage_options: Mapping[str, Any] | None = None, wait: float = 0.0,
+                **options: Any) -> Any:
+    """Collector ``index``'s own storage under ``prefix`` (created or reopened, see
+    :func:`storage_factory`; ``torchrl=False`` by default here), holding its lease.
+
+    Call it inside the collector's actor: the lease belongs to that process, so a second
+    writer (another actor, a restart while this one lives) gets
+    :class:`~zstore.errors.LeaseError` here. ``wait``: see :func:`take_lease`."""
+    options.setdefault("torchrl", False)
+    storage = storage_factory(member_url(prefix, index), capacity,
+                              storage_options=storage_options, **options)()
+    return take_lease(storage, wait=wait)
+
+
+def replay_buffer(url: str, capacity: int, *, storage_options: Mapping[str, Any] | None = None,
+                  autocommit_seconds: float = 5.0, lease_ttl: float | None = DEFAULT_TTL,
+                  storage_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+    """TorchRL's ``RayReplayBuffer`` whose actor keeps its rows at ``url``.
+
+    A buffer built again over the same URL (after ``ray.kill``, a lost node, a new job)
+    reopens the committed rows and writes on at the committed cursor. ``kwargs`` go to
+    ``RayReplayBuffer`` (``batch_size``, ``sampler``, ``remote_config`` ...);
+    ``storage_kwargs`` to the storage (``codec``, ``chunks`` ...)."""
+    require_ray()
+    from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
+
+    from .torchrl import RoundRobinWriter
+
+    kwargs.setdefault("writer", RoundRobinWriter)
+    factory = storage_factory(url, capacity, storage_options=storage_options,
+                              autocommit_seconds=autocommit_seconds, lease_ttl=lease_ttl,
+                              **dict(storage_kwargs or {}))
+    return RayReplayBuffer(storage=factory, **kwargs)
+
+
+def _in_actor(replay_buffer: Any, close: bool) -> int:
+    storage = replay_buffer.storage
+    (storage.close if close else storage.flush)()
+    return len(storage)
+
+
+def commit(buffer: Any) -> int:
+    """Commit what a ``RayReplayBuffer``'s actor has written (readers elsewhere then see
+    it) without waiting for its ``autocommit_seconds``; returns the committed length."""
+    return require_ray().get(buffer._rb.__ray_call__.remote(_in_actor, False))
+
+
+def close(buffer: Any) -> int:
+    """Commit, release the lease, then end a ``RayReplayBuffer``'s actor; returns the
+    committed length.
+
+    ``RayReplayBuffer.close()`` alone kills the actor (``ray.kill``, SIGKILL): rows of its
+    last ``autocommit_seconds`` are lost, and the next writer on another node waits one
+    lease ttl (on the same machine a dead holder's lease is taken at once)."""
+    length = require_ray().get(buffer._rb.__ray_call__.remote(_in_actor, True))
+    buffer.close()
+    return length
+
+
+class PrefixEnsemble(StorageEnsemble):
+    """The committed buffers under one prefix, read as one :class:`~zstore.StorageEnsemble`.
+
+    Members are the directories directly under ``prefix`` whose name matches ``pattern``
+    and that hold a committed buffer, in name order, opened read-only. Like any reader it
+    sees the commits made before it opened them; :meth:`refresh` lists the prefix again
+    and reopens every member (new commits, new members). Member ids (``buffer_ids``) are
+    positions in :attr:`names`: they can change when a member appears, so keep the names.
+    """
+
+    def __init__(self, prefix: str, storage_options: Mapping[str, Any] | None = None, *,
+                 pattern: str = MEMBER_PATTERN, **open_kwargs: Any):
+        self.prefix = StoreSpec.parse(prefix, storage_options, read_only=True)
+        self.pattern = pattern
+        self._open_kwargs = open_kwargs
+        self.names: list[str] = []
+        super().__init__()
+        self.refresh()
+
+    def _list(self) -> list[str]:
+        fs, root = self.prefix.filesystem()
+        fs.invalidate_cache(root)  # s3fs caches listings: a refresh must see new members
+        try:
+            entries = fs.ls(root, detail=True)
+        except FileNotFoundError:
+            return []
+        names = (entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in entries
+                 if entry.get("type") == "directory")
+        return sorted(name for name in names if fnmatch.fnmatchcase(name, self.pattern))
+
+    def refresh(self) -> "PrefixEnsemble":
+        """List the prefix and reopen every committed member; returns ``self``."""
+        storages, names = [], []
+        for name in self._list():
+            try:
+                storages.append(_open(f"{self.prefix.url}/{name}", self.prefix.storage_options,
+                                      mode="r", **self._open_kwargs))
+            except (StoreNotFoundError, NotAZStoreError):
+                continue  # created but not committed yet (or not a buffer): not a member yet
+            names.append(name)
+        self._storages, self.names = tuple(storages), names
+        self.max_size = sum(storage.max_size for storage in storages)
+        return self
+
+    def lengths(self) -> list[int]:
+        """The committed length of each member (as of the last :meth:`refresh`)."""
+        return [len(storage) for storage in self._storages]
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None, *,
+               return_index: bool = False) -> Any:
+        """``batch_size`` rows drawn uniformly over all committed rows of all members,
+        grouped by member (each member's rows as its ``get`` returns them).
+
+        ``return_index=True``: ``(rows, buffer_ids, index)``, the member and row of each."""
+        lengths = torch.tensor(self.lengths(), dtype=torch.long)
+        ends = lengths.cumsum(0)
+        if not len(lengths) or int(ends[-1]) == 0:
+            raise RuntimeError(f"nothing is committed under {self.prefix.redacted()} yet "
+                               f"(members: {self.names or 'none'}); refresh() later")
+        flat = torch.randint(int(ends[-1]), (batch_size,), generator=generator).sort().values
+        member = torch.bucketize(flat, ends, right=True)
+        index = flat - (ends - lengths)[member]
+        chosen = member.unique().tolist()
+        got = self.get({"buffer_ids": chosen, "index": [index[member == m] for m in chosen]})
+        rows = torch.cat([sample for _, sample in got])
+        return (rows, member, index) if return_index else rows
+
+    def __repr__(self) -> str:
+        return f"PrefixEnsemble({self.prefix.redacted()}, members={self.names})"
+
+
+def ensemble(prefix: str, storage_options: Mapping[str, Any] | None = None, *,
+             pattern: str = MEMBER_PATTERN, **open_kwargs: Any) -> PrefixEnsemble:
+    """The members under ``prefix`` as one read-only :class:`PrefixEnsemble`
+    (``refresh()`` it to see new commits and members). ``open_kwargs`` go to
+    :func:`zstore.open` (``cache_bytes``, ``cache``, ``device``)."""
+    return PrefixEnsemble(prefix, storage_options, pattern=pattern, **open_kwargs)
