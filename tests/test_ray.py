@@ -179,14 +179,17 @@ def test_import_does_not_import_ray():
 class Collector:
     """Owns ``<prefix>/collector-<i>``; row ``serial`` holds ``(i, serial)``."""
 
-    def __init__(self, prefix: str, i: int, options: dict):
+    def __init__(self, prefix: str, i: int, options: dict, *, lease_ttl: float = 30.0,
+                 wait: float = 60.0, tag: int | None = None):
         self.i = i
+        self.tag = i if tag is None else tag  # the collector id its rows hold
         self.storage = zray.open_member(prefix, i, CAPACITY, storage_options=options,
-                                        autocommit_seconds=math.inf, lease_ttl=30.0, wait=60.0)
+                                        autocommit_seconds=math.inf, lease_ttl=lease_ttl,
+                                        wait=wait)
         self.next = len(self.storage)  # the committed length: where a restart resumes
 
     def collect(self, n: int, commit: bool = True) -> int:
-        self.storage.set(torch.arange(self.next, self.next + n), rows(self.i, self.next, n))
+        self.storage.set(torch.arange(self.next, self.next + n), rows(self.tag, self.next, n))
         self.next += n
         if commit:
             self.storage.flush()
@@ -195,6 +198,16 @@ class Collector:
     def position(self) -> tuple[int, int]:
         """(process id, the next serial)."""
         return os.getpid(), self.next
+
+    def commit(self) -> int:
+        self.storage.flush()
+        return len(self.storage)
+
+    def stall_then_collect(self, signal, n: int) -> int:
+        """Stall (holding the storage, its last writes uncommitted) until ``signal`` is
+        sent, then write ``n`` rows and commit them."""
+        ray.get(signal.wait.remote())
+        return self.collect(n)
 
 
 @ray.remote(num_cpus=0)
@@ -207,6 +220,43 @@ class Learner:
         names, lengths = list(self.ensemble.names), self.ensemble.lengths()
         td, member, index = self.ensemble.sample(batch, return_index=True)
         return names, lengths, td["meta"], member, index
+
+    def read_all(self) -> dict[str, torch.Tensor]:
+        """Every committed row of every member (``meta``), by member name."""
+        self.ensemble.refresh()
+        return {name: self.ensemble[m].get(torch.arange(length))["meta"]
+                for m, (name, length) in enumerate(zip(self.ensemble.names,
+                                                       self.ensemble.lengths()))}
+
+
+@ray.remote(num_cpus=0)
+class Signal:
+    """A Ray-side event: ``wait()`` blocks its caller until ``send()``."""
+
+    def __init__(self):
+        import asyncio
+
+        self.event = asyncio.Event()
+        self.waiters = 0
+
+    async def wait(self) -> None:
+        self.waiters += 1
+        await self.event.wait()
+
+    async def send(self) -> None:
+        self.event.set()
+
+    async def waiting(self) -> int:
+        return self.waiters
+
+
+def wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    pytest.fail(f"{what}: not within {DEADLINE} s")
 
 
 def restarted(actor, old_pid: int) -> int:
@@ -260,6 +310,41 @@ def test_collectors_and_learner(ray_cluster, location):
         ray.kill(actor, no_restart=True)
 
 
+@pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
+def test_a_killed_learner_loses_nothing(ray_cluster, location):
+    """The learner holds no state of its own: a new one over the prefix reads every
+    committed row of every member, the rows its collectors report having committed."""
+    prefix = location.new("run")
+    opts = location.options
+    collectors = [Collector.remote(prefix, i, opts) for i in range(3)]
+    committed = ray.get([c.collect.remote(40 * (i + 1)) for i, c in enumerate(collectors)])
+    assert committed == [40, 80, 120]
+    learner = Learner.remote(prefix, opts)
+    names, lengths, meta, member, index = ray.get(learner.step.remote(128))
+    assert lengths == committed
+    assert torch.equal(meta[:, 0], member) and torch.equal(meta[:, 1], index)
+    committed = ray.get([c.collect.remote(25) for c in collectors])  # while it samples
+    ray.get(collectors[0].collect.remote(7, commit=False))  # written, not committed
+    in_flight = learner.step.remote(128)  # a step the kill may cut short
+    ray.kill(learner, no_restart=True)
+    with contextlib.suppress(ray.exceptions.RayActorError):
+        ray.get(in_flight, timeout=DEADLINE)
+
+    learner = Learner.remote(prefix, opts)
+    seen = ray.get(learner.read_all.remote())
+    assert list(seen) == [f"collector-{i}" for i in range(3)]
+    for i, n in enumerate(committed):
+        meta = seen[f"collector-{i}"]
+        assert len(meta) == n  # every committed row, and the uncommitted 7 not
+        assert torch.equal(meta[:, 0], torch.full((n,), i))
+        assert torch.equal(meta[:, 1], torch.arange(n))
+    names, lengths, meta, member, index = ray.get(learner.step.remote(256))
+    assert lengths == committed
+    assert torch.equal(meta[:, 0], member) and torch.equal(meta[:, 1], index)
+    for actor in collectors + [learner]:
+        ray.kill(actor, no_restart=True)
+
+
 # -- c. one writer per storage ------------------------------------------------------------
 
 @ray.remote(num_cpus=0, max_retries=0)
@@ -280,3 +365,49 @@ def test_second_writer_refused(ray_cluster, location):
                .get(torch.arange(40)), 0, torch.arange(40))
     assert ray.get(collector.collect.remote(10)) == 50  # the holder writes on
     ray.kill(collector, no_restart=True)
+
+
+STALL_TTL = 2.0  # seconds: the stalled collector's lease ttl (any positive number is accepted)
+
+
+@pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
+def test_a_collector_stalled_past_its_ttl_stores_nothing_over_its_successor(ray_cluster,
+                                                                            location):
+    """A collector stalls (blocked on a signal, its last rows uncommitted) past its lease
+    ttl; a successor takes the member over and commits; the woken collector is refused."""
+    prefix = location.new("run")
+    opts = location.options
+    url = zray.member_url(prefix, 0)
+    stalled = Collector.options(max_restarts=0, max_task_retries=0).remote(
+        prefix, 0, opts, lease_ttl=STALL_TTL)
+    assert ray.get(stalled.collect.remote(100)) == 100
+    assert ray.get(stalled.collect.remote(50, commit=False)) == 150  # its last, uncommitted
+    signal = Signal.remote()
+    woken = stalled.stall_then_collect.remote(signal, 10)  # stalls holding its storage
+    wait_until(lambda: ray.get(signal.waiting.remote()) == 1, "the collector stalls")
+
+    # the successor waits (polling, up to DEADLINE) for the stalled lease to expire
+    successor = Collector.options(max_restarts=0, max_task_retries=0).remote(
+        prefix, 0, opts, wait=DEADLINE, tag=1)
+    assert ray.get(successor.position.remote())[1] == 100  # it resumes at the last commit
+    assert ray.get(successor.collect.remote(30)) == 130
+    assert len(zstore.open(url, opts, mode="r")) == 130
+
+    ray.get(signal.send.remote())  # the stalled collector wakes up and writes on
+    # its first write renews the lease, which the successor holds now: refused, nothing stored
+    with pytest.raises(LeaseError, match="lost the write lease"):
+        ray.get(woken, timeout=DEADLINE)
+    with pytest.raises(LeaseError, match="does not hold the write lease|lost the write lease"):
+        ray.get(stalled.commit.remote(), timeout=DEADLINE)  # and a retry commits nothing
+
+    reader = zstore.open(url, opts, mode="r")
+    assert len(reader) == 130  # exactly the successor's commit
+    got = reader.get(torch.arange(130))
+    check_rows(got[:100], 0, torch.arange(100))
+    check_rows(got[100:], 1, torch.arange(100, 130))  # none of the stalled rows
+    assert ray.get(successor.collect.remote(10)) == 140  # the successor writes on
+    reader = zstore.open(url, opts, mode="r")
+    assert len(reader) == 140
+    check_rows(reader.get(torch.arange(100, 140)), 1, torch.arange(100, 140))
+    for actor in (stalled, successor, signal):
+        ray.kill(actor, no_restart=True)

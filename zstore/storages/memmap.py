@@ -857,6 +857,7 @@ class StoredRows:
 
     @property
     def device(self) -> torch.device:
+        """Where the rows read are returned (the storage's device)."""
         return self.storage.device
 
     def __len__(self) -> int:
