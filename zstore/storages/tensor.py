@@ -363,32 +363,54 @@ class TensorStorage(Storage):
         self._bump_mutation_revision()
 
     # -- conditional patches (ReplayBuffer.update_if_present) -----------------------------
-    def _conditional_patch_leaf(self, key: Any) -> torch.Tensor:
+    def _conditional_patch_head(self, key: Any) -> torch.Tensor:
+        """Key ``key`` of no row: its dtype, device and ``[0, *lanes, *features]`` shape."""
         if not self.initialized:
             raise RuntimeError("Conditional updates require an initialized storage. "
                                "Write data to the buffer first.")
-        sample = self.get(slice(0, 1)) if len(self) else None
-        if sample is None or not is_tensor_collection(sample) or key not in sample.keys(True, True):
+        head = self.get(slice(0, 0))
+        if not is_tensor_collection(head) or key not in head.keys(True, True):
             raise KeyError(f"key {key!r} is not in the storage")
-        return sample.get(key)
+        return head.get(key)
 
-    def _validate_conditional_patch(self, index: Any, patch: Any) -> None:
-        current = self.get(index)
-        for key in patch.keys(include_nested=True, leaves_only=True):
-            leaf = self._conditional_patch_leaf(key)
-            value = patch.get(key)
-            if value.dtype != leaf.dtype:
-                raise ValueError(f"dtype mismatch for patch key {key!r}: expected {leaf.dtype}, "
+    def _conditional_patch_leaf(self, key: Any) -> torch.Tensor:
+        """Key ``key`` of every row of the container, written or not, as TorchRL's hook."""
+        self._conditional_patch_head(key)
+        return self._storage.get(key)
+
+    def _validate_conditional_patch(self, index: Any, patch: Any) -> dict[Any, torch.Tensor]:
+        """``patch`` (a mapping or TensorDict) as ``{leaf key: [records, *features] tensor}``,
+        checked against the storage's keys, dtypes and feature shapes; no row is read."""
+        index = torch.as_tensor(index)
+        n_coords = index.shape[-1] if index.ndim > 1 else 1
+        n_rows = index.shape[0] if index.ndim > 1 else index.numel()
+        if is_tensor_collection(patch):
+            patch = dict(patch.items(include_nested=True, leaves_only=True))
+        normalized = {}
+        for key, value in patch.items():
+            head = self._conditional_patch_head(key)
+            value = torch.as_tensor(value)
+            if value.dtype != head.dtype:
+                raise ValueError(f"dtype mismatch for patch key {key!r}: expected {head.dtype}, "
                                  f"got {value.dtype}")
-            if value.shape != current.get(key).shape:
-                raise ValueError(f"shape mismatch for patch key {key!r}: expected "
-                                 f"{tuple(current.get(key).shape)}, got {tuple(value.shape)}")
+            features = head.shape[n_coords:]
+            try:
+                normalized[key] = value.reshape((n_rows, *features)).to(head.device)
+            except RuntimeError:
+                raise ValueError(f"shape mismatch for patch key {key!r}: expected {n_rows} "
+                                 f"records of feature shape {tuple(features)}, got "
+                                 f"{tuple(value.shape)}") from None
+        return normalized
 
     def _apply_conditional_patch(self, index: Any, patch: Any) -> None:
-        current = self.get(index)
+        """Overwrite ``patch``'s keys of the records at ``index`` (rows, or ``[records, ndim]``
+        cell coordinates); the last of duplicate records wins."""
+        index = torch.as_tensor(index)
+        cursor = tuple(index.t().contiguous()) if index.ndim > 1 else index
+        current = self.get(cursor)
         current.update(patch)
-        self._write(index, current)
-        self._mark_rows(index)
+        self._write(cursor, current)
+        self._mark_rows(cursor)
         self._bump_mutation_revision()
 
     # -- display ---------------------------------------------------------------------------
