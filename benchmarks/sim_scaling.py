@@ -36,6 +36,7 @@ import time
 import uuid
 from pathlib import Path
 
+import s3fs
 import torch
 from tensordict import TensorDict
 
@@ -218,9 +219,11 @@ def run_ray(n_writers: int, n_learners: int, args, options: dict, bucket: str, a
     for actor in collectors + learners + [stop]:
         ray.kill(actor)
     commits = [c for rep in written for c in rep[2]]
+    stored = s3fs.S3FileSystem(**options, skip_instance_cache=True).du(prefix)
     return {
         "collectors": n_writers, "learners": n_learners,
         "written_per_s": sum(rep[0] for rep in written) / wall,
+        "stored_mb_per_s": stored / wall / 1e6,  # what the server took in: chunks and commits
         "sampled_per_s": sum(rep[0] / rep[1] for rep in sampled),
         "commit_ms_median": 1e3 * statistics.median(commits),
         "commit_ms_p90": 1e3 * statistics.quantiles(commits, n=10)[-1],
@@ -235,7 +238,7 @@ def ray_main(args, options: dict, bucket: str) -> list[dict]:
     actors = ray_actors()
     results = []
     print(f"{'collectors':>10} {'learners':>8} {'written/s':>10} {'sampled/s':>10} "
-          f"{'commit ms (median / p90)':>25} {'wrong rows':>10}")
+          f"{'stored MB/s':>11} {'commit ms (median / p90)':>25} {'wrong rows':>10}")
     for n in args.writers:
         for m in args.learners:
             runs = [run_ray(n, m, args, options, bucket, actors) for _ in range(args.repeats)]
@@ -245,7 +248,7 @@ def ray_main(args, options: dict, bucket: str) -> list[dict]:
             row["repeats"] = args.repeats
             results.append(row)
             print(f"{n:>10} {m:>8} {row['written_per_s']:>10.0f} {row['sampled_per_s']:>10.0f} "
-                  f"{row['commit_ms_median']:>13.1f} / {row['commit_ms_p90']:<9.1f} "
+                  f"{row['stored_mb_per_s']:>11.2f} {row['commit_ms_median']:>13.1f} / {row['commit_ms_p90']:<9.1f} "
                   f"{row['wrong_rows']:>10}", flush=True)
     ray.shutdown()
     return results
