@@ -8,14 +8,16 @@ uncommitted write is ``autocommit_seconds`` old. It never waits for a writer:
 a storage in the middle of a write is skipped and tried again at the next tick,
 and the writer's own next write commits it if that comes first.
 
-At interpreter exit every live storage is closed (committed) by its own module;
+At interpreter exit every storage still uncommitted is committed;
 :func:`commit_on_sigterm` makes SIGTERM (what ``kill``, Kubernetes and Ray send
 first) exit through that path too, instead of dying with nothing committed.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import math
 import os
 import signal
 import threading
@@ -30,13 +32,71 @@ MAX_TICK = 1.0
 
 
 class Committable(Protocol):
-    """What the committer needs of a storage."""
+    """What the committer needs of a storage (and its ``spec``, a :class:`zstore.StoreSpec`)."""
 
     def _commit_due_at(self) -> float | None:
         """``time.monotonic()`` at which its oldest uncommitted write is due; ``None``: clean."""
 
     def _commit_if_idle(self) -> bool:
         """Commit unless a write is in progress; ``False`` when it was busy."""
+
+
+class CommitClock:
+    """Mixin of a storage with ``autocommit_seconds``, ``flush()`` and a write lease
+    (``_lease``, or ``None``): it tracks the oldest uncommitted write and lets the
+    background thread commit it. Writes, reads and commits hold ``_commit_lock``;
+    ``flush()`` calls :meth:`_mark_clean` once committed."""
+
+    autocommit_seconds: float
+
+    def _start_clock(self) -> None:
+        """Fresh clock state (construction, reopening, unpickling)."""
+        self._uncommitted = False
+        self._dirty_since = 0.0  # time.monotonic() of the oldest uncommitted write
+        self._commit_lock = threading.RLock()  # a write, a read or a commit at a time
+
+    def _committable(self) -> bool:
+        """Whether there is anything open to commit (not closed, deleted or never created)."""
+        return True
+
+    def _mark_dirty(self) -> None:
+        """Record an uncommitted write; the first one since a commit starts the clock."""
+        if self._uncommitted:
+            return
+        self._uncommitted = True
+        self._dirty_since = time.monotonic()
+        schedule(self)  # with an infinite window too: the exit commit finds it there
+        commit_on_sigterm()
+
+    def _mark_clean(self) -> None:
+        self._uncommitted = False
+
+    def _commit_due(self) -> bool:
+        """Whether the oldest uncommitted write is ``autocommit_seconds`` old (the writer's
+        own next write then commits at once)."""
+        return self._uncommitted and \
+            time.monotonic() - self._dirty_since >= self.autocommit_seconds
+
+    def _commit_due_at(self) -> float | None:
+        """When the oldest uncommitted write is due for its commit (``None``: nothing is)."""
+        if not self._uncommitted or not self._committable():
+            return None
+        return self._dirty_since + self.autocommit_seconds
+
+    def _commit_if_idle(self) -> bool:
+        """The background commit: flush unless a write or read holds the storage (then
+        ``False``); a storage that lost or released its lease is left to its writer."""
+        if not self._commit_lock.acquire(blocking=False):
+            return False
+        try:
+            lease = self._lease
+            if lease is not None and not (lease.active and lease.held):
+                return True  # released or lost: only the writer's own next write may act
+            if self._uncommitted and self._committable():
+                self.flush()
+            return True
+        finally:
+            self._commit_lock.release()
 
 
 _pending: "weakref.WeakSet[Committable]" = weakref.WeakSet()
@@ -75,7 +135,7 @@ def _sweep(now: float) -> "tuple[list[Committable], float | None]":
             _pending.discard(storage)
         elif at <= now:
             due.append(storage)
-        else:
+        elif math.isfinite(at):  # an infinite window waits for flush(), exit or SIGTERM
             soonest = at if soonest is None else min(soonest, at)
     return due, None if soonest is None else min(MAX_TICK, soonest - now)
 
@@ -91,8 +151,25 @@ def _commit(storage: Committable) -> None:
     except Exception as exc:  # noqa: BLE001 - reported to the writer by its next flush()
         with _wake:
             _pending.discard(storage)
-        _log.warning("zstore: background commit of %r failed (%s: %s); the next write or "
-                     "flush() retries it", storage, type(exc).__name__, exc)
+        _log.warning("zstore: background commit of %s failed (%s: %s); the next write or "
+                     "flush() retries it", storage.spec.redacted(), type(exc).__name__, exc)
+
+
+def _commit_pending_at_exit() -> None:
+    """Commit what is still uncommitted when the interpreter exits (SIGTERM included)."""
+    for storage in list(_pending):
+        if storage.spec.protocol == "memory":
+            continue  # it ends with the process
+        try:
+            storage.flush()
+        except Exception as exc:  # noqa: BLE001 - exit must go on; nothing more can be done
+            _log.warning("zstore: commit of %s at exit failed (%s: %s)",
+                         storage.spec.redacted(), type(exc).__name__, exc)
+
+
+# Run when the main thread ends, before ``concurrent.futures`` shuts its executors down
+# (they refuse new work by the time ``atexit`` runs, and stores upload through them).
+getattr(threading, "_register_atexit", atexit.register)(_commit_pending_at_exit)
 
 
 def _forget_thread() -> None:

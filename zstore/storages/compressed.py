@@ -39,6 +39,7 @@ from tensordict import TensorDict, is_tensor_collection, is_tensorclass, lazy_st
 from tensordict._td import _StringOnlyDict
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
+from .. import autocommit
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats
 from ..codecs import CodecSpec, is_remote, parse_codecs
 from ..display import KeyRow, Summary, dtype_name
@@ -260,7 +261,7 @@ class _Ragged:
                 part.cleanup()
 
 
-class CompressedListStorage(CompressionRatio, ListStorage):
+class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorage):
     """TorchRL's CompressedListStorage on compressed, chunked Zarr arrays at any URL.
 
     Items (tensors, TensorDicts — nested, with their batch sizes — or
@@ -287,6 +288,9 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         cache_bytes: byte budget of each table's hot-chunk cache.
         lease_ttl: the single-writer lease's ttl in seconds, taken at the first
             write (see :class:`~zstore.LazyMemmapStorage`); ``None``: no lease.
+        autocommit_seconds: items are committed at most this long after they were
+            written, as :class:`~zstore.LazyMemmapStorage`'s (a background commit
+            when idle; also at interpreter exit and on SIGTERM).
 
     ``flush()`` commits; a storage at a URL then reopens with ``zstore.open(url)``
     and pickles as its spec (the copy shares the arrays). A ``memory://`` storage
@@ -305,13 +309,15 @@ class CompressedListStorage(CompressionRatio, ListStorage):
                  device: Any = "cpu", compilable: bool = False, scratch_dir: Any = None,
                  storage_options: Mapping[str, Any] | None = None, codec: Any = "default",
                  chunks: int | Mapping[str, int] | None = None,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, lease_ttl: float | None = DEFAULT_TTL):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, lease_ttl: float | None = DEFAULT_TTL,
+                 autocommit_seconds: float = 5.0):
         super().__init__(max_size, compilable=compilable, device=device)
         owned = scratch_dir is None
         if owned:
             scratch_dir = f"memory://zstore-compressed/{uuid.uuid4().hex}"
         self._configure(StoreSpec.parse(scratch_dir, storage_options), owned, compression_fn,
-                        decompression_fn, compression_level, codec, chunks, cache_bytes, lease_ttl)
+                        decompression_fn, compression_level, codec, chunks, cache_bytes, lease_ttl,
+                        autocommit_seconds)
         if not owned and _root_block(self.spec) is not None:
             raise StoreExistsError(f"{self.spec.redacted()} already holds a {type(self).__name__}; "
                                    "reopen it with zstore.open(url), or choose another location")
@@ -319,8 +325,11 @@ class CompressedListStorage(CompressionRatio, ListStorage):
 
     def _configure(self, spec: StoreSpec, owned: bool, compression_fn: Callable | None,
                    decompression_fn: Callable | None, compression_level: int, codec: Any,
-                   chunks: Any, cache_bytes: int, lease_ttl: float | None = DEFAULT_TTL) -> None:
+                   chunks: Any, cache_bytes: int, lease_ttl: float | None = DEFAULT_TTL,
+                   autocommit_seconds: float = 5.0) -> None:
         self.compression_level = compression_level
+        self.autocommit_seconds = autocommit_seconds
+        self._start_clock()
         if (compression_fn is None) != (decompression_fn is None):
             raise ValueError("pass both compression_fn and decompression_fn, or neither")
         self.compression_fn, self.decompression_fn = compression_fn, decompression_fn
@@ -347,6 +356,7 @@ class CompressedListStorage(CompressionRatio, ListStorage):
             weakref.finalize(self, self._lease.release_later)
 
     def _reset(self) -> None:
+        self._mark_clean()
         self._len = 0
         self._kind: str | None = None          # "tensor" | "tensordict"
         self._tensorclass: type | None = None
@@ -617,6 +627,12 @@ class CompressedListStorage(CompressionRatio, ListStorage):
 
     # -- the contract ---------------------------------------------------------------------------
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        with self._commit_lock:
+            self._set_locked(cursor, data)
+            if self._commit_due():
+                self.flush()
+
+    def _set_locked(self, cursor: Any, data: Any) -> None:
         index = _as_int(cursor)
         if index is not None:
             self._write_positions([index], data, single=True)
@@ -672,10 +688,15 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         self.spec.require_writable("write")
         self._write_batch(torch.tensor(checked), data, 0 if single else 1)
         self._len = length
+        self._mark_dirty()
         if bump:
             self._revision += len(checked)
 
     def get(self, index: Any) -> Any:
+        with self._commit_lock:  # a background commit and a read do not share the tables
+            return self._get_locked(index)
+
+    def _get_locked(self, index: Any) -> Any:
         if isinstance(index, tuple):
             if len(index) != 1:
                 raise RuntimeError(f"{type(self).__name__} can only be indexed with one-length tuples.")
@@ -731,6 +752,13 @@ class CompressedListStorage(CompressionRatio, ListStorage):
     def flush(self) -> None:
         """Store every written chunk, then commit the root metadata (what ``zstore.open``,
         other processes and ``nbytes`` see)."""
+        with self._commit_lock:
+            self._flush()
+
+    def _committable(self) -> bool:
+        return self._kind is not None or self._root is not None
+
+    def _flush(self) -> None:
         if self.spec.read_only:
             return
         if self._lease is not None:
@@ -742,8 +770,9 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         for ragged in self._ragged.values():
             if ragged is not None:
                 ragged.flush()
-        if self._kind is not None or self._root is not None:
+        if self._committable():
             self._commit()
+        self._mark_clean()
 
     def close(self) -> None:
         """Commit what this storage wrote and release its write lease (it stays usable)."""
@@ -837,7 +866,7 @@ class CompressedListStorage(CompressionRatio, ListStorage):
                  "codec": {"default": self.default_codec.to_json(),
                            **{p: c.to_json() for p, c in self.key_codecs.items()}},
                  "chunks": self.chunks, "cache_bytes": self.cache_bytes, "revision": self._revision,
-                 "lease_ttl": self.lease_ttl}
+                 "lease_ttl": self.lease_ttl, "autocommit_seconds": self.autocommit_seconds}
         if self.spec.protocol == "memory":
             fs, root = self.spec.filesystem()
             files = fs.find(root) if self._root is not None else []
@@ -859,7 +888,8 @@ class CompressedListStorage(CompressionRatio, ListStorage):
         ListStorage.__init__(self, state["max_size"], device=state["device"])
         self._configure(spec, owned, state["compression_fn"], state["decompression_fn"],
                         state["compression_level"], state["codec"], state["chunks"],
-                        state["cache_bytes"], state.get("lease_ttl", DEFAULT_TTL))
+                        state["cache_bytes"], state.get("lease_ttl", DEFAULT_TTL),
+                        state.get("autocommit_seconds", 5.0))
         block = _root_block(spec)
         if block is None:
             self._reset()

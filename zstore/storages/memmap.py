@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import math
 import os
-import threading
 from concurrent.futures import Future
 import tempfile
 import time
@@ -136,7 +134,7 @@ def _rows_of(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...], bool]:
     return rows, shape, False
 
 
-class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
+class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStorage):
     """A tensor storage on a Zarr store at any URL, created at the first write.
 
     Args:
@@ -224,9 +222,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         self._group = None
         self._meta: StoreMeta | None = None
         self._pid = os.getpid()
-        self._uncommitted = False
-        self._dirty_since = 0.0  # time.monotonic() of the oldest uncommitted write
-        self._commit_lock = threading.RLock()  # a write, or a commit, at a time
+        self._start_clock()
         self._committed = (0, -1)  # (length, last cursor) as last committed or opened
         self._cleaned = False
         self._finalizer = weakref.finalize(self, _collect_store, self.spec) if self.auto_cleanup else None
@@ -546,42 +542,12 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
             raise ReadOnlyError(f"cannot write: {self.spec.redacted()} is opened read-only")
         with self._commit_lock:
             super().set(cursor, data, set_cursor=set_cursor)
-            if self._uncommitted and \
-                    time.monotonic() - self._dirty_since >= self.autocommit_seconds:
+            if self._commit_due():
                 self.flush()
 
-    def _mark_dirty(self) -> None:
-        """Record an uncommitted write; the first one since a commit starts the clock of
-        the background commit (:mod:`zstore.autocommit`)."""
-        if self._uncommitted:
-            return
-        self._uncommitted = True
-        self._dirty_since = time.monotonic()
-        if math.isfinite(self.autocommit_seconds):
-            autocommit.schedule(self)
-        autocommit.commit_on_sigterm()
+    def _committable(self) -> bool:
+        return self._table is not None
 
-    def _commit_due_at(self) -> float | None:
-        """When the oldest uncommitted write is due for its commit (``None``: nothing is)."""
-        if not self._uncommitted or self._table is None:
-            return None
-        return self._dirty_since + self.autocommit_seconds
-
-    def _commit_if_idle(self) -> bool:
-        """The background commit: flush unless a write holds the storage (then ``False``)."""
-        if not self._commit_lock.acquire(blocking=False):
-            return False
-        try:
-            lease = self._lease
-            if lease is not None and not (lease.active and lease.held):
-                return True  # released or lost: only the writer's own next write may act
-            if self._uncommitted and self._table is not None:
-                self.flush()
-            return True
-        finally:
-            self._commit_lock.release()
-
-    # -- commit ---------------------------------------------------------------------------
     def flush(self) -> None:
         """Store every written row, then commit the length and cursor (one metadata write)."""
         with self._commit_lock:
@@ -602,7 +568,7 @@ class LazyMemmapStorage(CompressionRatio, LazyTensorStorage):
         meta.high_water = self.table.high_water
         commit(self._group, meta, self._lease, self.spec.redacted())
         self._committed = (meta.length, meta.last_cursor)
-        self._uncommitted = False
+        self._mark_clean()
 
     def seal(self) -> int:
         """Publish this buffer as a read-only dataset; returns its number of episodes.
