@@ -20,12 +20,20 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/zstore demo
 
-test: install
-	$(PY) -m pytest
+# One pytest worker per core (pytest-xdist; TEST_WORKERS=0 runs in one process): each worker
+# starts its own moto S3 server; the Ray tests share one worker (xdist_group "ray").
+TEST_WORKERS ?= auto
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
 
-# The long crash-point campaigns (every kill point, S3 included), left out of `make test`.
+test: install
+	$(PY) -m pytest $(XDIST)
+
+# The long campaigns left out of `make test`: every crash point (S3 included), the slow S3 and
+# Ray-on-S3 variants of tests that `make test` runs locally, then long fuzz / property runs.
 campaign: install
-	$(PY) -m pytest -m campaign
+	$(PY) -m pytest $(XDIST) -m campaign
+	ZSTORE_FUZZ_EXAMPLES=400 ZSTORE_PROPERTY_EXAMPLES=200 $(PY) -m pytest $(XDIST) \
+		tests/test_fuzz.py tests/test_properties.py
 
 bench: install
 	$(PY) benchmarks/bench_storage.py

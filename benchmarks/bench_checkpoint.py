@@ -207,20 +207,15 @@ def main() -> int:
 
     # -- S3 on loopback -----------------------------------------------------------------------
     if not args.no_s3:
-        import s3fs
-        from moto.server import ThreadedMotoServer
+        from zstore.testing.s3 import moto_s3
 
         os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        options = {"endpoint_url": f"http://{host}:{port}", "key": "testing", "secret": "testing"}
-        s3fs.S3FileSystem(**options).mkdir("bench")
-        try:
+        with moto_s3() as server:
+            options, bucket = server.storage_options, server.new_bucket("bench")
+
             def s3_dest():
-                return StoreSpec.parse(f"s3://bench/{uuid.uuid4().hex[:8]}", options)
+                return StoreSpec.parse(f"s3://{bucket}/{uuid.uuid4().hex[:8]}", options)
 
             dests = []
             results["s3_dump_zstore_s"] = median_time(lambda: ours.dumps(dests[-1]), args.repeats,
@@ -231,8 +226,6 @@ def main() -> int:
             results["s3_incremental_dump_s"] = t_inc
             results["s3_incremental_bytes_ratio"] = inc_rec["bytes_written"] / full_rec["bytes_written"]
             results["s3_incremental_time_ratio"] = t_inc / t_full
-        finally:
-            server.stop()
     shutil.rmtree(root, ignore_errors=True)
 
     rows = [

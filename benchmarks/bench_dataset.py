@@ -43,7 +43,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import zstore
-from zstore.demo import fmt_bytes, fmt_time, loopback_s3
+from zstore.demo import fmt_time, loopback_s3
+from zstore.display import format_bytes as fmt_bytes
 
 BATCH, SLICES, SLICE_LEN = 256, 32, 16
 

@@ -52,6 +52,7 @@ sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
 
 import zarr  # noqa: E402
 import zstore  # noqa: E402
+from zstore.testing.s3 import MotoS3  # noqa: E402
 
 MB = 1 << 20
 BATCH = 256
@@ -150,31 +151,6 @@ def row_bytes(td: TensorDict) -> int:
 def leaf_paths(td: TensorDict) -> dict[str, tuple]:
     """{zarr path: nested key} of every leaf."""
     return {"/".join((k,) if isinstance(k, str) else k): k for k in td.keys(True, True)}
-
-
-# ----------------------------------------------------------------------------- S3
-class S3Server:
-    """moto's threaded S3 server on loopback and an s3fs client for it."""
-
-    def __init__(self) -> None:
-        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            os.environ[name] = "testing"
-        os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        from moto.server import ThreadedMotoServer
-        import s3fs
-
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self.server.start()
-        host, port = self.server.get_host_and_port()
-        self.endpoint = f"http://{host}:{port}"
-        self.options = {"endpoint_url": self.endpoint, "key": "testing", "secret": "testing"}
-        self.fs = s3fs.S3FileSystem(**self.options, skip_instance_cache=True)
-        self.bucket = f"zstore-bench-{uuid.uuid4().hex[:8]}"
-        self.fs.mkdir(self.bucket)
-
-    def stop(self) -> None:
-        self.server.stop()
 
 
 # ----------------------------------------------------------------------------- backends
@@ -321,7 +297,7 @@ def check_equal(name: str, out: Any, ref: TensorDict, idx: torch.Tensor, paths: 
 
 
 # ----------------------------------------------------------------------------- phases
-def make_writers(data: TensorDict, where: dict, s3: S3Server | None, tag: str, capacity: int,
+def make_writers(data: TensorDict, where: dict, s3: MotoS3 | None, tag: str, capacity: int,
                  s3_shard_rows: int | None, with_zarr: bool) -> list[Any]:
     """Fresh storages of every backend, keyed by name."""
     from torchrl.data import CompressedListStorage, LazyMemmapStorage, LazyTensorStorage
@@ -338,8 +314,8 @@ def make_writers(data: TensorDict, where: dict, s3: S3Server | None, tag: str, c
             chunk_rows = default_chunks(data, capacity)
             kw = {"chunks": chunk_rows,
                   "shards": s3_shard_rows or chunk_rows}
-        out.append(ZStoreBackend("zstore s3", f"s3://{s3.bucket}/{tag}-{uuid.uuid4().hex[:6]}",
-                                 s3.options, capacity, **kw))
+        out.append(ZStoreBackend("zstore s3", f"s3://{s3.new_bucket('zstore-bench')}/{tag}",
+                                 s3.storage_options, capacity, **kw))
     out += [
         TorchRLBackend("torchrl LazyTensor", lambda: LazyTensorStorage(capacity), capacity),
         TorchRLBackend("torchrl LazyMemmap",
@@ -546,11 +522,12 @@ def bench_disk_cold(data: TensorDict, zstore_url: str, torchrl_dir: str, repeats
     return out
 
 
-def s3_ceiling(s3: S3Server, url: str, cap_mb: float, chunk_bytes: int, n_ranges: int) -> dict:
+def s3_ceiling(s3: MotoS3, url: str, cap_mb: float, chunk_bytes: int, n_ranges: int) -> dict:
     """The server's own speed: concurrent whole-object GETs (fs.cat) of the buffer's chunk
     objects, and concurrent ranged GETs of chunk-sized byte ranges."""
     prefix = url.split("://", 1)[1]
-    sizes = {p: info["size"] for p, info in s3.fs.find(prefix, detail=True).items()
+    fs = s3.filesystem()
+    sizes = {p: info["size"] for p, info in fs.find(prefix, detail=True).items()
              if not p.endswith("zarr.json")}
     keys = sorted((p for p in sizes if sizes[p] >= chunk_bytes // 2), key=lambda p: -sizes[p])
     chosen, total = [], 0
@@ -559,8 +536,8 @@ def s3_ceiling(s3: S3Server, url: str, cap_mb: float, chunk_bytes: int, n_ranges
             break
         chosen.append(k)
         total += sizes[k]
-    s3.fs.invalidate_cache()
-    dt, blobs = timed(lambda: s3.fs.cat(chosen))
+    fs.invalidate_cache()
+    dt, blobs = timed(lambda: fs.cat(chosen))
     got = sum(len(v) for v in blobs.values())
     del blobs
     out = {"objects": len(chosen), "bytes": got, "seconds": dt, "mb_per_s": got / MB / dt,
@@ -571,14 +548,14 @@ def s3_ceiling(s3: S3Server, url: str, cap_mb: float, chunk_bytes: int, n_ranges
         paths = [big[i % len(big)] for i in range(n_ranges)]
         starts = [int(rng.integers(0, max(1, sizes[p] - chunk_bytes))) for p in paths]
         ends = [s + chunk_bytes for s in starts]
-        dt, parts = timed(lambda: s3.fs.cat_ranges(paths, starts, ends))
+        dt, parts = timed(lambda: fs.cat_ranges(paths, starts, ends))
         out["ranged"] = {"requests": n_ranges, "range_bytes": chunk_bytes, "seconds": dt,
                          "mb_per_s": n_ranges * chunk_bytes / MB / dt, "requests_per_s": n_ranges / dt}
     return out
 
 
 # ----------------------------------------------------------------------------- one workload
-def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | None,
+def run_workload(name: str, n: int, args: argparse.Namespace, s3: MotoS3 | None,
                  tmp: str, errors: list[str]) -> dict[str, Any]:
     print(f"\n### {name}: generating {n} transitions ...", flush=True)
     t0 = time.perf_counter()
@@ -639,7 +616,7 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
     readers["torchrl LazyMemmap reopened"] = lambda idx: trl_reopened[idx]
     warm_s, before = {}, {}
     for label, key, opts in (("memory://", "zstore memory://", {}),
-                             ("s3", "zstore s3", s3.options if s3 else None)):
+                             ("s3", "zstore s3", s3.storage_options if s3 else None)):
         if key not in urls:
             continue
         st = zstore.open(urls[key], opts, cache_bytes=fit)
@@ -653,7 +630,7 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
     zarr_sources = {"zarr local": (f"{tmp}/zarr-{name}-x", {}),
                     "zarr memory://": (urls["zstore memory://"], {})}
     if "zstore s3" in urls:
-        zarr_sources["zarr s3"] = (urls["zstore s3"], s3.options)
+        zarr_sources["zarr s3"] = (urls["zstore s3"], s3.storage_options)
     for label, (url, opts) in zarr_sources.items():
         arrays = open_zarr_arrays(url, opts, paths)
         readers[label] = lambda idx, arrays=arrays: zarr_read(arrays, idx)
@@ -684,7 +661,7 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
     result["cold"] = {}
     cold_sources = [("memory://", urls["zstore memory://"], {})]
     if "zstore s3" in urls:
-        cold_sources.append(("s3", urls["zstore s3"], s3.options))
+        cold_sources.append(("s3", urls["zstore s3"], s3.storage_options))
     for label, url, opts in cold_sources:
         print(f"    cold reads zstore {label} ...", flush=True)
         reps = args.slow_repeats if label == "s3" else min(args.repeats, 5)
@@ -707,7 +684,7 @@ def run_workload(name: str, n: int, args: argparse.Namespace, s3: S3Server | Non
     # -- clean up ---------------------------------------------------------------------------
     for url in urls.values():
         with contextlib.suppress(Exception):
-            zstore.StoreSpec.parse(url, s3.options if (s3 and url.startswith("s3")) else None).delete()
+            zstore.StoreSpec.parse(url, s3.storage_options if (s3 and url.startswith("s3")) else None).delete()
     del data
     gc.collect()
     return result
@@ -849,7 +826,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     t_start = time.perf_counter()
     tmp = tempfile.mkdtemp(prefix="zstore-bench-", dir=args.tmpdir)
-    s3 = None if args.no_s3 else S3Server()
+    if not args.no_s3:
+        os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                           "AWS_DEFAULT_REGION": "us-east-1"})
+    s3 = None if args.no_s3 else MotoS3()  # zstore.testing.s3: moto on 127.0.0.1
     errors: list[str] = []
     results: dict[str, Any] = {
         "config": {

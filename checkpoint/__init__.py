@@ -8,6 +8,7 @@ checkpoint loadable); tensor storages dump incrementally; the TED checkpointers
 
 from __future__ import annotations
 
+from ._base import StorageCheckpointerBase
 from ._compressed import CompressedListStorageCheckpointer
 from ._dest import CheckpointError
 from ._ensemble import StorageEnsembleCheckpointer
@@ -18,7 +19,6 @@ from ._tensor import (
     FlatStorageCheckpointer,
     ListStorageCheckpointer,
     NestedStorageCheckpointer,
-    StorageCheckpointerBase,
     TensorStorageCheckpointer,
 )
 

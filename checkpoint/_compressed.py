@@ -48,9 +48,9 @@ from zstore.lease import LEASE_NAME
 from zstore.storages.compressed import _open_root, _root_block
 from zstore.store import StoreSpec
 
+from ._base import _Configured
 from ._buffer import _changed_chunks
 from ._dest import CheckpointError, Destination, fault_point
-from ._tensor import _Configured
 
 #: Listing fields that change when an object is rewritten (S3, local disk, memory://).
 _SIGNATURE_FIELDS = ("ETag", "mtime", "ino", "created", "LastModified")
@@ -83,7 +83,7 @@ def listing(spec: StoreSpec) -> dict[str, Mapping[str, Any]]:
                 # memory:// is one dict, iterated by find: a garbage collection in the middle
                 # can run an owned storage's finalizer that deletes from it ("dictionary
                 # changed size"); the finalizer has finished by now, so list again
-                if spec.protocol != "memory" or attempt == 2:
+                if not spec.is_memory or attempt == 2:
                     raise
     prefix = prefix.rstrip("/")
     out = {}
@@ -115,7 +115,7 @@ def copy_files(src: StoreSpec, dst: StoreSpec, names: list[str]) -> None:
             dst_fs.pipe_file(target, src_fs.cat_file(source))
         fault_point("write")
 
-    if src.protocol == "memory" or dst.protocol == "memory" or src.is_local:
+    if src.is_memory or dst.is_memory or src.is_local:
         for name in names:
             one(name)
     else:

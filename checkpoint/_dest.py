@@ -239,7 +239,7 @@ class Destination:
                 return 0
             return 1
 
-        if self.spec.protocol == "memory":
+        if self.spec.is_memory:
             return sum(map(one, pairs))
         if getattr(self.fs, "async_impl", False):  # one event loop, many copies in flight
             return self._copy_async(pairs)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ._base import _Configured
 from ._dest import CheckpointError, Destination
 from ._result import DumpResult
-from ._tensor import _Configured
 
 MEMBER = "member-"
 

@@ -33,13 +33,13 @@ from zstore.dtypes import torch_dtype_from_name, torch_dtype_name
 from zstore.layout import Schema
 from zstore.store import StoreSpec
 
+from ._base import _Configured
 from ._buffer import as_numpy, as_torch
 from ._dest import CheckpointError, Destination, as_spec, fault_point
 from ._h5form import GROUP, H5Form, decode, encode
 from ._result import DumpResult
 from ._state import TensorState, restore, shift_of
 from ._ted import DEFAULT_DONE_KEYS, META, expand
-from ._tensor import _Configured
 from ._torchrl import load_torchrl_h5
 
 ATTR = "zstore_checkpoint"

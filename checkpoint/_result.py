@@ -41,6 +41,8 @@ class DumpResult:
                    length=int(record.get("length", 0)), seconds=seconds)
 
     def __str__(self) -> str:
+        from zstore.display import format_bytes
+
         kind = "incremental" if self.incremental else "full"
         return (f"{self.checkpointer}: {kind} dump of {self.length} items to {self.url}, "
-                f"{self.bytes_written / 2**20:.1f} MiB written in {self.seconds:.2f} s")
+                f"{format_bytes(self.bytes_written)} written in {self.seconds:.2f} s")

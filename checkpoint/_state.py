@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from zstore.layout import Schema
-from zstore.storages.tensor import _apply, _lead_shape
+from zstore.storages.tensor import lead_shape, map_leaves
 
 from ._dest import CheckpointError
 
@@ -94,7 +94,7 @@ def storage_schema(storage: Any) -> Schema:
     """The schema of an initialised tensor storage (its keys, dtypes and shapes)."""
     if hasattr(storage, "_schema"):
         return storage._schema
-    return Schema.from_example(_apply(storage._storage, lambda x: x[0]), storage.ndim)
+    return Schema.from_example(map_leaves(storage._storage, lambda x: x[0]), storage.ndim)
 
 
 def shift_of(state: TensorState) -> int:
@@ -140,16 +140,16 @@ def prepare(storage: Any, example: Any, schema: Schema | None, rows: int, max_si
 def restore(storage: Any, data: Any, record: Any, schema: Schema | None, where: str) -> None:
     """Fill ``storage`` with rows ``data`` (from row 0) and the counters of ``record``
     (``rows``, ``max_size``, ``length``, ``last_cursor``), initialising it if needed."""
-    prepare(storage, _apply(data, lambda x: x[0]), schema, int(record["rows"]),
+    prepare(storage, map_leaves(data, lambda x: x[0]), schema, int(record["rows"]),
             int(record["max_size"]), where)
     write_rows(storage, 0, data)
     finish(storage, int(record["length"]), int(record["last_cursor"]),
-           _lead_shape(data, 1)[0])
+           lead_shape(data, 1)[0])
 
 
 def write_rows(storage: Any, lo: int, data: Any) -> None:
     """Write ``data`` (a batch of rows) at rows ``lo, lo + 1, ...`` of ``storage``."""
-    n = _lead_shape(data, 1)[0]
+    n = lead_shape(data, 1)[0]
     if n:
         storage._write(slice(lo, lo + n), data)
 

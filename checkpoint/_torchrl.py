@@ -21,7 +21,7 @@ from tensordict import TensorDict
 
 from zstore.dtypes import storage_numpy_dtype, torch_dtype_from_name
 from zstore.layout import SINGLE_TENSOR_KEY
-from zstore.storages.tensor import _lead_shape
+from zstore.storages.tensor import lead_shape
 
 from ._buffer import as_torch
 from ._dest import CheckpointError, Destination
@@ -152,7 +152,7 @@ def load_torchrl_dir(storage: Any, dest: Destination) -> None:
 def _fill(storage: Any, data: Any, rows: int | None, length: int, cursor: int, where: str) -> None:
     """Write TorchRL's full-capacity ``data`` into ``storage`` with its counters (TorchRL
     does not save the write cursor: a partial buffer's is its last filled row)."""
-    lead = _lead_shape(data, storage.ndim)
+    lead = lead_shape(data, storage.ndim)
     rows = lead[0] if rows is None else rows
     lanes = math.prod(lead[1:])
     if cursor < 0 and length < rows * lanes:

@@ -90,7 +90,7 @@ def read_tree(spec: StoreSpec, progress: bool) -> TensorDict:
     """Inverse of :func:`write_tree`."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        group = zarr.open_group(spec.as_read_only().open(), mode="r", use_consolidated=False)
+        group = zarr.open_group(spec.as_read_only().open(), mode="r", use_consolidated=False, zarr_format=3)
     meta = dict(group.attrs.get(TREE_ATTR) or {})
     if "batch_sizes" not in meta:
         raise CheckpointError(f"{spec.redacted()} is not a zstore checkpoint generation")

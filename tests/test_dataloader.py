@@ -57,7 +57,8 @@ def make_storage(kind: str, url: str, options: dict):
 
 @pytest.mark.parametrize(("start", "where", "kind"), [
     ("fork", "local", "memmap"), ("fork", "s3", "memmap"), ("fork", "local", "compressed"),
-    ("fork", "s3", "compressed"), ("spawn", "s3", "memmap")])
+    ("fork", "s3", "compressed"), ("spawn", "local", "memmap"),
+    pytest.param("spawn", "s3", "memmap", marks=pytest.mark.campaign)])
 def test_two_workers_return_exactly_the_expected_rows(start, where, kind, tmp_path, request):
     if where == "s3":
         options = request.getfixturevalue("s3_options")

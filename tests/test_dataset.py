@@ -319,7 +319,7 @@ def test_episode_index_property(steps, capacity, lanes, seed, with_flags):
 
 
 def test_a_seal_interrupted_before_its_commit_leaves_a_writable_buffer(tmp_path, monkeypatch):
-    from zstore.dataset import sealing
+    from zstore.storages import sealing
 
     url = str(tmp_path / "rb")
     td = _transitions(60, seed=4)

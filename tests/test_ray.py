@@ -26,7 +26,7 @@ pytest.importorskip("torchrl", reason="TorchRL is not installed")
 import zstore.ray as zray  # noqa: E402
 import zstore.torchrl  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 # the actors below travel by value: Ray's workers cannot import this test module
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -81,7 +81,7 @@ def kill(buffer) -> None:
 
 # -- a. TorchRL's RayReplayBuffer over a store --------------------------------------------
 
-@pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
+@pytest.mark.parametrize("location", ["local", pytest.param("s3", marks=pytest.mark.campaign)], indirect=True)
 def test_ray_replay_buffer_survives_kill(ray_cluster, location):
     url = location.new("rb")
     make = functools.partial(zray.replay_buffer, url, CAPACITY, storage_options=location.options,
@@ -272,7 +272,7 @@ def restarted(actor, old_pid: int) -> int:
     pytest.fail(f"the actor was not restarted within {DEADLINE} s")
 
 
-@pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
+@pytest.mark.parametrize("location", ["local", pytest.param("s3", marks=pytest.mark.campaign)], indirect=True)
 def test_collectors_and_learner(ray_cluster, location):
     prefix = location.new("run")
     opts = location.options
@@ -310,7 +310,7 @@ def test_collectors_and_learner(ray_cluster, location):
         ray.kill(actor, no_restart=True)
 
 
-@pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
+@pytest.mark.parametrize("location", ["local", pytest.param("s3", marks=pytest.mark.campaign)], indirect=True)
 def test_a_killed_learner_loses_nothing(ray_cluster, location):
     """The learner holds no state of its own: a new one over the prefix reads every
     committed row of every member, the rows its collectors report having committed."""

@@ -1,13 +1,12 @@
-"""Top-level entry points: :func:`open` a buffer from a URL."""
+"""``zstore.open(url, mode=...)``: reopen a buffer from a URL, with the class it records."""
 
 from __future__ import annotations
 
 import os
 from typing import Any, Mapping
 
+from ._registry import reopen
 from .cache import DEFAULT_CACHE_BYTES
-from .errors import NotAZStoreError
-from .group import ZSTORE_ATTR, open_zarr_group, read_meta
 from .lease import DEFAULT_TTL
 from .store import StoreSpec
 
@@ -31,21 +30,7 @@ def open(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = Non
     """
     if mode not in ("r", "r+"):
         raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
-    from .storages import PERSISTENT_CLASSES
+    from . import storages  # noqa: F401 - registers the storage classes reopen() picks from
 
     spec = StoreSpec.parse(url, storage_options, read_only=mode == "r")
-    group = open_zarr_group(spec)
-    block = group.attrs.get(ZSTORE_ATTR)
-    name = block.get("storage_class") if isinstance(block, Mapping) else None
-    if hasattr(PERSISTENT_CLASSES.get(name), "_from_group"):  # a container of buffers
-        return PERSISTENT_CLASSES[name]._from_group(spec, group, dict(block), cache_bytes=cache_bytes,
-                                                    cache=cache, device=device, lease_ttl=lease_ttl)
-    meta = read_meta(group, spec.redacted())
-    try:
-        cls = PERSISTENT_CLASSES[meta.storage_class]
-    except KeyError:
-        raise NotAZStoreError(
-            f"{spec.redacted()} records storage class {meta.storage_class!r}, which this zstore "
-            f"cannot open (known: {sorted(PERSISTENT_CLASSES)})") from None
-    return cls._from_store(spec, group, meta, cache_bytes=cache_bytes, cache=cache, device=device,
-                           lease_ttl=lease_ttl)
+    return reopen(spec, cache_bytes=cache_bytes, cache=cache, device=device, lease_ttl=lease_ttl)

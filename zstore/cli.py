@@ -1,4 +1,4 @@
-"""The ``zstore`` console command.
+"""The ``zstore`` console command: its subcommands, one error line per failure, exit codes.
 
 Subcommands live in :data:`COMMANDS`, one :class:`Command` each: its name, help
 text, a function that adds its arguments to an :mod:`argparse` parser, and a
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from . import __version__
+from . import cli_commands as _commands
+from .cli_commands import UsageError, add_storage_options, codec_name, positive_int
 from .errors import StoreExistsError, ZStoreError
 
 if TYPE_CHECKING:
@@ -42,10 +43,6 @@ class Command:
     description: str | None = None
 
 
-class UsageError(Exception):
-    """A subcommand was called with options that do not fit together (exit code 2)."""
-
-
 #: The subcommands, by name, in the order ``zstore --help`` lists them.
 COMMANDS: dict[str, Command] = {}
 
@@ -54,53 +51,6 @@ def register(command: Command) -> Command:
     """Add (or replace) a subcommand of ``zstore``."""
     COMMANDS[command.name] = command
     return command
-
-
-# -- argument types shared by subcommands ---------------------------------------------------
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (``50_000`` and ``50k`` accepted)."""
-    raw = text.strip().lower().replace("_", "")
-    scale = {"k": 1_000, "m": 1_000_000}.get(raw[-1:], 1)
-    try:
-        value = int(raw[:-1] if scale > 1 else raw) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
-    return value
-
-
-def codec_name(text: str) -> str | None:
-    """An argparse type: a codec preset (``none``, ``zstd``, ``lz4``, ``blosc-zstd``, ``zstd:5``)."""
-    from .codecs import CodecSpec
-
-    try:
-        CodecSpec.parse(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"unknown codec {text!r}: choose none, zstd, lz4 or blosc-zstd, optionally "
-            "NAME:LEVEL (e.g. zstd:3)") from None
-    return None if text == "none" else text
-
-
-def storage_option(text: str) -> tuple[str, Any]:
-    """An argparse type: ``KEY=VALUE`` (VALUE read as JSON when it parses, else a string)."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
-
-
-def add_storage_options(parser: argparse.ArgumentParser) -> None:
-    """Add ``-o/--storage-option KEY=VALUE`` (repeatable) as ``args.storage_options``."""
-    parser.add_argument("-o", "--storage-option", dest="storage_options", action="append",
-                        type=storage_option, default=[], metavar="KEY=VALUE",
-                        help="an fsspec storage option, e.g. -o endpoint_url=http://127.0.0.1:9000 "
-                             "(repeatable; VALUE is JSON when it parses)")
 
 
 # -- zstore demo ----------------------------------------------------------------------------
@@ -158,8 +108,6 @@ register(Command(
 
 
 # -- datasets and inspection (bodies in zstore.cli_commands) --------------------------------
-
-from . import cli_commands as _commands  # after the helpers it imports
 
 register(Command(
     "info", "show a buffer's or dataset's keys, dtypes, shapes, codecs, sizes and episodes",
@@ -238,7 +186,7 @@ def error_message(exc: BaseException, args: argparse.Namespace) -> str:
     stores = _stores(args)
     where = " and ".join(spec.redacted() for spec in stores) or "the store"
     remote = " and ".join(spec.redacted() for spec in stores
-                          if not spec.is_local and spec.protocol != "memory") or where
+                          if spec.is_remote) or where
     names = [name for name in (getattr(args, "file", None), *(spec.url for spec in stores)) if name]
 
     def about(error: BaseException) -> str:  # the error, with the store unless it names one

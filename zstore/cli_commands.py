@@ -1,8 +1,10 @@
-"""Bodies of the ``zstore info | ls | convert | import | seal`` subcommands.
+"""Bodies of ``zstore info | ls | convert | import | seal``, and the argument types shared by all subcommands.
 
 Each subcommand is a pair of functions: ``<name>_arguments(parser)`` declares
 its options, ``<name>_run(args)`` runs it and returns the exit code. They are
-registered in :mod:`zstore.cli`, which also maps errors to exit codes.
+registered in :mod:`zstore.cli`, which also maps errors to exit codes (a
+:class:`UsageError` is exit code 2). :func:`positive_int`, :func:`codec_name`
+and :func:`add_storage_options` serve ``zstore demo`` (in :mod:`zstore.cli`) too.
 """
 
 from __future__ import annotations
@@ -12,15 +14,62 @@ import json
 import math
 from typing import Any
 
-from .cli import (
-    UsageError,
-    add_storage_options,
-    codec_name,
-    positive_int,
-    storage_option,
-)
 from .errors import NotAZStoreError, StoreNotFoundError
 from .format_version import check_format_version
+
+
+class UsageError(Exception):
+    """A subcommand was called with options that do not fit together (exit code 2)."""
+
+
+# -- argument types shared by subcommands ---------------------------------------------------
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (``50_000`` and ``50k`` accepted)."""
+    raw = text.strip().lower().replace("_", "")
+    scale = {"k": 1_000, "m": 1_000_000}.get(raw[-1:], 1)
+    try:
+        value = int(raw[:-1] if scale > 1 else raw) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def codec_name(text: str) -> str | None:
+    """An argparse type: a codec preset (``none``, ``zstd``, ``lz4``, ``blosc-zstd``, ``zstd:5``)."""
+    from .codecs import CodecSpec
+
+    try:
+        CodecSpec.parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"unknown codec {text!r}: choose none, zstd, lz4 or blosc-zstd, optionally "
+            "NAME:LEVEL (e.g. zstd:3)") from None
+    return None if text == "none" else text
+
+
+def storage_option(text: str) -> tuple[str, Any]:
+    """An argparse type: ``KEY=VALUE`` (VALUE read as JSON when it parses, else a string)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def add_storage_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``-o/--storage-option KEY=VALUE`` (repeatable) as ``args.storage_options``."""
+    parser.add_argument("-o", "--storage-option", dest="storage_options", action="append",
+                        type=storage_option, default=[], metavar="KEY=VALUE",
+                        help="an fsspec storage option, e.g. -o endpoint_url=http://127.0.0.1:9000 "
+                             "(repeatable; VALUE is JSON when it parses)")
+
+
+# -- helpers of these subcommands ---------------------------------------------------------
 
 #: ``--codec`` not given (``--codec none`` means raw, so None cannot mark it).
 _DEFAULT = object()

@@ -1,4 +1,4 @@
-"""Codec presets and chunk sizing.
+"""Codec presets as standard Zarr v3 codecs (checksums included), and default chunk and shard sizing.
 
 A preset is chosen by name — ``None`` (raw bytes), ``"zstd"``, ``"lz4"``,
 ``"blosc-zstd"`` — optionally with a level (``"zstd:3"``). Every preset is
@@ -126,7 +126,7 @@ def with_default_checksum(spec: CodecSpec, *, remote: bool) -> CodecSpec:
 
 def is_remote(store: StoreSpec) -> bool:
     """Whether ``store`` is remote: neither a local directory nor ``memory://``."""
-    return not store.is_local and store.protocol != "memory"
+    return store.is_remote
 
 
 def parse_codecs(value: Any, *, remote: bool) -> "tuple[CodecSpec, dict[str, CodecSpec]]":

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import logging
 import math
 import os
 import shutil
@@ -28,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from typing import Any, Iterator, Mapping, TextIO
 
 import torch
@@ -164,15 +162,6 @@ def _sums(td: TensorDict) -> dict[str, float]:
     return {k: float(v.to(torch.float64).sum()) for k, v in _leaves(td)}
 
 
-def fmt_bytes(n: float) -> str:
-    """``1536`` -> ``'1.5 KiB'``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
 def _count(value: int | None) -> str:
     return "none" if value is None else f"{value:,}"
 
@@ -193,29 +182,20 @@ def loopback_s3() -> Iterator[tuple[str, dict[str, Any]]]:
     Yields ``("s3://<bucket>", storage_options)``; the server stops on exit,
     and every object in it is gone.
     """
-    try:
-        import s3fs
-        from moto.server import ThreadedMotoServer
-    except ImportError as exc:
-        raise DemoError(f"--s3 needs moto's S3 server and s3fs ({exc.name} is missing): "
-                        "pip install 'zstore[dev]'") from exc
+    from zstore.testing.s3 import MissingPackage, MotoS3
+
     names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
     saved = {name: os.environ.get(name) for name in names}
     os.environ.update({name: "testing" for name in names})
-    requests_log = logging.getLogger("werkzeug")  # the server logs every request otherwise
-    saved_level = requests_log.level
-    requests_log.setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
     try:
-        host, port = server.get_host_and_port()
-        options = {"endpoint_url": f"http://{host}:{port}", "key": "testing", "secret": "testing"}
-        bucket = f"zstore-demo-{uuid.uuid4().hex[:8]}"
-        s3fs.S3FileSystem(**options, skip_instance_cache=True).mkdir(bucket)
-        yield f"s3://{bucket}", options
+        try:
+            server = MotoS3()
+        except MissingPackage as exc:
+            raise DemoError(f"--s3: {exc}") from exc
+        with server:
+            bucket = server.new_bucket("zstore-demo")
+            yield f"s3://{bucket}", dict(server.storage_options)
     finally:
-        server.stop()
-        requests_log.setLevel(saved_level)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -401,12 +381,13 @@ def run_demo(transitions: int = DEFAULT_TRANSITIONS, *, capacity: int | None = N
         names = [name for name, _, _ in schema]
         stored = _stored_bytes(url, options, names)
         row_bytes = {k: v[:1].numel() * v.element_size() for k, v in _leaves(example)}
+        size = zstore.display.format_bytes
         print(f"\n  {'key':<22}{'dtype':<9}{'shape':<7}{'bytes':>11}{'stored':>11}", file=out)
         for name, dtype, shape in schema:
-            print(f"  {name:<22}{dtype:<9}{str(shape):<7}{fmt_bytes(row_bytes[name] * length):>11}"
-                  f"{fmt_bytes(stored[name]):>11}", file=out)
-        print(f"  {'total':<38}{fmt_bytes(sum(row_bytes.values()) * length):>11}"
-              f"{fmt_bytes(stored['*']):>11}", file=out)
+            print(f"  {name:<22}{dtype:<9}{str(shape):<7}{size(row_bytes[name] * length):>11}"
+                  f"{size(stored[name]):>11}", file=out)
+        print(f"  {'total':<38}{size(sum(row_bytes.values()) * length):>11}"
+              f"{size(stored['*']):>11}", file=out)
         print(f"  {length:,} rows stored; episodes: {terminated:,} terminated, {truncated:,} "
               f"truncated", file=out)
 
@@ -478,12 +459,10 @@ def _print_reader(got: Mapping[str, Any], out: TextIO) -> None:
         print("    cache                 none: the chunk files are memory-mapped", file=out)
     else:
         print(f"    cache                 hits {cache['hits']:,}, misses {cache['misses']:,}, "
-              f"loaded {fmt_bytes(cache['loaded_bytes'])}", file=out)
+              f"loaded {zstore.display.format_bytes(cache['loaded_bytes'])}", file=out)
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--reader"]:
-        sys.exit(_reader_entry())
-    from .cli import main
-
-    sys.exit(main(["demo", *sys.argv[1:]]))
+if __name__ == "__main__":  # the reader process; the demo itself is `zstore demo` (zstore.cli)
+    if sys.argv[1:] != ["--reader"]:
+        sys.exit("usage: python -m zstore.demo --reader (run the demo with `zstore demo`)")
+    sys.exit(_reader_entry())

@@ -1,4 +1,4 @@
-"""Torch dtype <-> Zarr data type mapping.
+"""Torch dtype <-> Zarr data type, for an allow-list of dtypes (bfloat16 and float8 as bit views).
 
 Every dtype a user can put in a TensorDict is stored as a standard Zarr v3 data
 type. Types NumPy (and so Zarr) lacks — ``bfloat16`` and the float8 family — are

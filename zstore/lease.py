@@ -265,9 +265,9 @@ def objects_for(spec: StoreSpec) -> ConditionalObjects:
     """The compare-and-swap implementation for ``spec``'s store."""
     if spec.is_local:
         return LocalObjects(spec)
-    if spec.protocol == "memory":
+    if spec.is_memory:
         return MemoryObjects(spec)
-    if spec.protocol in ("s3", "s3a"):
+    if spec.atomic_conditional_writes:
         return S3Objects(spec)
     return ConditionalObjects(spec)
 
@@ -554,7 +554,7 @@ class WriterLease:
         thread — or a collection in the middle of a listing — must not change under an
         iteration: its release waits for this process's next lease operation instead.
         """
-        if self.lease.spec.protocol == "memory":
+        if self.lease.spec.is_memory:
             defer_memory_work(self.release)
         else:
             _PENDING.put(self)

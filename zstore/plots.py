@@ -6,7 +6,8 @@ the oldest row) or a TensorDict in TorchRL's TED layout, and returns a
 global state; a notebook shows the returned figure once). Matplotlib is the
 optional extra ``notebooks`` and is imported on first use.
 
-Episodes come from the ``("next", "done")`` flags, grouped by trajectory id
+Episodes come from the ``("next", "done")`` flags (or, without them,
+``terminated | truncated``: :mod:`zstore.episodes`), grouped by trajectory id
 where the data has one (``("collector", "traj_ids")`` or ``"episode"``, as
 TorchRL's collectors and SliceSampler use), so that rows of several
 environments interleaved in one buffer are attributed to the right episode.
@@ -19,18 +20,18 @@ environments interleaved in one buffer are attributed to the right episode.
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from .episodes import DONE_KEY, REWARD_KEY, episode_bounds, flags_of, ring_order
 from .errors import MissingKeyError
 from .storages.base import Storage
 
 #: Keys holding a trajectory id in TorchRL data, tried in this order.
 TRAJ_KEYS: tuple[Any, ...] = (("collector", "traj_ids"), "episode")
-DONE_KEY = ("next", "done")
-REWARD_KEY = ("next", "reward")
 
 
 def _matplotlib():
@@ -60,12 +61,8 @@ def time_ordered(data: Storage | TensorDictBase) -> TensorDictBase:
         return data
     if not isinstance(data, Storage):
         raise TypeError(f"expected a zstore storage or a TensorDict, got {type(data).__name__}")
-    n = len(data)
-    order = torch.arange(n)
-    cursor = data._last_cursor_index
-    if n and n == data.max_size and cursor is not None and data.ndim == 1:
-        order = (order + cursor + 1) % n  # the row after the last written one is the oldest
-    return _read(data, order)
+    lanes = math.prod(data.shape[1:]) if data.ndim > 1 and len(data) else 1  # [T, B] storages
+    return _read(data, ring_order(len(data), data.max_size, data._last_cursor_index, lanes=lanes))
 
 
 def _read(storage: Storage, rows: torch.Tensor) -> TensorDictBase:
@@ -95,28 +92,17 @@ def _flag(td: TensorDictBase, key: Any) -> torch.Tensor:
     return value.reshape(*td.batch_size, -1).any(-1)
 
 
+def _done(td: TensorDictBase, key: Any) -> torch.Tensor:
+    """Per-row end flags: ``key``, or its ``terminated`` / ``truncated`` siblings
+    (:func:`zstore.episodes.done_keys`)."""
+    flags = flags_of(lambda k: td.get(k, None), key, lead=td.batch_dims)
+    return _flag(td, key) if flags is None else flags.cpu()  # _flag names the missing key
+
+
 def _per_row(td: TensorDictBase, key: Any) -> torch.Tensor:
     """A per-row scalar (summed over trailing dims) as float64."""
     value = _get(td, key).to(torch.float64)
     return value.reshape(*td.batch_size, -1).sum(-1)
-
-
-def episode_bounds(done: torch.Tensor, *, partial: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(start, stop)`` rows (``stop`` exclusive) of the episodes in a time-ordered run of
-    done flags: each episode ends at a done row.
-
-    Args:
-        done: ``[T]`` or ``[T, 1]`` flags of one environment, oldest first.
-        partial: also return the unfinished episode after the last done flag.
-    """
-    done = done.reshape(done.shape[0], -1).any(-1) if done.ndim > 1 else done.bool()
-    stop = torch.nonzero(done).squeeze(-1) + 1
-    start = torch.cat([torch.zeros(1, dtype=torch.int64), stop[:-1]])[: len(stop)]
-    if partial and (not len(stop) or int(stop[-1]) < len(done)):
-        tail = int(stop[-1]) if len(stop) else 0
-        start = torch.cat([start, torch.tensor([tail])])
-        stop = torch.cat([stop, torch.tensor([len(done)])])
-    return start, stop
 
 
 def _traj_key(td: TensorDictBase, traj_key: Any) -> Any:
@@ -141,7 +127,7 @@ def episode_stats(data: Storage | TensorDictBase, *, reward_key: Any = REWARD_KE
     """
     td = time_ordered(data)
     key = _traj_key(td, traj_key)
-    reward, done = _per_row(td, reward_key), _flag(td, done_key)
+    reward, done = _per_row(td, reward_key), _done(td, done_key)
     if key is not None:
         ids = _get(td, key).reshape(-1)
         unique, inverse = torch.unique(ids, return_inverse=True)
@@ -211,7 +197,7 @@ def reward_done_timeline(data: Storage | TensorDictBase, *, start: int = 0, stop
     else:
         ends = [(done_key, "done", "v")]
     for key, label, marker in ends:
-        rows = _flag(td, key)
+        rows = _done(td, key) if label == "done" else _flag(td, key)
         ax.scatter(steps[rows].numpy(), reward[rows].numpy(), marker=marker, zorder=3,
                    label=f"{label} ({int(rows.sum())})")
     ax.set(title="Reward and episode ends", xlabel="step (oldest row first)", ylabel="reward")

@@ -17,10 +17,14 @@ from typing import Any
 import torch
 from tensordict import is_tensor_collection
 
+from .episodes import DONE_KEY, as_key, ends_from_ids, flags_of, lane_episode_bounds, ring_order
 from .storages import stack_items
+from .storages.base import SCAN_ROWS
 
-#: Rows read at a time when a sampler scans a storage's end flags or trajectory ids.
-SCAN_ROWS = 1 << 16
+
+def _rows(value: Any, rows: int) -> Any:
+    """``value`` as ``[rows, -1]`` (the end flags of each row), or ``value`` if not a tensor."""
+    return value.reshape(rows, -1) if isinstance(value, torch.Tensor) else value
 
 
 class Sampler:
@@ -79,7 +83,9 @@ class SliceSampler(Sampler):
         num_slices: windows per batch (``slice_len = batch_size // num_slices``).
         slice_len: steps per window (``num_slices = batch_size // slice_len``).
             Give exactly one of the two.
-        end_key: the key of the per-step end flag.
+        end_key: the key of the per-step end flag (``("next", "done")`` or
+            ``"next/done"``; without it in the data, its ``terminated`` and
+            ``truncated`` siblings, as :func:`zstore.episodes.done_keys` resolves it).
         traj_key: a per-step trajectory id; when given, ``end_key`` is not used.
 
     Returns ``num_slices * slice_len`` rows, window after window (reshape the
@@ -92,7 +98,7 @@ class SliceSampler(Sampler):
     """
 
     def __init__(self, num_slices: int | None = None, slice_len: int | None = None, *,
-                 end_key: str | tuple[str, ...] = ("next", "done"),
+                 end_key: str | tuple[str, ...] = DONE_KEY,
                  traj_key: str | tuple[str, ...] | None = None):
         if (num_slices is None) == (slice_len is None):
             raise TypeError("give exactly one of num_slices and slice_len, got "
@@ -116,16 +122,24 @@ class SliceSampler(Sampler):
                 raise TypeError("SliceSampler reads its key from TensorDicts; this storage "
                                 "holds other items")
             data = stack_items(list(data) if isinstance(data, tuple) else data)
-        try:
-            value = data.get(self._key)
-        except (KeyError, AttributeError):
-            value = None
+
+        def get(key: tuple[str, ...]) -> Any:
+            try:
+                return data.get(key, None)
+            except (KeyError, AttributeError, TypeError):
+                return None
+
+        if self.traj_key is None:  # the end key, or its terminated / truncated siblings
+            value = flags_of(lambda k: _rows(get(k), rows), self.end_key)
+        else:
+            value = get(as_key(self.traj_key))
         if not isinstance(value, torch.Tensor):
             name = "traj_key" if self.traj_key is not None else "end_key"
             raise KeyError(f"SliceSampler's {name} {self._key!r} is not in the data "
                            f"(a {type(data).__name__})")
-        value = value.reshape(rows, -1).cpu()
-        return value.any(-1) if self.traj_key is None else value[:, 0].to(torch.int64)
+        if self.traj_key is None:
+            return value.cpu()
+        return value.reshape(rows, -1)[:, 0].cpu().to(torch.int64)
 
     def mark_update(self, index: Any, data: Any, storage: Any, revision: int) -> None:
         if self._marks is None or self._revision != revision:
@@ -152,16 +166,11 @@ class SliceSampler(Sampler):
         key = (self._revision, n, last)
         if self._spans is not None and self._spans[0] == key:
             return self._spans[1:]
-        order = torch.arange(n)
-        if storage._is_full and last is not None:
-            order = (order + last + 1) % n  # oldest row first
+        order = ring_order(n, storage.max_size, last)  # oldest row first
         marks = self._marks[order]
-        ends = marks.clone() if self.traj_key is None else \
-            torch.cat([marks[1:] != marks[:-1], torch.ones(1, dtype=torch.bool)])
-        ends[-1] = True
-        stops = torch.nonzero(ends).squeeze(-1)
-        starts = torch.cat([stops.new_zeros(1), stops[:-1] + 1])
-        self._spans = (key, order, starts, stops - starts + 1)
+        ends = marks if self.traj_key is None else ends_from_ids(marks)
+        _, starts, stops = lane_episode_bounds(ends.unsqueeze(0), partial=True)
+        self._spans = (key, order, starts, stops - starts)
         return self._spans[1:]
 
     def sample(self, storage: Any, batch_size: int,

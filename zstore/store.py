@@ -1,4 +1,4 @@
-"""URL + storage options -> a Zarr store.
+"""``StoreSpec``: a URL + storage options, as a JSON-serialisable value that opens a Zarr store.
 
 One place turns what a user gives (a local path, ``file://``, ``memory://``,
 ``s3://bucket/prefix``, any other fsspec URL, plus ``storage_options``) into a
@@ -32,6 +32,22 @@ _INSTALL_HINTS = {
     "https": "aiohttp (pip install aiohttp)",
 }
 _SECRET_WORDS = ("secret", "token", "password", "key", "credential", "session")
+
+#: What zstore relies on from each fsspec protocol's store, read through :class:`StoreSpec`'s
+#: properties (``is_local``, ``is_memory``, ``is_object_store``, ``atomic_conditional_writes``,
+#: ``cheap_listing``). A protocol not listed (``http``, ``sftp``, ``adl`` — Azure Data Lake
+#: Gen1, a filesystem whose paths name no bucket — ...) is a remote filesystem with none of them.
+CAPABILITIES: Mapping[str, frozenset[str]] = {
+    "file": frozenset({"local", "cheap_listing"}),
+    "memory": frozenset({"memory", "cheap_listing"}),
+    "s3": frozenset({"object_store", "atomic_conditional_writes"}),
+    "s3a": frozenset({"object_store", "atomic_conditional_writes"}),
+    "gs": frozenset({"object_store"}),
+    "gcs": frozenset({"object_store"}),
+    "az": frozenset({"object_store"}),
+    "abfs": frozenset({"object_store"}),
+    "oss": frozenset({"object_store"}),
+}
 
 
 def _redact(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -82,10 +98,46 @@ class StoreSpec:
         """The fsspec protocol (``"file"`` for local paths)."""
         return self.url.split("://", 1)[0] if "://" in self.url else "file"
 
+    def _can(self, capability: str) -> bool:
+        return capability in CAPABILITIES.get(self.protocol, frozenset())
+
     @property
     def is_local(self) -> bool:
-        """Whether the store is a directory on this machine's filesystem."""
-        return self.protocol == "file"
+        """Whether the store is a directory on this machine's filesystem (``file``)."""
+        return self._can("local")
+
+    @property
+    def local_path(self) -> Path | None:
+        """The store's directory on this machine, or ``None`` when it is not local."""
+        return Path(self.url) if self.is_local else None
+
+    @property
+    def is_memory(self) -> bool:
+        """Whether the store is fsspec's ``memory://``: it lives inside this one process."""
+        return self._can("memory")
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether reaching the store crosses a network: neither local nor ``memory://``."""
+        return not (self.is_local or self.is_memory)
+
+    @property
+    def is_object_store(self) -> bool:
+        """Whether the URL is ``bucket/prefix`` in an object store (S3, GCS, Azure Blob, OSS):
+        objects are written whole, so buffers use large shards, and the bucket must exist."""
+        return self._can("object_store")
+
+    @property
+    def atomic_conditional_writes(self) -> bool:
+        """Whether the store writes an object only if its ETag matches or it is absent, atomically
+        (S3's ``If-Match`` / ``If-None-Match``), so leases compare-and-swap on it directly."""
+        return self._can("atomic_conditional_writes")
+
+    @property
+    def cheap_listing(self) -> bool:
+        """Whether listing and sizing the stored objects is cheap (a local directory or
+        ``memory://``), so summaries list stored bytes without being asked."""
+        return self._can("cheap_listing")
 
     def redacted(self) -> str:
         """The URL and options with every credential replaced by ``***``."""
@@ -164,7 +216,7 @@ class StoreSpec:
         if self.is_local:
             return
         fs, path = self.filesystem()
-        if self.protocol in ("s3", "s3a", "gs", "gcs", "az", "abfs"):
+        if self.is_object_store:
             bucket = path.split("/", 1)[0]
             try:
                 found = fs.exists(bucket)
@@ -203,7 +255,7 @@ class StoreSpec:
             shutil.rmtree(self.url, ignore_errors=True)
             return
         fs, path = self.filesystem()
-        if self.protocol == "memory":
+        if self.is_memory:
             _delete_memory_tree(fs, path)
         elif fs.exists(path):
             fs.rm(path, recursive=True)

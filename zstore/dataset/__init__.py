@@ -6,9 +6,17 @@
   :func:`export_h5` writes one back. See docs/datasets.md.
 """
 
-from .export import export_h5
-from .importers import import_d4rl, import_minari
-from .open import Dataset, open_dataset
-from .sealing import seal
+from __future__ import annotations
+
+from .._lazy import lazy_exports
+
+#: Public name -> the submodule that defines it. Imported on first use, so that importing
+#: one submodule (``zstore.storages.sealing`` imports :mod:`zstore.dataset.episodes`) does
+#: not import the others, which sit above the storages.
+_SOURCES = {"Dataset": "open", "open_dataset": "open", "export_h5": "export",
+            "import_d4rl": "importers", "import_minari": "importers", "seal": "sealing"}
 
 __all__ = ["Dataset", "export_h5", "import_d4rl", "import_minari", "open_dataset", "seal"]
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES, __all__, globals())

@@ -32,7 +32,7 @@ from ..group import read_meta
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
 from ..writers import ImmutableDatasetWriter
-from .episodes import read_index
+from ..storages.episode_index import read_index
 
 #: TorchRL's ImmutableDatasetWriter message, kept in every refusal (SPEC §5.1).
 WRITING_ERR = ImmutableDatasetWriter.WRITING_ERR

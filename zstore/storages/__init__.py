@@ -1,5 +1,6 @@
 """Storage classes (TorchRL's public names and behaviour, on Zarr where persistent)."""
 
+from .._registry import register_storage_class
 from .base import Storage
 from .compressed import CompressedListStorage, ItemList, stack_items
 from .ensemble import StorageEnsemble
@@ -7,11 +8,8 @@ from .list import LazyStackStorage, ListStorage
 from .memmap import LazyMemmapStorage
 from .tensor import LazyTensorStorage, TensorStorage
 
-#: Storage classes that can be reopened from a store, by the name recorded in its metadata.
-PERSISTENT_CLASSES = {"LazyMemmapStorage": LazyMemmapStorage,
-                      "CompressedListStorage": CompressedListStorage,
-                      "StorageEnsemble": StorageEnsemble}
+# the classes zstore.open (_registry.reopen) picks by the storage_class a store records
+register_storage_class(LazyMemmapStorage, CompressedListStorage, StorageEnsemble)
 
 __all__ = ["Storage", "ListStorage", "LazyStackStorage", "TensorStorage", "LazyTensorStorage",
-           "LazyMemmapStorage", "CompressedListStorage", "StorageEnsemble", "ItemList", "stack_items",
-           "PERSISTENT_CLASSES"]
+           "LazyMemmapStorage", "CompressedListStorage", "StorageEnsemble", "ItemList", "stack_items"]

@@ -18,6 +18,10 @@ from .._registry import make_checkpointer
 from ..display import Summary, render_html, render_text
 from ..store import StoreSpec
 
+#: Rows read at a time when a whole key is scanned (samplers' end flags or trajectory ids,
+#: ``storage._storage.get(key)``).
+SCAN_ROWS = 1 << 16
+
 
 class Storage:
     """Base class of every storage.
@@ -250,7 +254,7 @@ def _last_time_index(cursor: Any, max_size: int) -> int:
 def sizes_listed(spec: StoreSpec) -> bool:
     """Whether a summary lists stored bytes: only local and ``memory://`` stores (listing an
     object store can take long; ``nbytes`` does it on request)."""
-    return spec.protocol in ("file", "memory")
+    return spec.cheap_listing
 
 
 def unlisted_sizes_fact(spec: StoreSpec) -> tuple[tuple[str, str], ...]:

@@ -121,7 +121,7 @@ def _open_root(spec: StoreSpec):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return zarr.open_group(spec.open(), mode="r" if spec.read_only else "r+",
-                               use_consolidated=False)
+                               use_consolidated=False, zarr_format=3)
 
 
 def _root_block(spec: StoreSpec) -> dict[str, Any] | None:
@@ -808,7 +808,8 @@ class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorag
         if self._root is None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self._root = zarr.open_group(self.spec.open(), mode="a", use_consolidated=False)
+                self._root = zarr.open_group(self.spec.open(), mode="a", use_consolidated=False,
+                                             zarr_format=3)
         put_attrs(self._root, {ZSTORE_ATTR: self._block()}, self._lease)
 
     def _restore(self, block: Mapping[str, Any]) -> None:
@@ -867,7 +868,7 @@ class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorag
                            **{p: c.to_json() for p, c in self.key_codecs.items()}},
                  "chunks": self.chunks, "cache_bytes": self.cache_bytes, "revision": self._revision,
                  "lease_ttl": self.lease_ttl, "autocommit_seconds": self.autocommit_seconds}
-        if self.spec.protocol == "memory":
+        if self.spec.is_memory:
             fs, root = self.spec.filesystem()
             files = fs.find(root) if self._root is not None else []
             state["files"] = {f[len(root):].lstrip("/"): fs.cat_file(f) for f in files

@@ -31,6 +31,7 @@ import torch
 import zarr
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
+from .._registry import reopen
 from ..cache import DEFAULT_CACHE_BYTES
 from ..errors import NotAZStoreError, StoreExistsError
 from ..group import ZSTORE_ATTR
@@ -224,7 +225,7 @@ class StorageEnsemble(Storage):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                group = zarr.open_group(store, mode="r+", use_consolidated=False)
+                group = zarr.open_group(store, mode="r+", use_consolidated=False, zarr_format=3)
             except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError):
                 zarr.create_group(store, attributes={ZSTORE_ATTR: block})
                 return
@@ -241,8 +242,6 @@ class StorageEnsemble(Storage):
                     cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host", device: Any = None,
                     lease_ttl: float | None = DEFAULT_TTL) -> StorageEnsemble:
         """Reopen a recorded ensemble (used by :func:`zstore.open`): every member, same mode."""
-        from ..api import open as open_store
-
         where = spec.redacted()
         check_format_version(block, where)
         members = block.get("members")
@@ -252,9 +251,9 @@ class StorageEnsemble(Storage):
         storages = []
         for ref in members:
             url = ref if "://" in ref or ref.startswith("/") else f"{spec.url}/{ref}"
-            storages.append(open_store(url, spec.storage_options, mode="r" if spec.read_only else "r+",
-                                       cache_bytes=cache_bytes, cache=cache, device=device,
-                                       lease_ttl=lease_ttl))
+            member = StoreSpec.parse(url, spec.storage_options, read_only=spec.read_only)
+            storages.append(reopen(member, cache_bytes=cache_bytes, cache=cache, device=device,
+                                   lease_ttl=lease_ttl))
         self = cls(*storages)
         self.spec = spec
         return self

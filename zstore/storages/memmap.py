@@ -33,11 +33,12 @@ from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta
 from ..lease import DEFAULT_TTL, LEASE_NAME, writer_lease
 from ..store import StoreSpec, defer_memory_work, run_deferred
 from ..table import ChunkedTable, MmapTable, Table
-from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
-from .tensor import LazyTensorStorage, TensorStorage, _is_int
+from .base import SCAN_ROWS, CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
+from .sealing import seal_storage
+from .tensor import LazyTensorStorage, TensorStorage, _is_int, map_leaves
 
+_monotonic = time.monotonic  # the commit clock's due-check in set()
 _LIVE: "weakref.WeakSet[LazyMemmapStorage]" = weakref.WeakSet()
-_OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "adl", "oss")
 
 
 @atexit.register
@@ -70,7 +71,7 @@ def _delete_store(spec: StoreSpec) -> None:
 def _collect_store(spec: StoreSpec) -> None:
     """A finalizer's :func:`_delete_store`: a ``memory://`` store is deleted at the next safe
     point, as a collection may run this mid-iteration (see :func:`zstore.store.defer_memory_work`)."""
-    if spec.protocol == "memory":
+    if spec.is_memory:
         defer_memory_work(lambda: _delete_store(spec))
     else:
         _delete_store(spec)
@@ -355,7 +356,7 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
         rows = self._rows_for(example)
         layout = choose_layout(schema.leaves, rows, chunks=self.chunks, shards=self.shards,
                                mmap=self.spec.is_local and self._all_raw,
-                               object_store=self.spec.protocol in _OBJECT_STORES)
+                               object_store=self.spec.is_object_store)
         meta = StoreMeta(type(self).__name__, self.max_size, self.ndim, rows, schema, self.codec,
                          layout, key_codecs=dict(self.key_codecs))
         self._attach(create_group(self.spec, meta, self._lease), meta)
@@ -456,7 +457,7 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
             lead = (len(rows),)
         lanes = self._schema.lane_shape
         table = self.table
-        if (rest and len(rest) == self.ndim - 1 and not squeeze
+        if (rest and len(rest) == self.ndim - 1 and not squeeze and isinstance(first, torch.Tensor)
                 and all(isinstance(r, torch.Tensor) and r.shape == lead for r in rest)):
             stacked = torch.stack([r.reshape(-1).to("cpu", torch.int64) for r in rest])
             for dim, (r, size) in enumerate(zip(stacked, lanes)):
@@ -471,8 +472,9 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
             out = self._build({p: c[0] for p, c in columns.items()}, (), lanes)
         else:
             out = self._build(columns, lead, lanes)
-        if rest:
-            out = out[(slice(None),) * (0 if squeeze else len(lead)) + tuple(rest)]
+        if rest:  # a pytree is indexed leaf by leaf (its dicts take no slices)
+            sel = (slice(None),) * (0 if squeeze else len(lead)) + tuple(rest)
+            out = map_leaves(out, lambda x: x[sel])
         return out
 
     def _build(self, columns: dict[str, torch.Tensor], lead: tuple[int, ...],
@@ -837,7 +839,6 @@ class StoredRows:
         """Key ``key`` of every row (``default`` when the buffer lacks it)."""
         if default and key not in self.keys(include_nested=True):
             return default[0]
-        from ..samplers import SCAN_ROWS  # (the samplers import the storages)
 
         rows = len(self)
         return torch.cat([self[lo:min(lo + SCAN_ROWS, rows)].get(key)

@@ -18,6 +18,7 @@ import torch
 from tensordict import (
     LazyStackedTensorDict,
     TensorDict,
+    is_non_tensor,
     is_tensor_collection,
     is_tensorclass,
 )
@@ -38,7 +39,7 @@ def _first_leaf(data: Any) -> torch.Tensor:
     return leaves[0]
 
 
-def _lead_shape(data: Any, n: int) -> tuple[int, ...]:
+def lead_shape(data: Any, n: int) -> tuple[int, ...]:
     """The first ``n`` dims of a tensor, tensor collection or pytree."""
     if is_tensor_collection(data):
         return tuple(data.batch_size[:n])
@@ -100,7 +101,7 @@ class TensorStorage(Storage):
         if storage is None and max_size is None:
             raise ValueError("Expected storage to be non-null.")
         if storage is not None:
-            first = _lead_shape(storage, ndim)
+            first = lead_shape(storage, ndim)
             if max_size is not None and max_size != first[0]:
                 raise ValueError(
                     f"The max-size and the storage shape mismatch: got max_size={max_size} for a "
@@ -136,10 +137,13 @@ class TensorStorage(Storage):
 
     def _container_shape(self) -> tuple[int, ...]:
         """The first ``ndim`` dims of the (initialised) container."""
-        return _lead_shape(self._storage, self.ndim)
+        return lead_shape(self._storage, self.ndim)
 
     @property
-    def _total_shape(self) -> torch.Size:
+    def _total_shape(self) -> torch.Size | None:
+        """The container's first ``ndim`` dims; ``None`` before the first write (as TorchRL)."""
+        if not self.initialized:
+            return None
         return torch.Size(self._container_shape())
 
     @property
@@ -147,9 +151,11 @@ class TensorStorage(Storage):
         return math.prod(self._container_shape()[1:])
 
     @property
-    def _len_along_dim0(self) -> int:
+    def _len_along_dim0(self) -> int | None:
+        """Filled rows; before the first write ``0`` (``ndim == 1``) or ``None`` (``ndim > 1``:
+        the lanes per row are not known yet), as TorchRL."""
         if not self.initialized:
-            return 0
+            return 0 if self.ndim == 1 else None
         return -(-self._len_value // self._lanes)
 
     @property
@@ -168,16 +174,16 @@ class TensorStorage(Storage):
         if self.initialized:
             return -(-self.max_size // self._lanes)
         if single_data is not None:
-            lanes = math.prod(_lead_shape(single_data, self.ndim - 1))
+            lanes = math.prod(lead_shape(single_data, self.ndim - 1))
         elif batched_data is not None:
-            lanes = math.prod(_lead_shape(batched_data, self.ndim)[1:])
+            lanes = math.prod(lead_shape(batched_data, self.ndim)[1:])
         else:
             raise ValueError("single_data or batched_data must be passed.")
         return -(-self.max_size // lanes)
 
     def _rows_for(self, example: Any) -> int:
         """Rows to allocate for ``example`` (rounds ``max_size`` up to whole rows when ndim > 1)."""
-        lanes = math.prod(_lead_shape(example, self.ndim - 1)) if self.ndim > 1 else 1
+        lanes = math.prod(lead_shape(example, self.ndim - 1)) if self.ndim > 1 else 1
         rows = -(-self.max_size // lanes)
         self.max_size = rows * lanes
         return rows
@@ -193,10 +199,10 @@ class TensorStorage(Storage):
         container = self._storage
         if not self._is_full:
             n = self._len_along_dim0
-            container = _apply(container, lambda x: x[:n])
+            container = map_leaves(container, lambda x: x[:n])
         if isinstance(index, torch.Tensor) and self.device is not None and self.device != "auto":
             index = index.to(_first_leaf(container).device)
-        return _apply(container, lambda x: x[index])
+        return map_leaves(container, lambda x: x[index])
 
     def _write(self, cursor: Any, data: Any) -> None:
         container = self._storage
@@ -228,7 +234,7 @@ class TensorStorage(Storage):
             data = _stack(data)
         single = _is_int(cursor)
         if not self.initialized:
-            self._init(data if single else _apply(data, lambda x: x[0]))
+            self._init(data if single else map_leaves(data, lambda x: x[0]))
         self._write(cursor, data)
         self._mark_rows(cursor)
         if set_cursor:
@@ -237,7 +243,7 @@ class TensorStorage(Storage):
             # TorchRL counts writes; a writer that moved its cursor past a refused batch
             # must still reach the rows it writes after it: len covers the last one
             reached = (self._last_cursor_value + 1) * (self._lanes if self.ndim > 1 else 1)
-            self._len_value = min(max(self._len_value + math.prod(_lead_shape(data, n)), reached),
+            self._len_value = min(max(self._len_value + math.prod(lead_shape(data, n)), reached),
                                   self.max_size)
         self._bump_mutation_revision()
 
@@ -296,7 +302,16 @@ class TensorStorage(Storage):
             return (item >= -n) & (item < n)
         raise NotImplementedError(f"type {type(item)} is not supported yet.")
 
+    @torch.compiler.disable()
     def _rand_given_ndim(self, batch_size: int) -> Any:
+        """Random cell indices of the written part, outside compiled code (as TorchRL's): the
+        length it reads changes at every write, and a compiled frame guarding it would
+        recompile at every step."""
+        return self._rand_given_ndim_impl(batch_size)
+
+    def _rand_given_ndim_impl(self, batch_size: int) -> Any:
+        """:meth:`_rand_given_ndim` without the compiler boundary (TorchRL's name: its
+        tests count the recompiles this alone causes)."""
         if self.ndim == 1:
             return super()._rand_given_ndim(batch_size)
         shape = self.shape
@@ -313,7 +328,7 @@ class TensorStorage(Storage):
         if is_tensor_collection(data):
             flat = data.flatten(0, self.ndim - 1)
         else:
-            flat = _apply(data, lambda x: x.flatten(0, self.ndim - 1))
+            flat = map_leaves(data, lambda x: x.flatten(0, self.ndim - 1))
         return TensorStorage(flat, device=self.device)
 
     # -- state dicts ----------------------------------------------------------------------
@@ -423,10 +438,10 @@ class TensorStorage(Storage):
         """The :class:`Summary` fields an initialised storage adds to the base ones."""
         filled = self._len_along_dim0
         rows = []
-        for key, value in tensor_leaves(self._storage):
-            row_bytes = math.prod(value.shape[1:]) * value.element_size()
-            rows.append(KeyRow(key, tuple(value.shape[self.ndim:]), dtype_name(value.dtype),
-                               stored_bytes=value.shape[0] * row_bytes, raw_bytes=filled * row_bytes))
+        for key, shape, dtype, nbytes in _leaves_per_key(self._storage):
+            row_bytes = nbytes // shape[0] if shape[0] else 0
+            rows.append(KeyRow(key, shape[self.ndim:], dtype_name(dtype),
+                               stored_bytes=nbytes, raw_bytes=filled * row_bytes))
         return {"rows": tuple(rows), "facts": self._summary_facts(),
                 "stored_bytes": sum(r.stored_bytes for r in rows),
                 "raw_bytes": sum(r.raw_bytes for r in rows),
@@ -442,6 +457,33 @@ class TensorStorage(Storage):
         if not isinstance(done, torch.Tensor) or (self.ndim > 1 and not self._is_full):
             return None  # not TED data; or the last row is partly filled (its other cells hold no data)
         return int(done[: self._len_along_dim0].sum())
+
+
+def _has_non_tensors(data: Any) -> bool:
+    """Whether a tensor collection holds non-tensor leaves (``NonTensorData``: strings...)."""
+    if not is_tensor_collection(data) or isinstance(data, LazyStackedTensorDict):
+        return False
+    td = data._tensordict if is_tensorclass(data) else data
+    return any(is_non_tensor(value) for value in td.values(include_nested=True))
+
+
+def _leaves_per_key(container: Any) -> list[tuple[str, tuple[int, ...], torch.dtype, int]]:
+    """``(key path, shape, dtype, bytes)`` of a container's leaves. In a lazy stack (items of
+    different shapes) a key is one tensor per stacked TensorDict: its shape has ``-1``
+    where they differ (a ragged dim)."""
+    if not isinstance(container, LazyStackedTensorDict):
+        return [(key, tuple(v.shape), v.dtype, v.numel() * v.element_size())
+                for key, v in tensor_leaves(container)]
+    per_td = [{key: rest for key, *rest in _leaves_per_key(td)} for td in container.tensordicts]
+    out = []
+    for key in per_td[0]:
+        parts = [part[key] for part in per_td if key in part]
+        if len(parts) != len(per_td) or len({len(shape) for shape, _, _ in parts}) != 1:
+            continue  # an exclusive key, or a different number of dims
+        shape = [dims[0] if len(set(dims)) == 1 else -1 for dims in zip(*(p[0] for p in parts))]
+        shape.insert(container.stack_dim, len(parts))
+        out.append((key, tuple(shape), parts[0][1], sum(p[2] for p in parts)))
+    return out
 
 
 def _refuse_misfits(cursor: Any, pairs: list) -> None:
@@ -474,7 +516,8 @@ def _on_cpu(cursor: Any) -> Any:
     return cursor
 
 
-def _apply(container: Any, fn) -> Any:
+def map_leaves(container: Any, fn) -> Any:
+    """``fn`` applied to a tensor or tensor collection, or to each leaf of a pytree."""
     if isinstance(container, torch.Tensor) or is_tensor_collection(container):
         return fn(container)
     return pytree.tree_map(fn, container)
@@ -514,7 +557,16 @@ class LazyTensorStorage(TensorStorage):
                 else example.device
         device = self.device
         rows = self._rows_for(example)
-        if is_tensor_collection(example):
+        if isinstance(example, LazyStackedTensorDict) or _has_non_tensors(example):
+            # items of different shapes (TorchRL's ragged lazy stacks): a lazy stack of
+            # containers, one per stacked TensorDict; non-tensor fields (a tensorclass's
+            # string): one per row. Both as TorchRL's ``empty_like(expand)``
+            container = torch.empty_like(
+                (example.to(device) if device is not None else example)
+                .expand(rows, *example.batch_size))
+            if self.consolidated:
+                container = container.consolidate()
+        elif is_tensor_collection(example):
             td = example._tensordict if is_tensorclass(example) else example
             container = td.apply(
                 lambda x: torch.empty((rows, *x.shape), dtype=x.dtype, device=device or x.device),
@@ -526,7 +578,7 @@ class LazyTensorStorage(TensorStorage):
         else:
             if self.consolidated:
                 raise ValueError("Cannot consolidate non-tensordict storages.")
-            container = _apply(example, lambda x: torch.empty(
+            container = map_leaves(example, lambda x: torch.empty(
                 (rows, *x.shape), dtype=x.dtype, device=device or x.device))
         self._storage = container
         self.initialized = True

@@ -2,7 +2,8 @@
 
 An episode is a maximal run of consecutive steps of one lane that ends where
 ``("next", "done")`` is set (or, without it, ``("next", "terminated") |
-("next", "truncated")``). The last written step of every lane closes the
+("next", "truncated")``; both rules live in :mod:`zstore.episodes`, as does
+the ring order below). The last written step of every lane closes the
 episode in progress: if none of its flags is set, the episode is *open*
 (``terminated`` and ``truncated`` both false).
 
@@ -32,7 +33,9 @@ import torch
 import zarr
 from tensordict import TensorDict
 
+from .. import episodes as _ted
 from ..dtypes import from_numpy
+from ..episodes import flags_of, key_path, lane_episode_bounds, ring_order
 from ..group import TENSORDICT_ATTR
 from ..layout import StoreMeta, dimension_names
 
@@ -40,19 +43,17 @@ from ..layout import StoreMeta, dimension_names
 INDEX_PATH = "__episodes__"
 #: The index's columns (``lane`` only for ``ndim > 1``).
 FIELDS = ("start", "stop", "length", "return", "terminated", "truncated")
-DONE_KEY, TERMINATED_KEY, TRUNCATED_KEY, REWARD_KEY = \
-    "next/done", "next/terminated", "next/truncated", "next/reward"
+#: Zarr paths of the TED keys read (see :mod:`zstore.episodes`).
+DONE_KEY, TERMINATED_KEY, TRUNCATED_KEY, REWARD_KEY = map(key_path, (
+    _ted.DONE_KEY, _ted.TERMINATED_KEY, _ted.TRUNCATED_KEY, _ted.REWARD_KEY))
 #: Rows per chunk of the index arrays (only chunks holding episodes are stored).
 _INDEX_CHUNK = 1 << 16
 
 
 def chronological_rows(meta: StoreMeta, length: int, last_cursor: int) -> torch.Tensor:
     """Filled rows, oldest first (a wrapped ring starts after its last cursor)."""
-    lanes = math.prod(meta.schema.lane_shape)
-    filled = -(-length // lanes)
-    if length >= meta.max_size and 0 <= last_cursor < meta.rows - 1:
-        return (torch.arange(meta.rows) + last_cursor + 1) % meta.rows
-    return torch.arange(filled)
+    return ring_order(length, meta.max_size, last_cursor,
+                      lanes=math.prod(meta.schema.lane_shape))
 
 
 def _column(group: zarr.Group, meta: StoreMeta, path: str, order: torch.Tensor,
@@ -72,25 +73,20 @@ def compute_index(group: zarr.Group, meta: StoreMeta, length: int,
     lanes = math.prod(meta.schema.lane_shape)
     order = chronological_rows(meta, length, last_cursor)
     steps = len(order)
-    done = _column(group, meta, DONE_KEY, order, lanes)
     term = _column(group, meta, TERMINATED_KEY, order, lanes)
     trunc = _column(group, meta, TRUNCATED_KEY, order, lanes)
+    read = {TERMINATED_KEY: term, TRUNCATED_KEY: trunc}
+
+    def column(key: tuple[str, ...]) -> torch.Tensor | None:
+        path = key_path(key)
+        return read[path] if path in read else _column(group, meta, path, order, lanes)
+
+    done = flags_of(column, _ted.DONE_KEY, lead=2)  # [lanes, steps]
     if done is None:
-        flags = [f for f in (term, trunc) if f is not None]
-        done = torch.stack([f.any(-1) for f in flags]).any(0) if flags else \
-            torch.zeros(lanes, steps, dtype=torch.bool)
-    else:
-        done = done.any(-1)
-    ends = done.clone()
-    if steps:
-        ends[:, -1] = True
-    lane, t_end = torch.nonzero(ends, as_tuple=True)  # lane-major, time ascending
-    first = torch.ones_like(lane, dtype=torch.bool)
-    first[1:] = lane[1:] != lane[:-1]
-    t_start = torch.zeros_like(t_end)
-    t_start[1:] = t_end[:-1] + 1
-    t_start[first] = 0
-    length_ = t_end - t_start + 1
+        done = torch.zeros(lanes, steps, dtype=torch.bool)
+    lane, t_start, t_stop = lane_episode_bounds(done, partial=True)  # lane-major
+    t_end = t_stop - 1
+    length_ = t_stop - t_start
     reward = _column(group, meta, REWARD_KEY, order, lanes)
     if reward is None:
         ret = torch.full((len(lane),), float("nan"), dtype=torch.float64)

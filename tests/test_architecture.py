@@ -1,0 +1,102 @@
+"""The module layering of docs/architecture.md holds, and the doc's generated §1-§2 match the code.
+
+``tools/import_graph.py`` reads every module of ``zstore/`` and ``checkpoint/`` with
+``ast``; these tests check what it finds: no import cycle but the one allowed edge
+(a storage's default checkpointer, looked up lazily), the command line and the demo
+on top, and ``import zstore`` without ``checkpoint``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "architecture.md"
+
+
+@pytest.fixture(scope="module")
+def graph_tool():
+    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "tools" / "import_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up there)
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+@pytest.fixture(scope="module")
+def modules(graph_tool):
+    return graph_tool.read_graph()
+
+
+def test_doc_matches_the_code():
+    """docs/architecture.md §1-§2 are what tools/import_graph.py prints (else: run --write)."""
+    proc = subprocess.run([sys.executable, "tools/import_graph.py", "--check", str(DOC)],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_no_import_cycle_but_the_checkpointer_lookup(graph_tool, modules):
+    assert graph_tool.cycles(modules, allowed=False) == []
+    source, target = graph_tool.ALLOWED_EDGE
+    assert modules[source].imports[target] is True  # imported inside make_checkpointer only
+
+
+def test_cli_and_demo_are_imported_by_no_library_module(modules):
+    top = {"zstore.cli", "zstore.__main__"}
+    for name, module in modules.items():
+        if name in top:
+            continue
+        assert "zstore.cli" not in module.imports, name
+        assert "zstore.demo" not in module.imports, name
+    assert "zstore.cli" not in modules["zstore.cli_commands"].imports
+    assert "zstore.cli" not in modules["zstore.demo"].imports
+
+
+def test_the_tool_counts_lazy_relative_and_importlib_imports(graph_tool, tmp_path):
+    """Guards the tool itself, on a small tree: function-level, relative, ``importlib`` and
+    ``_SOURCES`` imports count, ``TYPE_CHECKING`` ones do not, a package's ``__init__``
+    counts when one of its modules is imported from outside it, and so do cycles."""
+    files = {
+        "zstore/__init__.py": '"""Top. More."""\n_SOURCES = {"Thing": "b", **dict.fromkeys(["X"], "c")}\n',
+        "zstore/a.py": ('"""A, e.g. this."""\nfrom typing import TYPE_CHECKING\nimport zstore\n'
+                        'from . import b\nif TYPE_CHECKING:\n    from .c import X\n'
+                        'def f():\n    from .c import X\n    return zstore.Thing\n'),
+        "zstore/b.py": '"""B."""\nimport importlib\n'
+                       'def g():\n    return importlib.import_module("checkpoint")\n',
+        "zstore/c.py": '"""C: the ``c`` module with :func:`~zstore.b.g`."""\n',
+        "zstore/sub/__init__.py": '"""Sub."""\nfrom .d import D\n',
+        "zstore/sub/d.py": ('"""D."""\nfrom ..c import _hidden\nD = 1\n'
+                            'def h():\n    from .. import b\n'),
+        "checkpoint/__init__.py": '"""Ck."""\nfrom zstore.sub.d import D\nfrom zstore.c import _p\n',
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = graph_tool.read_graph(tmp_path)
+    assert found["zstore.a"].imports == {"zstore": False, "zstore.b": False, "zstore.c": True}
+    assert found["zstore.b"].imports == {"checkpoint": True}
+    assert found["zstore.sub.d"].imports == {"zstore.c": False, "zstore.b": True}
+    assert found["checkpoint"].imports == {"zstore.sub.d": False, "zstore.sub": False,
+                                           "zstore.c": False}
+    assert found["zstore.a"].job == "A, e.g. this"
+    assert found["zstore.c"].job == "C: the `c` module with `g`"
+    # checkpoint -> zstore.sub (its __init__ runs) -> zstore.sub.d -> zstore.b -> checkpoint
+    assert graph_tool.cycles(found) == [["checkpoint", "zstore.b", "zstore.sub", "zstore.sub.d"]]
+    assert graph_tool.private_imports(found) == [("checkpoint", "zstore.c", "_p")]
+
+
+def test_import_zstore_does_not_import_checkpoint():
+    code = ("import sys, zstore; zstore.LazyMemmapStorage; zstore.open; zstore.Dataset; "
+            "print(sorted(m for m in sys.modules if m == 'checkpoint' or m.startswith('checkpoint.')"
+            " or m in ('zstore.cli', 'zstore.demo')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,60 @@
+"""StoreSpec's backend capabilities: one table of protocols in zstore.store, read as properties."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from zstore.codecs import is_remote
+from zstore.store import CAPABILITIES, StoreSpec
+
+#: url -> (is_local, is_memory, is_remote, is_object_store, atomic_conditional_writes,
+#:         cheap_listing)
+EXPECTED = {
+    "memory://rb": (False, True, False, False, False, True),
+    "/tmp/zstore-rb": (True, False, False, False, False, True),
+    "file:///tmp/zstore-rb": (True, False, False, False, False, True),
+    "s3://bucket/rb": (False, False, True, True, True, False),
+    "s3a://bucket/rb": (False, False, True, True, True, False),
+    "gs://bucket/rb": (False, False, True, True, False, False),
+    "gcs://bucket/rb": (False, False, True, True, False, False),
+    "az://container/rb": (False, False, True, True, False, False),
+    "abfs://container/rb": (False, False, True, True, False, False),
+    "oss://bucket/rb": (False, False, True, True, False, False),
+    "adl://store/rb": (False, False, True, False, False, False),  # Gen1: no bucket in the path
+    "http://host/rb": (False, False, True, False, False, False),
+    "https://host/rb": (False, False, True, False, False, False),
+}
+
+
+@pytest.mark.parametrize("url", EXPECTED)
+def test_capabilities(url):
+    spec = StoreSpec.parse(url)
+    got = (spec.is_local, spec.is_memory, spec.is_remote, spec.is_object_store,
+           spec.atomic_conditional_writes, spec.cheap_listing)
+    assert got == EXPECTED[url]
+    assert is_remote(spec) == spec.is_remote  # codecs' remote default reads the same property
+    assert spec.local_path == (Path("/tmp/zstore-rb") if spec.is_local else None)
+
+
+def test_capabilities_do_not_depend_on_options_or_read_only():
+    spec = StoreSpec.parse("s3://bucket/rb", {"anon": True}, read_only=True)
+    assert spec.is_object_store and spec.atomic_conditional_writes and not spec.cheap_listing
+
+
+def test_one_table():
+    # every capability named in the table is read by a property, and vice versa
+    names = set().union(*CAPABILITIES.values())
+    assert names == {"local", "memory", "object_store", "atomic_conditional_writes",
+                     "cheap_listing"}
+    assert {p for p, caps in CAPABILITIES.items() if "atomic_conditional_writes" in caps} <= \
+        {p for p, caps in CAPABILITIES.items() if "object_store" in caps}
+
+
+def test_lease_objects_follow_the_properties():
+    from zstore import lease
+
+    assert type(lease.objects_for(StoreSpec.parse("memory://rb"))).__name__ == "MemoryObjects"
+    assert type(lease.objects_for(StoreSpec.parse("s3://b/rb"))).__name__ == "S3Objects"
+    assert type(lease.objects_for(StoreSpec.parse("gs://b/rb"))) is lease.ConditionalObjects
