@@ -62,7 +62,8 @@ CONTINUE_GENERATION = 99
 #: Store layouts the harness runs on: ``kind -> LazyMemmapStorage keyword arguments``.
 LAYOUTS = {
     "mmap": {"codec": None},  # local, raw: memory-mapped chunk files written in place
-    "chunked": {"codec": "zstd+crc32c", "chunks": 4, "shards": 8},  # local, sharded
+    # local, sharded; commits log partly written shards (S3 does by default)
+    "chunked": {"codec": "zstd+crc32c", "chunks": 4, "shards": 8, "tail_log": True},
     "s3": {"codec": "zstd", "chunks": 4, "shards": 8},  # sharded objects on S3
 }
 

@@ -13,6 +13,8 @@ Sites (where they are called):
 * ``store.before`` / ``store.unit`` / ``store.after`` — :mod:`zstore.blocks`:
   before a batch of chunk/shard objects is stored, after each one of them is
   stored (the others of the batch may still be in flight), after all.
+* ``store.segment`` — :mod:`zstore.blocks`: after each log segment of a commit is
+  stored (:mod:`zstore.tail`).
 * ``mmap.write`` — :mod:`zstore.table`: after each column of an extend or
   scattered write landed in a memory-mapped chunk file.
 * ``commit.before`` / ``commit.after`` — :mod:`zstore.group`: around the one
@@ -32,8 +34,8 @@ import os
 import signal
 from collections import Counter
 
-SITES = ("store.before", "store.unit", "store.after", "mmap.write", "commit.before",
-         "commit.after")
+SITES = ("store.before", "store.unit", "store.segment", "store.after", "mmap.write",
+         "commit.before", "commit.after")
 #: Reserved for the ``checkpoint`` package: call ``crash_point(site)`` before a staged
 #: checkpoint is swapped in and after; then add them to :data:`SITES`.
 CHECKPOINT_SITES = ("checkpoint.before_swap", "checkpoint.after_swap")

@@ -28,7 +28,11 @@ from .dtypes import compute_dtype, from_numpy, from_storage, storage_numpy_dtype
 from .errors import CorruptChunkError
 from .layout import Leaf
 from .retry import with_retries
+from .tail import Segment, decode, encode, group_id, segment_key
 from .writeback import WriteBehind
+
+#: Most log segments one write unit collects before a commit stores the unit whole.
+MAX_UNIT_SEGMENTS = 64
 
 
 def _ravel(lanes: torch.Tensor, lane_shape) -> torch.Tensor:
@@ -55,7 +59,8 @@ class BlockGroup:
     def __init__(self, arrays: Mapping[str, zarr.Array], leaves: tuple[Leaf, ...], rows: int,
                  chunk_rows: int,
                  shard_rows: int | None, high_water: int, *, cache_bytes: int, cache_tier: str,
-                 lock: threading.RLock, where: str, read_only: bool = False, lease: Any = None):
+                 lock: threading.RLock, where: str, read_only: bool = False, lease: Any = None,
+                 tail_log: bool = False, segments: list[Segment] = (), listed: Any = None):
         self.leaves = leaves
         # the writer's lease (zstore.lease): renewed as stores start, and checked again as each
         # one runs, however late: a writer stalled past its ttl stores nothing more
@@ -67,7 +72,21 @@ class BlockGroup:
         self.where = where
         self.lock = lock
         self.n_blocks = -(-rows // chunk_rows)
+        self.unit_rows = self.R * self.k
         self.store = arrays[leaves[0].path].store
+        # the tail log (zstore.tail): segments the next commit lists, in order; rows written
+        # since their block was last stored or logged ({block: [lo, hi)}); segments dropped
+        # since the last commit (deleted once it no longer lists them); decoded segments read
+        self.tail_log = tail_log  # commits log partly written units (else store them whole)
+        self.id = group_id(chunk_rows, self.unit_rows)
+        self.segments: list[Segment] = list(segments)
+        self.unlogged: dict[int, list[int]] = {}
+        self.superseded: list[Segment] = []
+        self._segment_rows: dict[int, list[np.ndarray]] = {}
+        self._next_seq = max((seg.seq for seg in self.segments), default=-1) + 1
+        # () -> the segments of this group the store's commit lists now (a reader whose
+        # segment was deleted under it asks whether the unit was stored whole since)
+        self._listed = listed
         self.writes = WriteBehind(where, keepalive=None if lease is None else lease.keep_alive)
         fs = getattr(self.store, "fs", None)
         self.remote = fs is not None and "memory" not in fs.protocol
@@ -102,9 +121,155 @@ class BlockGroup:
         is not a corrupt object. A reader re-reads shard indexes on every fetch.
         """
         self.writes.drain()
-        if self.keep_indexes and not self.remote:  # a local writer owns its store
-            return self._fetch_once(blocks)
-        return with_retries(lambda: self._fetch_once(blocks), (CorruptChunkError,))
+        for _ in range(3):
+            if self.keep_indexes and not self.remote:  # a local writer owns its store
+                out = self._fetch_once(blocks)
+            else:
+                out = with_retries(lambda: self._fetch_once(blocks), (CorruptChunkError,))
+            if self._overlay(blocks, out):
+                return out
+        raise CorruptChunkError(f"the log segments of {self.where} keep changing under this "
+                                "reader: reopen it")
+
+    # -- the tail log ---------------------------------------------------------------------
+    def _overlay(self, blocks: list[int], out: dict[str, list[np.ndarray | None]]) -> bool:
+        """Lay the committed segments over fetched ``blocks``, in order (False: refetch).
+
+        A segment the writer deleted since this group read its list is no longer
+        listed: its unit was stored whole, so the blocks are fetched again.
+        """
+        if not self.segments:
+            return True
+        for i, block in enumerate(blocks):
+            lo, hi = self._span(block)
+            for seg in self.segments:
+                if seg.stop <= lo or seg.first >= hi:
+                    continue
+                rows = self._read_segment(seg)
+                if rows is None:
+                    return False
+                a, z = max(lo, seg.first), min(hi, seg.stop)
+                for leaf, part in zip(self.leaves, rows):
+                    array = out[leaf.path][i]
+                    if array is None:
+                        array = np.zeros((hi - lo, *leaf.shape), dtype=storage_numpy_dtype(leaf.dtype))
+                    elif len(array) < hi - lo:
+                        array = np.concatenate([array, np.zeros((hi - lo - len(array), *leaf.shape),
+                                                                dtype=array.dtype)])
+                    elif not array.flags.writeable:
+                        array = array.copy()
+                    array[a - lo: z - lo] = part[a - seg.first: z - seg.first]
+                    out[leaf.path][i] = array
+        return True
+
+    def _read_segment(self, seg: Segment) -> list[np.ndarray] | None:
+        """Each key's rows of ``seg`` (read once); None when it was dropped from the commit."""
+        rows = self._segment_rows.get(seg.seq)
+        if rows is not None:
+            return rows
+        key = segment_key(self.id, seg.seq)
+        from zarr.core.buffer import default_buffer_prototype
+
+        data = sync(self.store.get(key, default_buffer_prototype()))
+        if data is None:
+            listed = None if self._listed is None else self._listed()
+            if listed is not None and seg not in listed:
+                self.segments = listed
+                return None
+            raise CorruptChunkError(f"log segment {key} of {self.where} is listed by its commit "
+                                    "but missing from the store")
+        rows = decode(data.to_bytes(), [(storage_numpy_dtype(leaf.dtype), leaf.shape)
+                                        for leaf in self.leaves], seg.stop - seg.first,
+                      f"{key} of {self.where}")
+        self._segment_rows[seg.seq] = rows
+        return rows
+
+    def _unit_segments(self, unit: int) -> list[Segment]:
+        return [seg for seg in self.segments if seg.first // self.unit_rows == unit]
+
+    def _note_written(self, block: int, lo: int, hi: int) -> None:
+        """Rows ``[lo, hi)`` of ``block`` were written: the next commit logs or stores them."""
+        span = self.unlogged.get(block)
+        if span is None:
+            self.unlogged[block] = [lo, hi]
+        else:
+            span[0], span[1] = min(span[0], lo), max(span[1], hi)
+
+    def _log_tail(self, blocks: torch.Tensor) -> torch.Tensor:
+        """Log the unstored rows of dirty ``blocks`` whose unit is cheaper to log than to store.
+
+        Returns the blocks whose units must be stored whole: a unit whose log
+        would outgrow the unit itself, or that has ``MAX_UNIT_SEGMENTS`` already.
+        Logged blocks stay dirty: their unit is stored once, when complete.
+        """
+        by_unit: dict[int, list[int]] = {}
+        for block in blocks.tolist():
+            by_unit.setdefault(block // self.k, []).append(block)
+        store = []
+        for unit, members in by_unit.items():
+            spans = [self.unlogged[b] for b in members if b in self.unlogged]
+            if not spans:
+                continue  # logged already, stored when the unit completes
+            start, stop = unit * self.unit_rows, min((unit + 1) * self.unit_rows, self.rows)
+            logged = self._unit_segments(unit)
+            new = [list(span) for span in sorted(spans)]
+            merged = [new[0]]
+            for span in new[1:]:  # adjacent blocks' spans become one segment
+                if span[0] == merged[-1][1]:
+                    merged[-1][1] = span[1]
+                else:
+                    merged.append(span)
+            total = sum(seg.stop - seg.first for seg in logged) + sum(b - a for a, b in merged)
+            if len(logged) + len(merged) > MAX_UNIT_SEGMENTS or total > stop - start:
+                store.extend(members)
+                continue
+            for first, last in merged:  # a refused upload raises here: the rows stay unlogged
+                self._write_segment(first, last)
+            for b in members:
+                self.unlogged.pop(b, None)
+        return torch.tensor(store, dtype=torch.int64)
+
+    def _write_segment(self, first: int, stop: int) -> None:
+        """Start storing rows ``[first, stop)`` (all cached) as the next segment."""
+        columns = []
+        for leaf in self.leaves:
+            parts = []
+            for block in range(first // self.R, (stop - 1) // self.R + 1):
+                lo = block * self.R
+                rows = self._block_rows(leaf, block, int(self.cache.slot_of[block]), {}, {})
+                parts.append(rows[max(first, lo) - lo: min(stop, lo + self.R) - lo])
+            columns.append(np.concatenate(parts))  # a copy: stored while the slots change
+        seg = Segment(first, stop, self._next_seq)
+        self._next_seq += 1
+        data = encode(columns)
+        key = segment_key(self.id, seg.seq)
+        from zarr.core.buffer import default_buffer_prototype
+
+        async def put() -> None:
+            try:
+                if self.lease is not None:
+                    self.lease.ensure_fresh()
+                await self.store.set(key, default_buffer_prototype().buffer.from_bytes(data))
+            except Exception as exc:
+                raise OSError(f"cannot write log segment {key} (rows {first}..{stop - 1}) to "
+                              f"{self.where}: {type(exc).__name__}: {exc}") from exc
+            _faults.crash_point("store.segment")
+
+        self.writes.submit(put, len(data), frozenset({("segment", seg.seq)}))
+        self.segments.append(seg)  # listed by the next commit, which waits for this upload
+        self._segment_rows[seg.seq] = columns
+
+    def committed(self) -> None:
+        """The commit listing :attr:`segments` landed: delete the segments it dropped."""
+        dropped, self.superseded = self.superseded, []
+        if not dropped:
+            return
+
+        async def delete() -> None:
+            await asyncio.gather(*[self.store.delete(segment_key(self.id, seg.seq))
+                                   for seg in dropped], return_exceptions=True)
+
+        sync(delete())  # a failure leaves an unlisted object: garbage, never read
 
     def _fetch_once(self, blocks: list[int]) -> dict[str, list[np.ndarray | None]]:
         async def column(leaf, limit):
@@ -186,7 +351,8 @@ class BlockGroup:
 
     def _load(self, blocks: torch.Tensor, protect: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """Give ``blocks`` slots; those flagged in ``keep`` get their stored rows (or zeros)."""
-        if len(blocks) > self.cache.clean_capacity() - len(protect):
+        clean_protected = len(protect) - int(self.cache.dirty[protect].sum()) if len(protect) else 0
+        if len(blocks) > self.cache.clean_capacity() - clean_protected:
             self._persist(self.cache.dirty_blocks())
         slots = self.cache.assign(blocks, protect)
         stored = keep & (blocks * self.R < self.high_water)
@@ -274,12 +440,16 @@ class BlockGroup:
         A block only partly overwritten is first filled with its stored rows.
         None when the blocks outnumber the cache's slots (write in rounds).
         """
-        if len(blocks) > self.cache.n_slots - self.cache.n_dirty:
+        slots = self.cache.slot_of[blocks]
+        miss = slots < 0
+        # blocks already dirty in the cache keep their slots: only the others need clean ones
+        held_dirty = int(self.cache.dirty[slots[~miss]].sum()) if bool((~miss).any()) else 0
+        if len(blocks) - held_dirty > self.cache.n_slots - self.cache.n_dirty:
             self._persist(self.cache.dirty_blocks())
             if len(blocks) > self.cache.n_slots:
                 return None
-        slots = self.cache.slot_of[blocks]
-        miss = slots < 0
+            slots = self.cache.slot_of[blocks]
+            miss = slots < 0
         if bool(miss.any()):
             spans = torch.clamp(self.rows - blocks[miss] * self.R, max=self.R)
             slots[miss] = self._load(blocks[miss], slots[~miss], written[miss] < spans)
@@ -300,6 +470,10 @@ class BlockGroup:
             value = to_storage(value).index_select(0, last.to(value.device))
             self.cache.flat[leaf.path].index_copy_(0, pos, value.to(self.device))
         self.cache.mark_dirty(slots)
+        ends = torch.cumsum(counts, 0)  # urows is sorted: each block's rows are one run
+        for block, lo, hi in zip(ublocks.tolist(), urows[ends - counts].tolist(),
+                                 (urows[ends - 1] + 1).tolist()):
+            self._note_written(block, lo, hi)
         self.high_water = max(self.high_water, int(urows[-1]) + 1)
         self._store_completed(urows)
 
@@ -324,6 +498,8 @@ class BlockGroup:
                 lo, hi = max(first, block * self.R), min(stop, (block + 1) * self.R)
                 slab[slot, lo - block * self.R: hi - block * self.R].copy_(value[lo - first: hi - first])
         self.cache.mark_dirty(slots)
+        for block in range(first_block, last_block + 1):
+            self._note_written(block, max(first, block * self.R), min(stop, (block + 1) * self.R))
         self.high_water = max(self.high_water, stop)
         self._store_completed(torch.arange(first, stop))
 
@@ -340,6 +516,11 @@ class BlockGroup:
             self.cache.slabs[leaf.path][slot, offset].copy_(to_storage(values[leaf.path]))
         if not self.cache.dirty[slot]:
             self.cache.mark_dirty(torch.tensor([slot]))
+        span = self.unlogged.get(block)
+        if span is None:
+            self.unlogged[block] = [row, row + 1]
+        elif not span[0] <= row < span[1]:
+            span[0], span[1] = min(span[0], row), max(span[1], row + 1)
         self.cache.last_use[slot] = self.cache._tick
         self.high_water = max(self.high_water, row + 1)
         shard_rows = self.R * self.k
@@ -399,9 +580,36 @@ class BlockGroup:
             stored.append(slots[slots >= 0])
         self._store(spans, data)
         self.cache.mark_clean(torch.cat(stored))
+        for shard in shards:
+            for block in members[shard]:
+                self.unlogged.pop(block, None)
+        if self.segments:  # a unit stored whole holds its segments' rows
+            stored_units = set(shards)
+            dropped = [seg for seg in self.segments if seg.first // self.unit_rows in stored_units]
+            if dropped:
+                self.segments = [seg for seg in self.segments if seg not in dropped]
+                self.superseded.extend(dropped)
+                for seg in dropped:
+                    self._segment_rows.pop(seg.seq, None)
 
-    def flush(self) -> None:
-        """Store every dirty block and wait until every write has landed."""
-        self._persist(self.cache.dirty_blocks())
+    def flush(self, consolidate: bool = False) -> None:
+        """Make every written row durable and wait until every write has landed.
+
+        Units that are complete, or whose log would outgrow them, are stored
+        whole; the other written rows become log segments (:mod:`zstore.tail`).
+        ``consolidate`` stores every unit with written rows or segments whole,
+        so the store holds no segments once committed (readable by zarr alone).
+        """
+        dirty = self.cache.dirty_blocks()
+        if consolidate:
+            logged = {seg.first // self.unit_rows for seg in self.segments}
+            units = {int(b) // self.k for b in dirty.tolist()} | logged
+            blocks = [b for u in sorted(units)
+                      for b in range(u * self.k, min((u + 1) * self.k, self.n_blocks))]
+            self._persist(torch.tensor(blocks, dtype=torch.int64))
+        elif self.tail_log:
+            self._persist(self._log_tail(dirty))
+        else:
+            self._persist(dirty)
         self.writes.drain()
         _faults.crash_point("store.after")

@@ -9,7 +9,11 @@ from typing import Any, Mapping
 
 from .errors import FormatVersionError, NotAZStoreError
 
+#: The format of a store whose commit lists no log segments (every format-1 reader reads it).
 FORMAT_VERSION = 1
+#: The format of a buffer while its commit lists log segments (``tail``, :mod:`zstore.tail`):
+#: a format-1 reader would miss those rows, so it must refuse the store. The newest read here.
+TAIL_FORMAT_VERSION = 2
 
 
 def check_format_version(block: Mapping[str, Any], where: str) -> None:
@@ -18,7 +22,7 @@ def check_format_version(block: Mapping[str, Any], where: str) -> None:
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise NotAZStoreError(f"{where}: the 'zstore' block has no valid format_version "
                               f"(got {version!r})")
-    if version > FORMAT_VERSION:
+    if version > TAIL_FORMAT_VERSION:
         raise FormatVersionError(
             f"{where} was written in zstore format v{version}; this zstore reads up to "
-            f"v{FORMAT_VERSION}: upgrade zstore (pip install -U zstore)")
+            f"v{TAIL_FORMAT_VERSION}: upgrade zstore (pip install -U zstore)")

@@ -48,6 +48,16 @@ def read_meta(group: zarr.Group, where: str) -> StoreMeta:
     return StoreMeta.from_json(group.attrs.get(ZSTORE_ATTR), where)
 
 
+def listed_segments(group: zarr.Group, group_name: str) -> list:
+    """The log segments of block group ``group_name`` that the store's commit lists now.
+
+    Read afresh (not the attributes cached when ``group`` was opened): a reader
+    whose segment was deleted under it asks whether the writer dropped it since.
+    """
+    fresh = zarr.open_group(group.store, mode="r", use_consolidated=False, zarr_format=3)
+    return list(read_meta(fresh, str(group.store)).tail.get(group_name, ()))
+
+
 def open_group(spec: StoreSpec) -> tuple[zarr.Group, StoreMeta]:
     """Open the buffer at ``spec``; errors name the URL and say what is wrong."""
     group = open_zarr_group(spec)
@@ -63,20 +73,29 @@ def _io_error(what: str, exc: Exception) -> OSError:
         return OSError(f"{what}: {type(exc).__name__}: {exc}")
 
 
+def _not_found(spec: StoreSpec) -> StoreNotFoundError:
+    return StoreNotFoundError(
+        f"no zstore buffer at {spec.redacted()}: the location does not exist"
+        + (" (memory:// stores live inside one process)" if spec.is_memory else ""))
+
+
 def open_zarr_group(spec: StoreSpec) -> zarr.Group:
-    """The Zarr group of the buffer at ``spec``, its ``zstore`` block not yet read."""
-    if not spec.exists():
-        raise StoreNotFoundError(
-            f"no zstore buffer at {spec.redacted()}: the location does not exist"
-            + (" (memory:// stores live inside one process)" if spec.protocol == "memory" else "")
-        )
+    """The Zarr group of the buffer at ``spec``, its ``zstore`` block not yet read.
+
+    One metadata read: whether the location exists is asked only when it holds
+    no group (the error then says which).
+    """
+    if spec.is_local and not spec.exists():  # zarr would create the directory
+        raise _not_found(spec)
     store = spec.open()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            group = zarr.open_group(store, mode="r" if spec.read_only else "r+",
+            group = zarr.open_group(store, mode="r" if spec.read_only else "r+", zarr_format=3,
                                     use_consolidated=None if spec.read_only else False)
     except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError) as exc:
+        if not spec.exists():
+            raise _not_found(spec) from None
         raise NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: no Zarr group there") from exc
     except (ValueError, TypeError, KeyError) as exc:
         raise NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: {exc}") from exc
@@ -116,7 +135,7 @@ def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None,
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                old = zarr.open_group(store, mode="r", use_consolidated=False)
+                old = zarr.open_group(store, mode="r", use_consolidated=False, zarr_format=3)
             overwrite = bool(old.attrs.get(_INCOMPLETE_ATTR))
             if not overwrite:
                 raise NotAZStoreError(

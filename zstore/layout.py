@@ -1,4 +1,4 @@
-"""TensorDict / pytree  <->  Zarr group layout (format v1).
+"""TensorDict / pytree <-> Zarr group layout (format v1): key paths, ``Schema``, ``StoreMeta``; no I/O.
 
 One Zarr array per leaf, at the path of its nested key (``("next", "obs")`` ->
 ``next/obs``); the group's attributes carry ``__tensordict__`` (read by
@@ -26,7 +26,8 @@ from .errors import (
     NotAZStoreError,
     SchemaError,
 )
-from .format_version import FORMAT_VERSION, check_format_version
+from .format_version import FORMAT_VERSION, TAIL_FORMAT_VERSION, check_format_version
+from .tail import Segment, record_from_json, record_to_json
 
 #: Name of the array that holds a storage of plain tensors (TorchRL's file name).
 SINGLE_TENSOR_KEY = "_-single-tensor-_"
@@ -413,6 +414,7 @@ class StoreMeta:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     created: dict[str, Any] = dataclasses.field(default_factory=dict)
     key_codecs: dict[str, CodecSpec] = dataclasses.field(default_factory=dict)  # overrides of codec
+    tail: dict[str, list[Segment]] = dataclasses.field(default_factory=dict)  # log segments
 
     def codec_of(self, path: str) -> CodecSpec:
         """The codec preset of key ``path`` (its override, else the buffer's ``codec``)."""
@@ -434,7 +436,7 @@ class StoreMeta:
                 "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             }
         out = {
-            "format_version": FORMAT_VERSION,
+            "format_version": TAIL_FORMAT_VERSION if self.tail else FORMAT_VERSION,
             "storage_class": self.storage_class,
             "max_size": self.max_size,
             "ndim": self.ndim,
@@ -452,6 +454,8 @@ class StoreMeta:
         }
         if self.key_codecs:  # absent: every key uses "codec"
             out["codecs"] = {path: spec.to_json() for path, spec in self.key_codecs.items()}
+        if self.tail:  # absent: every committed row is in its chunk or shard
+            out["tail"] = record_to_json(self.tail)
         return out
 
     @classmethod
@@ -475,6 +479,7 @@ class StoreMeta:
                 created=dict(data.get("created") or {}),
                 key_codecs={str(path): CodecSpec.parse(dict(spec))
                             for path, spec in (data.get("codecs") or {}).items()},
+                tail=record_from_json(data.get("tail")),
                 **ints,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # wrong JSON types too
@@ -504,6 +509,9 @@ class StoreMeta:
         for path, (chunk, shard) in self.layout.items():
             if not 0 < chunk <= self.rows or (shard is not None and (shard <= 0 or shard % chunk)):
                 problems.append(f"key {path!r}: chunk_rows={chunk}, shard_rows={shard}")
+        for group, segments in self.tail.items():
+            if any(seg.stop > self.high_water for seg in segments):
+                problems.append(f"log segments of group {group} reach past high_water={self.high_water}")
         for leaf in self.schema.leaves:
             if self.rows * max(1, math.prod(leaf.shape)) > MAX_ELEMENTS:
                 problems.append(f"key {leaf.path!r} would hold over {MAX_ELEMENTS} elements")

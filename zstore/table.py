@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import math
 import os
 import sys
@@ -34,8 +35,9 @@ from .cache import DEFAULT_CACHE_BYTES, CacheStats
 from .dtypes import compute_dtype, from_storage, to_storage
 from .errors import CorruptChunkError, ReadOnlyError
 from ._pages import MADV_RANDOM, advise, disk_reads, prefetch_rows, scan
-from .group import checked_arrays
+from .group import checked_arrays, listed_segments
 from .layout import Leaf, chunk_key, key_separator
+from .tail import group_id
 
 
 def contiguous_start(rows: torch.Tensor) -> int | None:
@@ -81,8 +83,18 @@ class Table:
         """Write one row (``values[path]`` without a leading dim); as :meth:`write`."""
         raise NotImplementedError
 
-    def flush(self) -> None:
-        """Store every pending block (data only; the caller commits metadata after)."""
+    def flush(self, consolidate: bool = False) -> None:
+        """Store every pending block (data only; the caller commits metadata after).
+
+        ``consolidate``: leave no log segment (see :meth:`ChunkedTable.flush`).
+        """
+
+    def tail_record(self) -> dict:
+        """The log segments the next commit lists (``StoreMeta.tail``): none by default."""
+        return {}
+
+    def committed(self) -> None:
+        """The caller's commit landed (a chunked table then deletes dropped segments)."""
 
     def prefetch(self, rows: torch.Tensor, background: bool = False) -> Future | None:
         """Get ``rows`` ready ahead of a read (:meth:`_prefetch` says how).
@@ -134,7 +146,8 @@ class ChunkedTable(Table):
     def __init__(self, group: zarr.Group, leaves: tuple[Leaf, ...], rows: int,
                  layout: Mapping[str, tuple[int, int | None]], high_water: int, *,
                  read_only: bool, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 cache_tier: str = "host", where: str = "", lease: Any = None):
+                 cache_tier: str = "host", where: str = "", lease: Any = None,
+                 tail: Mapping[str, list] | None = None, tail_log: bool = False):
         self.leaves = leaves
         self.rows = rows
         self.read_only = read_only
@@ -144,12 +157,20 @@ class ChunkedTable(Table):
             by_layout.setdefault(tuple(layout[leaf.path]), []).append(leaf)
         total = sum(leaf.row_bytes for leaf in leaves) or 1
         arrays = checked_arrays(group, leaves, rows, layout, where)
-        self.groups = [
-            BlockGroup(arrays, tuple(members), rows, chunk_rows, shard_rows, high_water,
-                       cache_bytes=cache_bytes * sum(m.row_bytes for m in members) // total,
-                       cache_tier=cache_tier, lock=self.lock, where=where, read_only=read_only,
-                       lease=lease)
-            for (chunk_rows, shard_rows), members in by_layout.items()]
+        tail = dict(tail or {})
+        zarr_group = group
+
+        def block_group(chunk_rows: int, shard_rows: int | None, members: list[Leaf]) -> BlockGroup:
+            name = group_id(chunk_rows, shard_rows or chunk_rows)
+            return BlockGroup(
+                arrays, tuple(members), rows, chunk_rows, shard_rows, high_water,
+                cache_bytes=cache_bytes * sum(m.row_bytes for m in members) // total,
+                cache_tier=cache_tier, lock=self.lock, where=where, read_only=read_only,
+                lease=lease, tail_log=tail_log, segments=tail.get(name, ()),
+                listed=functools.partial(listed_segments, zarr_group, name))
+
+        self.groups = [block_group(chunk_rows, shard_rows, members)
+                       for (chunk_rows, shard_rows), members in by_layout.items()]
         self.device = self.groups[0].device
 
     @property
@@ -198,10 +219,20 @@ class ChunkedTable(Table):
             for g in self.groups:
                 g.write_row(row, values)
 
-    def flush(self) -> None:
+    def flush(self, consolidate: bool = False) -> None:
+        """Store or log every written row (:meth:`BlockGroup.flush`); wait for the uploads."""
         with self.lock:
             for g in self.groups:
-                g.flush()
+                g.flush(consolidate)
+
+    def tail_record(self) -> dict:
+        """Each block group's log segments (``StoreMeta.tail``)."""
+        return {g.id: list(g.segments) for g in self.groups if g.segments}
+
+    def committed(self) -> None:
+        with self.lock:
+            for g in self.groups:
+                g.committed()
 
     def _prefetch(self, rows: torch.Tensor) -> None:
         """Load the blocks holding ``rows`` into the cache."""
@@ -391,7 +422,7 @@ class MmapTable(Table):
                 self.maps[path][row].copy_(value)
         self.high_water = max(self.high_water, row + 1)
 
-    def flush(self) -> None:
+    def flush(self, consolidate: bool = False) -> None:
         """Nothing to do: writes went straight into the shared page cache.
 
         A killed process loses nothing written; surviving an OS crash or power

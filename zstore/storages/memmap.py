@@ -171,6 +171,11 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
             ``close()`` commit at once, and so do interpreter exit and SIGTERM. A
             killed writer loses at most the rows of its last ``autocommit_seconds``;
             ``math.inf`` commits only on those calls.
+        tail_log: a commit stores the rows written since the last one into chunks or
+            shards that are not complete yet as small log segments, instead of
+            rewriting those objects whole (:mod:`zstore.tail`); ``close()`` and
+            ``seal()`` store them whole, so that zarr alone reads every row again.
+            Default: on for remote stores (S3, GCS ...), where rewriting costs uploads.
         lease_ttl: seconds the single-writer lease stays valid without renewal.
             The first write takes the store's lease (a second writer gets
             :class:`~zstore.errors.LeaseError`); commits renew it, ``close()``
@@ -192,7 +197,7 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
                  shards: int | Mapping[str, int] | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host",
                  read_only: bool = False, autocommit_seconds: float = 5.0,
-                 lease_ttl: float | None = DEFAULT_TTL):
+                 tail_log: bool | None = None, lease_ttl: float | None = DEFAULT_TTL):
         tier = cache_tier(cache, device if device not in (None, "auto") else None)
         device = "cpu" if device in (None, "auto") else device
         if torch.device(device).type != tier.device.type:
@@ -213,6 +218,7 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
         self.cache_bytes = int(cache_bytes)
         self.cache = tier.name
         self.autocommit_seconds = autocommit_seconds
+        self.tail_log = self.spec.is_remote if tail_log is None else bool(tail_log)
         self.lease_ttl = lease_ttl
         self.auto_cleanup = temporary if auto_cleanup is None else auto_cleanup
         self._setup_runtime()
@@ -241,7 +247,8 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
     @classmethod
     def _from_store(cls, spec: StoreSpec, group, meta: StoreMeta, *, cache_bytes: int,
                     cache: str, device: Any = None, autocommit_seconds: float = 5.0,
-                    lease_ttl: float | None = DEFAULT_TTL, store_lease: Any = None):
+                    lease_ttl: float | None = DEFAULT_TTL, store_lease: Any = None,
+                    tail_log: bool | None = None):
         """Reopen a committed buffer (used by :func:`zstore.open`); ``store_lease``: see
         :meth:`_with_store_lease`."""
         self = cls.__new__(cls)
@@ -257,6 +264,7 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
         self.cache_bytes = int(cache_bytes)
         self.cache = tier.name
         self.autocommit_seconds = autocommit_seconds
+        self.tail_log = spec.is_remote if tail_log is None else bool(tail_log)
         self.lease_ttl = lease_ttl
         self.auto_cleanup = False
         self._setup_runtime()
@@ -296,7 +304,8 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
                                        meta.high_water, read_only=read_only,
                                        cache_bytes=self.cache_bytes, cache_tier=self.cache,
                                        where=self.spec.redacted(),
-                                       lease=self._store_lease)
+                                       lease=self._store_lease, tail=meta.tail,
+                                       tail_log=self.tail_log)
 
     @property
     def table(self) -> Table:
@@ -555,7 +564,7 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
         with self._commit_lock:
             self._flush()
 
-    def _flush(self) -> None:
+    def _flush(self, consolidate: bool = False) -> None:
         if not self.initialized or self.spec.read_only or self._table is None \
                 or self._meta.read_only:
             return
@@ -563,12 +572,14 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
             if not (self._uncommitted or (self._lease.active and self._lease.held)):
                 return  # nothing of this storage's to commit, or it lost the lease
             self._lease.renew()  # a writer that lost the lease stops before storing anything
-        self.table.flush()
+        self.table.flush(consolidate)
         meta = self._meta
         meta.length = self._len_value
         meta.last_cursor = self._last_cursor_value if self._last_cursor_value < meta.rows else -1
         meta.high_water = self.table.high_water
+        meta.tail = self.table.tail_record()
         commit(self._group, meta, self._lease, self.spec.redacted())
+        self.table.committed()
         self._committed = (meta.length, meta.last_cursor)
         self._mark_clean()
 
@@ -578,17 +589,18 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
         Flushes, stores the episode index computed from the TED done flags,
         consolidates the metadata and commits ``sealed``/``read_only`` last.
         The storage is read-only afterwards; reopen it with
-        :func:`zstore.open_dataset`. See :mod:`zstore.dataset.sealing`.
+        :func:`zstore.open_dataset`. See :mod:`zstore.storages.sealing`.
         """
-        from ..dataset.sealing import seal_storage  # the dataset layer sits above the storages
-
+        with self._commit_lock:  # a dataset holds no log segments: zarr alone reads it
+            self._flush(consolidate=True)
         return seal_storage(self)
 
     def close(self) -> None:
         """Flush and release the table; the storage can be reopened with :func:`zstore.open`."""
         if self._table is not None and not self._cleaned:
-            if self._uncommitted:
-                self.flush()
+            if self._uncommitted or self._table.tail_record():
+                with self._commit_lock:  # closed, the store holds no log segments (format.md §6)
+                    self._flush(consolidate=True)
             self._table.close()
         self._table = None
         self.initialized = False if self._meta is None else self.initialized
@@ -720,7 +732,8 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
             "key_codecs": {path: spec.to_json() for path, spec in self.key_codecs.items()},
             "chunks": self.chunks, "shards": self.shards, "cache_bytes": self.cache_bytes,
             "cache": self.cache, "autocommit_seconds": self.autocommit_seconds,
-            "lease_ttl": self.lease_ttl, "initialized": self.initialized, "len": self._len_value,
+            "lease_ttl": self.lease_ttl, "tail_log": self.tail_log,
+            "initialized": self.initialized, "len": self._len_value,
             "last_cursor": self._last_cursor_value, "revision": self._revision,
         }
 
@@ -731,7 +744,8 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
             other = type(self)._from_store(spec, group, meta, cache_bytes=state["cache_bytes"],
                                            cache=state["cache"], device=state["device"],
                                            autocommit_seconds=state["autocommit_seconds"],
-                                           lease_ttl=state.get("lease_ttl", DEFAULT_TTL))
+                                           lease_ttl=state.get("lease_ttl", DEFAULT_TTL),
+                                           tail_log=state.get("tail_log"))
         else:
             other = type(self)(state["max_size"], scratch_dir=spec.url,
                                storage_options=spec.storage_options, device=state["device"],
@@ -741,6 +755,7 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
                                cache_bytes=state["cache_bytes"], cache=state["cache"],
                                read_only=spec.read_only, auto_cleanup=False,
                                autocommit_seconds=state["autocommit_seconds"],
+                               tail_log=state.get("tail_log"),
                                lease_ttl=state.get("lease_ttl", DEFAULT_TTL))
         self.__dict__.update(other.__dict__)
         if other._finalizer is not None:
