@@ -87,10 +87,43 @@ class _GapFiller:
         self.__dict__.update(state)
 
 
+def _outside_compiled_code(cls: type) -> type:
+    """``cls.set`` and ``cls.get`` run outside ``torch.compile``'s graphs: each is one graph break.
+
+    A storage whose rows live in a Zarr store (or in compressed blobs) reads and writes
+    through fsspec, zarr and NumPy, which Dynamo cannot trace; a list storage's Python list
+    grows at every write, and a compiled frame guarding its length recompiles at every
+    step. Run eagerly, the call is the same at every step: a compiled ``extend`` /
+    ``sample`` breaks its graph there and does not recompile (TorchRL runs its
+    ``_rand_given_ndim`` the same way).
+    """
+    def eager(name: str):
+        impl = cls.__dict__.get(name)  # the class's own method, or its parent's
+        if impl is None:
+            def impl(self, *args: Any, **kwargs: Any) -> Any:
+                return getattr(super(cls, self), name)(*args, **kwargs)
+        outside = torch.compiler.disable()(impl)
+
+        def method(self, *args: Any, **kwargs: Any) -> Any:
+            # the boundary only under the compiler: it costs ~0.7 µs a call in eager code
+            if torch.compiler.is_compiling():
+                return outside(self, *args, **kwargs)
+            return impl(self, *args, **kwargs)
+
+        method.__name__, method.__qualname__ = name, f"{cls.__qualname__}.{name}"
+        method.__doc__ = getattr(cls, name).__doc__
+        return method
+
+    for name in ("set", "get"):
+        setattr(cls, name, eager(name))
+    return cls
+
+
 class Storage(_z.Storage, _GapFiller, _trl.Storage):
     """:class:`zstore.Storage` that TorchRL's replay buffers accept (the base of the others)."""
 
 
+@_outside_compiled_code
 class ListStorage(_z.ListStorage, Storage, _trl.ListStorage):
     """:class:`zstore.ListStorage` that TorchRL's replay buffers accept."""
 
@@ -99,6 +132,7 @@ class LazyStackStorage(_z.LazyStackStorage, ListStorage, _trl.LazyStackStorage):
     """:class:`zstore.LazyStackStorage` that TorchRL's replay buffers accept."""
 
 
+@_outside_compiled_code
 class CompressedListStorage(_z.CompressedListStorage, ListStorage, _trl.CompressedListStorage):
     """:class:`zstore.CompressedListStorage` that TorchRL's replay buffers accept.
 
@@ -189,6 +223,7 @@ def _rows_written(index: Any, n: int) -> torch.Tensor:
     return torch.arange(n)[first].reshape(-1).unique()
 
 
+@_outside_compiled_code
 class TensorStorage(_z.TensorStorage, Storage, _trl.TensorStorage):
     """:class:`zstore.TensorStorage` that TorchRL's replay buffers accept.
 
@@ -212,6 +247,7 @@ class LazyTensorStorage(_z.LazyTensorStorage, TensorStorage, _trl.LazyTensorStor
     """:class:`zstore.LazyTensorStorage` that TorchRL's replay buffers accept."""
 
 
+@_outside_compiled_code
 class LazyMemmapStorage(_z.LazyMemmapStorage, LazyTensorStorage, _trl.LazyMemmapStorage):
     """:class:`zstore.LazyMemmapStorage` (Zarr at any URL) that TorchRL's replay buffers accept."""
 

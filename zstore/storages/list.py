@@ -107,6 +107,12 @@ class ListStorage(Storage):
     def __len__(self) -> int:
         return len(self._storage)
 
+    @torch.compiler.disable()
+    def _rand_given_ndim(self, batch_size: int) -> torch.Tensor:
+        """Random indices, outside compiled code (as TorchRL's): a compiled frame would guard
+        the length, which changes at every write, and recompile at every step."""
+        return super()._rand_given_ndim(batch_size)
+
     def _empty(self) -> None:
         self._storage = []
         self._bump_mutation_revision()

@@ -1,0 +1,211 @@
+"""TorchRL's own tests' scenarios over zstore.torchrl's storages, compared with TorchRL's storages.
+
+Issue #20's remaining causes: ``torch.compile`` (a compiled ``extend`` + ``sample`` must not
+recompile at every step, where TorchRL's does not), extending with a
+``LazyStackedTensorDict`` of items of different shapes (then ``update_at_`` through it),
+a storage before its first write, and tensorclasses with non-tensor fields.
+Each test runs TorchRL's buffer, sampler and writer over zstore's storage and over TorchRL's
+own with the same seed, and compares what they return.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from tensordict import LazyStackedTensorDict, TensorDict, tensorclass
+
+pytestmark = pytest.mark.torchrl
+T = pytest.importorskip("torchrl.data")
+zt = pytest.importorskip("zstore.torchrl")
+
+WARMUP, STEPS, ITEMS = 3, 7, 3  # TorchRL's test: 3 calls not counted, then 7 counted
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def compiled_run(make_storage, avoid_max_size: bool):
+    """TorchRL's ``test_extend_sample_recompile``: a compiled ``rb.extend(data); rb.sample()``
+    called ``WARMUP + STEPS`` times. Returns (recompile log messages after the warm-up,
+    the samples, len(rb))."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    capacity = (WARMUP + STEPS + 1) * ITEMS if avoid_max_size else 2 * ITEMS
+    rb = T.ReplayBuffer(storage=make_storage(capacity), sampler=T.RandomSampler(),
+                        writer=T.RoundRobinWriter(compilable=True), batch_size=ITEMS,
+                        compilable=True)
+
+    @torch.compile
+    def extend_and_sample(data):
+        rb.extend(data)
+        return rb.sample()
+
+    data = torch.arange(ITEMS, dtype=torch.float32).unsqueeze(-1)
+    samples = [extend_and_sample(data + 10 * step) for step in range(WARMUP)]
+    records, logger = _Records(), logging.getLogger("torch._dynamo")
+    torch._logging.set_logs(recompiles=True)
+    logger.addHandler(records)
+    try:
+        samples += [extend_and_sample(data + 10 * step) for step in range(WARMUP, WARMUP + STEPS)]
+    finally:
+        torch._logging.set_logs()
+        logger.removeHandler(records)
+    return records.messages, torch.stack(samples), len(rb)
+
+
+_REFERENCE: dict[bool, tuple] = {}
+
+
+def torchrl_reference(avoid_max_size: bool):
+    """TorchRL's own LazyTensorStorage, compilable, through the same steps (computed once)."""
+    if avoid_max_size not in _REFERENCE:
+        _REFERENCE[avoid_max_size] = compiled_run(
+            lambda n: T.LazyTensorStorage(n, compilable=True), avoid_max_size)
+    return _REFERENCE[avoid_max_size]
+
+
+def assert_compiles_as_torchrl(make_storage, avoid_max_size: bool) -> None:
+    want_recompiles, want_samples, want_len = torchrl_reference(avoid_max_size)
+    recompiles, samples, length = compiled_run(make_storage, avoid_max_size)
+    assert len(recompiles) <= len(want_recompiles), recompiles[:1]
+    assert length == want_len
+    assert torch.equal(samples, want_samples)  # the same draws of the same rows
+
+
+def test_compiled_extend_sample_does_not_recompile():
+    """The length grows at every step (once full it no longer changes, and nothing recompiles
+    either way): a compiled frame guarding it would recompile at every step."""
+    assert_compiles_as_torchrl(lambda n: zt.LazyTensorStorage(n, compilable=True),
+                               avoid_max_size=True)
+
+
+@pytest.mark.parametrize("avoid_max_size", [False, True])
+def test_compiled_extend_sample_over_a_store(location, avoid_max_size):
+    """A Zarr-backed storage's I/O is one graph break (run eagerly), not a recompile per step."""
+    assert_compiles_as_torchrl(
+        lambda n: zt.LazyMemmapStorage(n, compilable=True, scratch_dir=location.new(),
+                                       storage_options=location.options), avoid_max_size)
+
+
+def test_compiled_list_storage_recompiles_no_more_than_torchrls():
+    """ListStorage: its list grows at every write; TorchRL's and zstore's both run outside
+    the graph. The reference is TorchRL's ListStorage (samples are stacked items)."""
+    def run(cls):
+        return compiled_run(lambda n: cls(n, compilable=True), avoid_max_size=True)
+
+    want_recompiles, want_samples, want_len = run(T.ListStorage)
+    recompiles, samples, length = run(zt.ListStorage)
+    assert len(recompiles) <= len(want_recompiles), recompiles[:1]
+    assert length == want_len and torch.equal(samples, want_samples)
+
+
+def ragged_lazy_stack(n: int, offset: float = 0.0) -> LazyStackedTensorDict:
+    """TorchRL's ``test_extend_lazystack`` data: two TensorDicts whose ``a`` differ in shape,
+    stacked along dim 1 (batch ``[n, 2]``)."""
+    g = torch.Generator().manual_seed(int(offset))
+    td1 = TensorDict(a=torch.rand(n, 4, 8, generator=g) + offset, batch_size=n)
+    td2 = TensorDict(a=torch.rand(n, 3, 8, generator=g) + offset, batch_size=n)
+    return LazyStackedTensorDict(td1, td2, stack_dim=1)
+
+
+def assert_same_lazy_stacks(got, want) -> None:
+    assert type(got) is type(want) and got.batch_size == want.batch_size
+    for a, b in zip(got.get("a", as_list=True), want.get("a", as_list=True), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_extend_lazy_stack_as_torchrl():
+    rbs = [T.ReplayBuffer(storage=cls(6), batch_size=2)
+           for cls in (zt.LazyTensorStorage, T.LazyTensorStorage)]
+    for rb in rbs:
+        rb.extend(ragged_lazy_stack(5))
+    ours, theirs = rbs
+    assert len(ours) == len(theirs) == 5
+    assert type(ours.storage._storage) is type(theirs.storage._storage) is LazyStackedTensorDict
+    for _ in range(3):
+        torch.manual_seed(7)
+        want = theirs.sample(3)
+        torch.manual_seed(7)
+        assert_same_lazy_stacks(ours.sample(3), want)
+    for rb in rbs:  # wraps around: rows 5, 0, 1, 2
+        rb.extend(ragged_lazy_stack(4, offset=100.0))
+    for index in (0, 4, slice(None), torch.tensor([5, 0, 3])):
+        assert_same_lazy_stacks(ours.storage[index], theirs.storage[index])
+    assert "[2, -1, 8]" in repr(ours.storage)  # the summary names the ragged dim
+
+
+def test_update_at_on_a_lazy_stack_as_torchrl():
+    storages = [cls(6) for cls in (zt.LazyTensorStorage, T.LazyTensorStorage)]
+    patch = ragged_lazy_stack(2, offset=-50.0)
+    for storage in storages:
+        rb = T.ReplayBuffer(storage=storage, batch_size=2)
+        rb.extend(ragged_lazy_stack(5))
+        storage[:].update_at_(patch, torch.tensor([1, 3]))
+    ours, theirs = storages
+    assert_same_lazy_stacks(ours[:], theirs[:])
+    assert_same_lazy_stacks(ours[torch.tensor([1, 3])], patch)
+
+
+BEFORE_DATA = ("shape", "_total_shape", "_len_along_dim0", "initialized", "_is_full")
+
+
+def _before_data(storage) -> dict:
+    """What a storage answers before its first write (each attribute, ``len``, ``get``)."""
+    out = {name: getattr(storage, name) for name in BEFORE_DATA}
+    out["len"] = len(storage)
+    with pytest.raises(RuntimeError) as info:
+        storage.get(0)
+    out["get"] = str(info.value)
+    return out
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_storage_before_data_as_torchrl(location, ndim):
+    want = _before_data(T.LazyTensorStorage(10, ndim=ndim))
+    assert want["_total_shape"] is None and want["shape"] is None
+    ours = [zt.LazyTensorStorage(10, ndim=ndim),
+            zt.LazyMemmapStorage(10, ndim=ndim, scratch_dir=location.new(),
+                                 storage_options=location.options)]
+    for storage in ours:
+        assert _before_data(storage) == want, type(storage).__name__
+    td = TensorDict(obs=torch.arange(6.0).reshape(3, 2), batch_size=[3, 2][:ndim])
+    for storage in ours:  # then as TorchRL's after a first write
+        theirs = T.LazyTensorStorage(10, ndim=ndim)
+        for s in (storage, theirs):
+            s.set(torch.arange(3) if ndim == 1 else slice(0, 3), td)
+        assert (storage.shape, storage._total_shape, storage._len_along_dim0, len(storage)) == \
+            (theirs.shape, theirs._total_shape, theirs._len_along_dim0, len(theirs))
+
+
+@tensorclass
+class Tagged:
+    """TorchRL's ``test_storage_dumps_loads`` tensorclass: a tensor, a TensorDict, a string."""
+
+    tensor: torch.Tensor
+    td: TensorDict
+    text: str
+
+
+def test_tensorclass_with_a_string_as_torchrl():
+    data = Tagged(tensor=torch.arange(3), td=TensorDict(c=torch.arange(3) * 10, batch_size=[3]),
+                  text="some text", batch_size=[3])
+    rbs = [T.ReplayBuffer(storage=cls(10), batch_size=4)
+           for cls in (zt.LazyTensorStorage, T.LazyTensorStorage)]
+    samples = []
+    for rb in rbs:
+        rb.extend(data)
+        torch.manual_seed(3)
+        samples.append(rb.sample())
+    (ours, theirs), (got, want) = rbs, samples
+    assert type(got) is type(want) is Tagged and got.batch_size == want.batch_size
+    assert torch.equal(got.tensor, want.tensor) and torch.equal(got.td["c"], want.td["c"])
+    assert list(got.text) == list(want.text) == ["some text"] * 4  # one string per row
+    assert list(ours.storage._storage.text) == list(theirs.storage._storage.text)
