@@ -357,7 +357,9 @@ def second_writer(prefix: str, i: int, options: dict) -> None:
 @pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
 def test_second_writer_refused(ray_cluster, location):
     prefix = location.new("run")
-    collector = Collector.remote(prefix, 0, location.options)
+    # a ttl no loaded machine outlasts: a lease not renewed for 30 s is rightly taken over, and
+    # starting the second writer's worker can take that long with other tests beside it
+    collector = Collector.remote(prefix, 0, location.options, lease_ttl=3600.0)
     ray.get(collector.collect.remote(40))
     with pytest.raises(LeaseError, match="being written by"):
         ray.get(second_writer.remote(prefix, 0, location.options))

@@ -30,6 +30,8 @@ _log = logging.getLogger(__name__)
 #: The longest the thread sleeps between checks while anything is uncommitted (seconds).
 MAX_TICK = 1.0
 
+_monotonic = time.monotonic
+
 
 class Committable(Protocol):
     """What the committer needs of a storage (and its ``spec``, a :class:`zstore.StoreSpec`)."""
@@ -47,12 +49,28 @@ class CommitClock:
     background thread commit it. Writes, reads and commits hold ``_commit_lock``;
     ``flush()`` calls :meth:`_mark_clean` once committed."""
 
-    autocommit_seconds: float
+    _autocommit_seconds: float = 5.0
+    _uncommitted: bool = False
+    _dirty_since: float = 0.0
+    #: ``_dirty_since + autocommit_seconds`` while uncommitted: the writer's due-check is
+    #: one comparison with ``time.monotonic()``
+    _commit_deadline: float = math.inf
+
+    @property
+    def autocommit_seconds(self) -> float:
+        """How long an uncommitted write may wait for its commit (seconds; ``inf``: never)."""
+        return self._autocommit_seconds
+
+    @autocommit_seconds.setter
+    def autocommit_seconds(self, value: float) -> None:
+        self._autocommit_seconds = value
+        self._commit_deadline = self._dirty_since + value  # a change applies to what is dirty
 
     def _start_clock(self) -> None:
         """Fresh clock state (construction, reopening, unpickling)."""
         self._uncommitted = False
         self._dirty_since = 0.0  # time.monotonic() of the oldest uncommitted write
+        self._commit_deadline = self._autocommit_seconds
         self._commit_lock = threading.RLock()  # a write, a read or a commit at a time
 
     def _committable(self) -> bool:
@@ -64,7 +82,8 @@ class CommitClock:
         if self._uncommitted:
             return
         self._uncommitted = True
-        self._dirty_since = time.monotonic()
+        self._dirty_since = now = time.monotonic()
+        self._commit_deadline = now + self._autocommit_seconds
         schedule(self)  # with an infinite window too: the exit commit finds it there
         commit_on_sigterm()
 
@@ -73,15 +92,14 @@ class CommitClock:
 
     def _commit_due(self) -> bool:
         """Whether the oldest uncommitted write is ``autocommit_seconds`` old (the writer's
-        own next write then commits at once)."""
-        return self._uncommitted and \
-            time.monotonic() - self._dirty_since >= self.autocommit_seconds
+        own next write then commits at once). A storage's ``set`` inlines this test."""
+        return self._uncommitted and _monotonic() >= self._commit_deadline
 
     def _commit_due_at(self) -> float | None:
         """When the oldest uncommitted write is due for its commit (``None``: nothing is)."""
         if not self._uncommitted or not self._committable():
             return None
-        return self._dirty_since + self.autocommit_seconds
+        return self._commit_deadline
 
     def _commit_if_idle(self) -> bool:
         """The background commit: flush unless a write or read holds the storage (then
@@ -158,7 +176,7 @@ def _commit(storage: Committable) -> None:
 def _commit_pending_at_exit() -> None:
     """Commit what is still uncommitted when the interpreter exits (SIGTERM included)."""
     for storage in list(_pending):
-        if storage.spec.protocol == "memory":
+        if storage.spec.is_memory:
             continue  # it ends with the process
         try:
             storage.flush()

@@ -502,6 +502,8 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
             return super().get(index)
 
     def _write(self, cursor: Any, data: Any) -> None:
+        """The write of ``TensorStorage.set`` (whose lock :meth:`set` holds: this re-enters
+        it) and of callers that hold none (``load_state_dict``, conditional patches)."""
         with self._commit_lock:
             self._write_locked(cursor, data)
 
@@ -551,10 +553,29 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         if self.spec.read_only:
             raise ReadOnlyError(f"cannot write: {self.spec.redacted()} is opened read-only")
-        with self._commit_lock:
-            super().set(cursor, data, set_cursor=set_cursor)
-            if self._commit_due():
+        with self._commit_lock:  # add()'s row takes no other acquisition
+            if type(cursor) is int and self.ndim == 1 and self.initialized \
+                    and not isinstance(data, list):
+                self._set_row(cursor, data, set_cursor)
+            else:
+                super().set(cursor, data, set_cursor=set_cursor)
+            # CommitClock._commit_due, inlined: one comparison with a precomputed deadline
+            if self._uncommitted and _monotonic() >= self._commit_deadline:
                 self.flush()
+
+    def _set_row(self, row: int, data: Any, set_cursor: bool) -> None:
+        """``TensorStorage.set`` of one ``int`` row of an initialised 1-D buffer (add()'s
+        hot path), the lock held: the same steps without the generic dispatch."""
+        self._write_locked(row, data)
+        self._mark_rows(row)
+        if set_cursor:
+            if row >= 0:  # _set_last_cursor of a row in bounds (_write_locked checked them)
+                self._last_cursor = self._last_cursor_value = row
+            else:
+                self._set_last_cursor(row)
+            self._len_value = min(max(self._len_value + 1, self._last_cursor_value + 1),
+                                  self.max_size)
+        self._bump_mutation_revision()
 
     def _committable(self) -> bool:
         return self._table is not None
