@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 import zarr
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 from . import _faults
@@ -168,8 +169,6 @@ class BlockGroup:
         if rows is not None:
             return rows
         key = segment_key(self.id, seg.seq)
-        from zarr.core.buffer import default_buffer_prototype
-
         data = sync(self.store.get(key, default_buffer_prototype()))
         if data is None:
             listed = None if self._listed is None else self._listed()
@@ -243,8 +242,6 @@ class BlockGroup:
         self._next_seq += 1
         data = encode(columns)
         key = segment_key(self.id, seg.seq)
-        from zarr.core.buffer import default_buffer_prototype
-
         async def put() -> None:
             try:
                 if self.lease is not None:
