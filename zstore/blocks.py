@@ -187,7 +187,8 @@ class BlockGroup:
         return [seg for seg in self.segments if seg.first // self.unit_rows == unit]
 
     def _note_written(self, block: int, lo: int, hi: int) -> None:
-        """Rows ``[lo, hi)`` of ``block`` were written: the next commit logs or stores them."""
+        """Rows ``[lo, hi)`` of ``block`` were written: the next commit logs or stores them
+        (tracked only with ``tail_log``)."""
         span = self.unlogged.get(block)
         if span is None:
             self.unlogged[block] = [lo, hi]
@@ -254,7 +255,6 @@ class BlockGroup:
 
         self.writes.submit(put, len(data), frozenset({("segment", seg.seq)}))
         self.segments.append(seg)  # listed by the next commit, which waits for this upload
-        self._segment_rows[seg.seq] = columns
 
     def committed(self) -> None:
         """The commit listing :attr:`segments` landed: delete the segments it dropped."""
@@ -331,7 +331,7 @@ class BlockGroup:
             if reader is not None:
                 reader.forget([start // self.R for start, _ in spans])
         nbytes = sum(array.nbytes for arrays in data.values() for array in arrays)
-        self.writes.submit(run, nbytes, frozenset(start // (self.R * self.k) for start, _ in spans))
+        self.writes.submit(run, nbytes, frozenset(start // self.unit_rows for start, _ in spans))
 
     # -- filling the cache ----------------------------------------------------------------
     def _copy_in(self, leaf: Leaf, slot: int, array: np.ndarray | None) -> None:
@@ -467,10 +467,11 @@ class BlockGroup:
             value = to_storage(value).index_select(0, last.to(value.device))
             self.cache.flat[leaf.path].index_copy_(0, pos, value.to(self.device))
         self.cache.mark_dirty(slots)
-        ends = torch.cumsum(counts, 0)  # urows is sorted: each block's rows are one run
-        for block, lo, hi in zip(ublocks.tolist(), urows[ends - counts].tolist(),
-                                 (urows[ends - 1] + 1).tolist()):
-            self._note_written(block, lo, hi)
+        if self.tail_log:
+            ends = torch.cumsum(counts, 0)  # urows is sorted: each block's rows are one run
+            for block, lo, hi in zip(ublocks.tolist(), urows[ends - counts].tolist(),
+                                     (urows[ends - 1] + 1).tolist()):
+                self._note_written(block, lo, hi)
         self.high_water = max(self.high_water, int(urows[-1]) + 1)
         self._store_completed(urows)
 
@@ -495,8 +496,9 @@ class BlockGroup:
                 lo, hi = max(first, block * self.R), min(stop, (block + 1) * self.R)
                 slab[slot, lo - block * self.R: hi - block * self.R].copy_(value[lo - first: hi - first])
         self.cache.mark_dirty(slots)
-        for block in range(first_block, last_block + 1):
-            self._note_written(block, max(first, block * self.R), min(stop, (block + 1) * self.R))
+        if self.tail_log:
+            for block in range(first_block, last_block + 1):
+                self._note_written(block, max(first, block * self.R), min(stop, (block + 1) * self.R))
         self.high_water = max(self.high_water, stop)
         self._store_completed(torch.arange(first, stop))
 
@@ -513,22 +515,17 @@ class BlockGroup:
             self.cache.slabs[leaf.path][slot, offset].copy_(to_storage(values[leaf.path]))
         if not self.cache.dirty[slot]:
             self.cache.mark_dirty(torch.tensor([slot]))
-        span = self.unlogged.get(block)
-        if span is None:
-            self.unlogged[block] = [row, row + 1]
-        elif not span[0] <= row < span[1]:
-            span[0], span[1] = min(span[0], row), max(span[1], row + 1)
+        if self.tail_log:
+            self._note_written(block, row, row + 1)
         self.cache.last_use[slot] = self.cache._tick
         self.high_water = max(self.high_water, row + 1)
-        shard_rows = self.R * self.k
-        if row == min((row // shard_rows + 1) * shard_rows, self.rows) - 1:
+        if row == min((row // self.unit_rows + 1) * self.unit_rows, self.rows) - 1:
             self._store_completed(torch.tensor([row]))
 
     def _store_completed(self, urows: torch.Tensor) -> None:
         """Store the write units (chunks or shards) whose last row is in ``urows``."""
-        shard_rows = self.R * self.k
-        ends = torch.clamp((torch.div(urows, shard_rows, rounding_mode="floor") + 1) * shard_rows,
-                           max=self.rows) - 1
+        ends = torch.clamp((torch.div(urows, self.unit_rows, rounding_mode="floor") + 1)
+                           * self.unit_rows, max=self.rows) - 1
         done = torch.unique(torch.div(urows[urows == ends], self.R, rounding_mode="floor"))
         if len(done):
             self._persist(done)

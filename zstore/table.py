@@ -158,7 +158,6 @@ class ChunkedTable(Table):
         total = sum(leaf.row_bytes for leaf in leaves) or 1
         arrays = checked_arrays(group, leaves, rows, layout, where)
         tail = dict(tail or {})
-        zarr_group = group
 
         def block_group(chunk_rows: int, shard_rows: int | None, members: list[Leaf]) -> BlockGroup:
             name = group_id(chunk_rows, shard_rows or chunk_rows)
@@ -167,7 +166,7 @@ class ChunkedTable(Table):
                 cache_bytes=cache_bytes * sum(m.row_bytes for m in members) // total,
                 cache_tier=cache_tier, lock=self.lock, where=where, read_only=read_only,
                 lease=lease, tail_log=tail_log, segments=tail.get(name, ()),
-                listed=functools.partial(listed_segments, zarr_group, name))
+                listed=functools.partial(listed_segments, group, name))
 
         self.groups = [block_group(chunk_rows, shard_rows, members)
                        for (chunk_rows, shard_rows), members in by_layout.items()]
