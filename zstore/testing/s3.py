@@ -151,13 +151,19 @@ def rclone_binary() -> str:
     return found
 
 
+#: Seconds a request to rclone's server may go unanswered before the client retries it: far
+#: above any answer's time on a loaded machine (the slowest seen here: a few seconds).
+READ_TIMEOUT = 60
+
+
 class RcloneS3(S3Server):
     """``rclone serve s3`` on 127.0.0.1 (a free port), storing objects under ``root``.
 
     ``root`` defaults to a temporary directory, removed by :meth:`stop`. rclone answers ranged
     GETs with the whole object's checksum header, so botocore's response-checksum validation
     is limited to the operations that require it (what users of rclone / MinIO-style servers
-    set too); that setting is in :attr:`storage_options`.
+    set too), and a request it leaves unanswered for :data:`READ_TIMEOUT` seconds is sent again;
+    those settings are in :attr:`storage_options`.
     """
 
     kind = "rclone"
@@ -195,9 +201,13 @@ class RcloneS3(S3Server):
             self._remove_root()
             log = "\n".join(self._log)
             raise RuntimeError(f"rclone serve s3 did not start (exit code {code}):\n{log}")
+        # a request rclone never answers (seen once in a CI run: a PUT of an array's metadata
+        # waited over 300 s) times out after READ_TIMEOUT and botocore sends it again
         super().__init__(found[0], {
             "endpoint_url": found[0], "key": key, "secret": secret,
-            "config_kwargs": {"response_checksum_validation": "when_required"}})
+            "config_kwargs": {"response_checksum_validation": "when_required",
+                              "connect_timeout": 10, "read_timeout": READ_TIMEOUT,
+                              "retries": {"max_attempts": 5, "mode": "standard"}}})
 
     def _remove_root(self) -> None:
         if self._own_root:
