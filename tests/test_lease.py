@@ -17,7 +17,8 @@ from tensordict import TensorDict
 import zstore
 from zstore import lease as lease_mod
 from zstore.errors import LeaseError
-from zstore.lease import LEASE_NAME, METADATA_NAME, WRITER_ATTR, Lease, objects_for
+from zstore.conditional import objects_for
+from zstore.lease import LEASE_NAME, METADATA_NAME, WRITER_ATTR, Lease
 from zstore.store import StoreSpec
 
 T0 = 1_000_000.0
@@ -205,20 +206,6 @@ def test_compressed_list_storage_takes_one_lease_on_its_root(location, clock):
 def test_lease_ttl_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="lease_ttl"):
         zstore.LazyMemmapStorage(4, scratch_dir=str(tmp_path / "rb"), lease_ttl=0)
-
-
-def test_plain_objects_compare_and_swap_without_atomicity():
-    """The fallback for stores without conditional writes keeps the same contract."""
-    spec = StoreSpec.parse("memory://zstore-tests/plain-cas")
-    objects = lease_mod.ConditionalObjects(spec)
-    assert not objects.atomic
-    token = objects.create("obj", b"1")
-    assert objects.create("obj", b"2") is None
-    assert objects.replace("obj", b"3", b"wrong") is None
-    token = objects.replace("obj", b"3", token)
-    assert objects.read("obj") == (b"3", token)
-    assert not objects.delete("obj", b"1")
-    assert objects.delete("obj", token) and objects.read("obj") is None
 
 
 def test_releasing_after_the_store_is_gone_does_not_recreate_it(tmp_path):

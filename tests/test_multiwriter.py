@@ -18,7 +18,8 @@ from tensordict import TensorDict
 
 import zstore
 from zstore.errors import LeaseError
-from zstore.lease import LEASE_NAME, objects_for
+from zstore.conditional import objects_for
+from zstore.lease import LEASE_NAME
 from zstore.store import StoreSpec
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

@@ -53,8 +53,8 @@ def test_one_table():
 
 
 def test_lease_objects_follow_the_properties():
-    from zstore import lease
+    from zstore import conditional
 
-    assert type(lease.objects_for(StoreSpec.parse("memory://rb"))).__name__ == "MemoryObjects"
-    assert type(lease.objects_for(StoreSpec.parse("s3://b/rb"))).__name__ == "S3Objects"
-    assert type(lease.objects_for(StoreSpec.parse("gs://b/rb"))) is lease.ConditionalObjects
+    assert type(conditional.objects_for(StoreSpec.parse("memory://rb"))).__name__ == "MemoryObjects"
+    assert type(conditional.objects_for(StoreSpec.parse("s3://b/rb"))).__name__ == "S3Objects"
+    assert type(conditional.objects_for(StoreSpec.parse("gs://b/rb"))) is conditional.ConditionalObjects

@@ -1,4 +1,4 @@
-"""The single-writer lease, and compare-and-swap writes of small objects in a store.
+"""The single-writer lease of a store, and the conditional commit of its ``zarr.json``.
 
 A writable persistent storage takes a **lease** before its first write: a small
 JSON object ``zstore-lease.json`` next to the group's ``zarr.json``::
@@ -20,17 +20,7 @@ JSON object ``zstore-lease.json`` next to the group's ``zarr.json``::
   wakes up cannot commit any more: its conditional commit fails.
 * Readers (``mode="r"``) never look at the lease.
 
-Compare-and-swap per backend (:func:`objects_for`):
-
-* S3: ``If-None-Match: *`` on create, ``If-Match: <etag>`` on replace and delete
-  (AWS S3 since 2024, MinIO, moto).
-* Local directories: every check-and-write holds an exclusive ``flock`` on the
-  store directory, and objects are replaced by ``os.replace`` (atomic for
-  readers). Safe between processes of one machine, not across NFS clients.
-* ``memory://``: a process-wide lock.
-* Anything else (GCS, Azure, HTTP ...): plain reads and writes. The lease then
-  catches writers that start one after the other, not two that race within a
-  round trip; see docs/scaling.md.
+Compare-and-swap per backend: :mod:`zstore.conditional`.
 
 ``clock`` (``time.time``) is module state so tests can drive staleness with
 explicit timestamps.
@@ -47,9 +37,10 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
+from .conditional import Token, objects_for
 from .errors import LeaseError
 from .store import StoreSpec, defer_memory_work, run_deferred
 
@@ -60,216 +51,6 @@ DEFAULT_TTL = 60.0
 
 #: Wall-clock time in seconds (replaced by tests to drive lease expiry explicitly).
 clock: Callable[[], float] = time.time
-
-Token = Any  # what identifies one version of an object: an ETag, or the bytes themselves
-
-
-class ConditionalObjects:
-    """Small objects under one store location, written with compare-and-swap.
-
-    ``read`` returns ``(data, token)`` or ``None``; ``create`` returns the new
-    token or ``None`` when the object exists; ``replace`` and ``delete`` act only
-    if the object is still at ``token`` (``None`` / ``False`` otherwise). This
-    base class has no atomicity: a check and the write that follows are two
-    requests (``atomic`` is ``False``).
-    """
-
-    atomic = False
-
-    def __init__(self, spec: StoreSpec):
-        self.spec = spec
-
-    def _path(self, name: str) -> tuple[Any, str]:
-        fs, root = self.spec.filesystem()
-        return fs, f"{root.rstrip('/')}/{name}"
-
-    def read(self, name: str) -> tuple[bytes, Token] | None:
-        """The object's bytes and token, ``None`` when missing."""
-        fs, path = self._path(name)
-        try:
-            data = fs.cat_file(path)
-        except FileNotFoundError:
-            return None
-        return data, data
-
-    def create(self, name: str, data: bytes) -> Token | None:
-        """Store a new object; ``None`` if one exists."""
-        with self._locked():
-            if self._read_unlocked(name) is not None:
-                return None
-            self._write(name, data)
-        return data
-
-    def replace(self, name: str, data: bytes, token: Token) -> Token | None:
-        """Overwrite the object if it is still at ``token``."""
-        with self._locked():
-            found = self._read_unlocked(name)
-            if found is None or found[1] != token:
-                return None
-            self._write(name, data)
-        return data
-
-    def delete(self, name: str, token: Token) -> bool:
-        """Remove the object if it is still at ``token``."""
-        with self._locked():
-            found = self._read_unlocked(name)
-            if found is None or found[1] != token:
-                return False
-            fs, path = self._path(name)
-            fs.rm_file(path)
-        return True
-
-    # what subclasses with a lock override
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        yield
-
-    def _read_unlocked(self, name: str) -> tuple[bytes, Token] | None:
-        return self.read(name)
-
-    def _write(self, name: str, data: bytes) -> None:
-        fs, path = self._path(name)
-        fs.pipe_file(path, data)
-
-
-_MEMORY_LOCK = threading.RLock()
-
-
-class MemoryObjects(ConditionalObjects):
-    """``memory://``: one process, one lock."""
-
-    atomic = True
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with _MEMORY_LOCK:
-            yield
-
-
-class LocalObjects(ConditionalObjects):
-    """A local directory: ``flock`` on the directory around each check-and-write."""
-
-    atomic = True
-
-    def read(self, name: str) -> tuple[bytes, Token] | None:
-        try:
-            with open(os.path.join(self.spec.url, name), "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return None
-        return data, data
-
-    def create(self, name: str, data: bytes) -> Token | None:
-        os.makedirs(self.spec.url, exist_ok=True)  # the lease comes before the group
-        return super().create(name, data)
-
-    def replace(self, name: str, data: bytes, token: Token) -> Token | None:
-        try:
-            return super().replace(name, data, token)
-        except FileNotFoundError:  # the directory is gone (cleaned up)
-            return None
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        import fcntl
-
-        fd = os.open(self.spec.url, os.O_RDONLY)  # never re-creates a deleted store
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing releases the lock
-
-    def _write(self, name: str, data: bytes) -> None:
-        path = os.path.join(self.spec.url, name)
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-
-    def delete(self, name: str, token: Token) -> bool:
-        try:
-            with self._locked():
-                found = self.read(name)
-                if found is None or found[1] != token:
-                    return False
-                os.remove(os.path.join(self.spec.url, name))
-        except FileNotFoundError:
-            return False
-        return True
-
-
-class S3Objects(ConditionalObjects):
-    """S3: conditional requests (``If-None-Match`` / ``If-Match`` on the ETag)."""
-
-    atomic = True
-
-    def _call(self, method: str, name: str, **kwargs) -> Any:
-        from fsspec.asyn import sync
-
-        fs, path = self._path(name)
-        bucket, key, _ = fs.split_path(path)
-
-        async def run():
-            out = await fs._call_s3(method, Bucket=bucket, Key=key, **kwargs)
-            if method == "get_object":
-                async with out["Body"] as body:
-                    out["Data"] = await body.read()
-            return out
-
-        result = sync(fs.loop, run)
-        fs.invalidate_cache(path)
-        return result
-
-    def read(self, name: str) -> tuple[bytes, Token] | None:
-        try:
-            out = self._call("get_object", name)
-        except FileNotFoundError:
-            return None
-        return out["Data"], out["ETag"]
-
-    def create(self, name: str, data: bytes) -> Token | None:
-        try:
-            return self._call("put_object", name, Body=data, IfNoneMatch="*")["ETag"]
-        except OSError as exc:
-            if isinstance(exc, FileExistsError) or _precondition_failed(exc):
-                return None
-            raise
-
-    def replace(self, name: str, data: bytes, token: Token) -> Token | None:
-        try:
-            return self._call("put_object", name, Body=data, IfMatch=token)["ETag"]
-        except OSError as exc:
-            if _precondition_failed(exc) or isinstance(exc, FileNotFoundError):
-                return None
-            raise
-
-    def delete(self, name: str, token: Token) -> bool:
-        try:
-            self._call("delete_object", name, IfMatch=token)
-        except OSError as exc:
-            if _precondition_failed(exc) or isinstance(exc, FileNotFoundError):
-                return False
-            raise
-        return True
-
-
-def _precondition_failed(exc: BaseException) -> bool:
-    """Whether an s3fs error is a failed precondition (412) or a conditional conflict (409)."""
-    response = getattr(exc.__cause__, "response", None) or {}
-    code = response.get("Error", {}).get("Code")
-    return code in ("PreconditionFailed", "ConditionalRequestConflict")
-
-
-def objects_for(spec: StoreSpec) -> ConditionalObjects:
-    """The compare-and-swap implementation for ``spec``'s store."""
-    if spec.is_local:
-        return LocalObjects(spec)
-    if spec.is_memory:
-        return MemoryObjects(spec)
-    if spec.atomic_conditional_writes:
-        return S3Objects(spec)
-    return ConditionalObjects(spec)
 
 
 def _checked_ttl(ttl: float) -> float:
