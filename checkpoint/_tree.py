@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import warnings
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,7 @@ from zarr.core.sync import sync
 
 from zstore.codecs import TARGET_CHUNK_BYTES, CodecSpec
 from zstore.dtypes import storage_numpy_dtype, torch_dtype_from_name, torch_dtype_name
+from zstore.group import new_group, open_plain_group, put_attrs
 from zstore.layout import dimension_names, key_to_path
 from zstore.store import StoreSpec
 
@@ -62,7 +62,7 @@ def write_tree(spec: StoreSpec, td: TensorDictBase, codec: CodecSpec, progress: 
     except TypeError as exc:
         raise TypeError(f"non-tensor entries of a checkpoint must be JSON values ({exc}); "
                         "zstore never pickles into a store") from None
-    group = zarr.create_group(spec.open(), overwrite=True)
+    group = new_group(spec.open(), {}, overwrite=True)
     jobs = []
     for path, value in tensors.items():
         np_dtype = storage_numpy_dtype(value.dtype)
@@ -82,15 +82,13 @@ def write_tree(spec: StoreSpec, td: TensorDictBase, codec: CodecSpec, progress: 
             sync(array.setitem(Ellipsis, value))
             fault_point("write")
             bar.update(value.nbytes)
-    group.attrs.put({TREE_ATTR: {"batch_sizes": batches, "non_tensor": others}})
+    put_attrs(group, {TREE_ATTR: {"batch_sizes": batches, "non_tensor": others}})
     return total
 
 
 def read_tree(spec: StoreSpec, progress: bool) -> TensorDict:
     """Inverse of :func:`write_tree`."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        group = zarr.open_group(spec.as_read_only().open(), mode="r", use_consolidated=False, zarr_format=3)
+    group = open_plain_group(spec.as_read_only().open())
     meta = dict(group.attrs.get(TREE_ATTR) or {})
     if "batch_sizes" not in meta:
         raise CheckpointError(f"{spec.redacted()} is not a zstore checkpoint generation")

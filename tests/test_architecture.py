@@ -100,3 +100,31 @@ def test_import_zstore_does_not_import_checkpoint():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+#: Calls that write (or open for writing) a Zarr group's ``zarr.json``, or silence zarr's
+#: metadata warnings around an open: zstore/group.py's job alone.
+_GROUP_WRITES = {"create_group", "open_group", "consolidate_metadata", "put"}
+
+
+def test_only_group_py_writes_a_groups_zarr_json():
+    """Ensemble indexes, checkpoint trees, sealing, episode indexes and compressed roots
+    create, reopen and update their groups through zstore/group.py."""
+    import ast
+
+    found = []
+    for path in sorted([*(ROOT / "zstore").rglob("*.py"), *(ROOT / "checkpoint").rglob("*.py")]):
+        if path == ROOT / "zstore" / "group.py":
+            continue
+        source = path.read_text()
+        if "import zarr" not in source and "from zarr" not in source:
+            continue  # h5py's File.create_group and the like
+        for node in ast.walk(ast.parse(source)):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            name, owner = node.func.attr, node.func.value
+            if name == "put" and not (isinstance(owner, ast.Attribute) and owner.attr == "attrs"):
+                continue  # only ``<group>.attrs.put``
+            if name in _GROUP_WRITES:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node.func)}")
+    assert found == [], "\n".join(found)

@@ -1,5 +1,12 @@
 """Create, open and commit a buffer's Zarr group: the one place a commit happens.
 
+Every ``zarr.json`` of a group that zstore writes (a buffer's, an ensemble's index,
+a checkpoint tree's, a sealed dataset's consolidated one) is written here:
+:func:`create_group` and :func:`commit` for buffers, :func:`new_group`,
+:func:`put_attrs` and :func:`consolidate` for the others, and zarr's warnings about
+its own metadata are silenced in one place (:func:`open_plain_group`). The lease
+(:mod:`zstore.lease`) supplies the conditional write that :func:`put_attrs` uses.
+
 Commit order (DESIGN.md, "Commit protocol"): data chunks are stored first by
 the table; then :func:`commit` rewrites the group's ``zarr.json`` — one object —
 with the new ``zstore`` block (length, cursor, high-water mark). A reader trusts
@@ -54,8 +61,42 @@ def listed_segments(group: zarr.Group, group_name: str) -> list:
     Read afresh (not the attributes cached when ``group`` was opened): a reader
     whose segment was deleted under it asks whether the writer dropped it since.
     """
-    fresh = zarr.open_group(group.store, mode="r", use_consolidated=False, zarr_format=3)
+    fresh = open_plain_group(group.store)
     return list(read_meta(fresh, str(group.store)).tail.get(group_name, ()))
+
+
+def open_plain_group(store: Any, mode: str = "r", consolidated: bool | None = False) -> zarr.Group:
+    """The Zarr v3 group at the root of ``store`` (a zarr store), opened with ``mode``.
+
+    ``consolidated``: read consolidated metadata (``True``), never (``False``, what a
+    writer sees), or when present (``None``). zarr's warnings about consolidated
+    metadata not being in the v3 spec are silenced.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return zarr.open_group(store, mode=mode, use_consolidated=consolidated, zarr_format=3)
+
+
+def new_group(where: Any, attributes: Mapping[str, Any], overwrite: bool = False,
+              path: str | None = None) -> zarr.Group:
+    """Create a Zarr v3 group whose ``zarr.json`` holds ``attributes``: at the root of
+    ``where`` (a zarr store), or, with ``path``, as that child of ``where`` (a group).
+    ``overwrite``: replace whatever is there."""
+    if path is not None:
+        return where.create_group(path, overwrite=overwrite, attributes=dict(attributes))
+    return zarr.create_group(where, attributes=dict(attributes), overwrite=overwrite, zarr_format=3)
+
+
+def consolidate(group: zarr.Group, lease: "Lease | None" = None) -> zarr.Group:
+    """Consolidate every node's metadata into the root ``zarr.json`` (a sealed dataset then
+    opens with one request); the group reopened from it. A ``lease`` holder's later
+    commits replace this version of ``zarr.json``."""
+    with warnings.catch_warnings():  # "consolidated metadata is not in the v3 spec (yet)"
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(group.store)
+    if lease is not None:
+        lease.read_metadata()
+    return open_plain_group(group.store, mode="r+", consolidated=True)
 
 
 def open_group(spec: StoreSpec) -> tuple[zarr.Group, StoreMeta]:
@@ -89,10 +130,8 @@ def open_zarr_group(spec: StoreSpec) -> zarr.Group:
         raise _not_found(spec)
     store = spec.open()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            group = zarr.open_group(store, mode="r" if spec.read_only else "r+", zarr_format=3,
-                                    use_consolidated=None if spec.read_only else False)
+        group = open_plain_group(store, "r" if spec.read_only else "r+",
+                                 None if spec.read_only else False)
     except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError) as exc:
         if not spec.exists():
             raise _not_found(spec) from None
@@ -133,9 +172,7 @@ def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None,
     overwrite = False
     if spec.exists():
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                old = zarr.open_group(store, mode="r", use_consolidated=False, zarr_format=3)
+            old = open_plain_group(store)
             overwrite = bool(old.attrs.get(_INCOMPLETE_ATTR))
             if not overwrite:
                 raise NotAZStoreError(

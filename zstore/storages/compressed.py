@@ -34,7 +34,6 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
-import zarr
 from tensordict import TensorDict, is_tensor_collection, is_tensorclass, lazy_stack
 from tensordict._td import _StringOnlyDict
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
@@ -46,7 +45,7 @@ from ..display import KeyRow, Summary, dtype_name
 from ..dtypes import torch_dtype_from_name, torch_dtype_name
 from ..errors import (CorruptChunkError, MissingKeyError, NotAZStoreError, SchemaError,
                       StoreExistsError, ZStoreError)
-from ..group import ZSTORE_ATTR, open_group, put_attrs
+from ..group import ZSTORE_ATTR, open_group, open_plain_group, put_attrs
 from ..lease import DEFAULT_TTL, LEASE_NAME, writer_lease
 from ..layout import FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, check_format_version, key_to_path
 from ..store import StoreSpec, run_deferred
@@ -118,10 +117,7 @@ def _new_td(source: dict, batch_size: torch.Size, device: torch.device | None) -
 
 
 def _open_root(spec: StoreSpec):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return zarr.open_group(spec.open(), mode="r" if spec.read_only else "r+",
-                               use_consolidated=False, zarr_format=3)
+    return open_plain_group(spec.open(), "r" if spec.read_only else "r+")
 
 
 def _root_block(spec: StoreSpec) -> dict[str, Any] | None:
@@ -806,10 +802,7 @@ class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorag
         if self._root is not None and self._pid != os.getpid():
             self._root, self._pid = _open_root(self.spec), os.getpid()  # never a parent's fsspec
         if self._root is None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                self._root = zarr.open_group(self.spec.open(), mode="a", use_consolidated=False,
-                                             zarr_format=3)
+            self._root = open_plain_group(self.spec.open(), "a")
         put_attrs(self._root, {ZSTORE_ATTR: self._block()}, self._lease)
 
     def _restore(self, block: Mapping[str, Any]) -> None:

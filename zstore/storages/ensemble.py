@@ -21,20 +21,18 @@ ensemble's URL when they live under it, absolute URLs otherwise)::
 from __future__ import annotations
 
 import textwrap
-import warnings
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-import zarr
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
 from .._registry import reopen
 from ..cache import DEFAULT_CACHE_BYTES
 from ..errors import NotAZStoreError, StoreExistsError
-from ..group import ZSTORE_ATTR
+from ..group import ZSTORE_ATTR, new_group, open_plain_group, put_attrs
 from ..layout import FORMAT_VERSION, check_format_version
 from ..lease import DEFAULT_TTL
 from ..store import StoreSpec
@@ -222,20 +220,18 @@ class StorageEnsemble(Storage):
                  "members": [self._member_ref(i, s) for i, s in enumerate(self._storages)],
                  "created": {"zstore_version": __version__}}
         store = spec.open()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                group = zarr.open_group(store, mode="r+", use_consolidated=False, zarr_format=3)
-            except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError):
-                zarr.create_group(store, attributes={ZSTORE_ATTR: block})
-                return
+        try:
+            group = open_plain_group(store, mode="r+")
+        except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError):
+            new_group(store, {ZSTORE_ATTR: block})
+            return
         found = group.attrs.get(ZSTORE_ATTR)
         if not (isinstance(found, Mapping) and found.get("storage_class") == type(self).__name__):
             raise StoreExistsError(
                 f"{spec.redacted()} already holds a Zarr group that is not a StorageEnsemble "
                 f"({found.get('storage_class') if isinstance(found, Mapping) else 'no zstore block'}); "
                 "choose another location")
-        group.attrs.put({ZSTORE_ATTR: block})
+        put_attrs(group, {ZSTORE_ATTR: block})
 
     @classmethod
     def _from_group(cls, spec: StoreSpec, group, block: Mapping[str, Any], *,

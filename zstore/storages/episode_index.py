@@ -36,7 +36,7 @@ from tensordict import TensorDict
 from .. import episodes as _ted
 from ..dtypes import from_numpy
 from ..episodes import flags_of, key_path, lane_episode_bounds, ring_order
-from ..group import TENSORDICT_ATTR
+from ..group import TENSORDICT_ATTR, new_group
 from ..layout import StoreMeta, dimension_names
 
 #: Sub-group of the dataset group holding the episode index.
@@ -118,8 +118,8 @@ def write_index(group: zarr.Group, meta: StoreMeta, index: TensorDict, codec) ->
     """Store ``index`` under :data:`INDEX_PATH` (arrays shaped ``[rows, *lanes, ...]``)."""
     lanes = math.prod(meta.schema.lane_shape)
     lead = (meta.rows, *meta.schema.lane_shape)
-    sub = group.create_group(INDEX_PATH, overwrite=True, attributes={
-        TENSORDICT_ATTR: {"batch_size": list(lead), "version": 1}})
+    sub = new_group(group, {TENSORDICT_ATTR: {"batch_size": list(lead), "version": 1}},
+                    overwrite=True, path=INDEX_PATH)
     n = len(index)
     used_rows = -(-n // lanes)
     for name, value in index.items():

@@ -19,14 +19,10 @@ buffer by URL and seals it.
 
 from __future__ import annotations
 
-import warnings
-
-import zarr
-
 from ..codecs import CodecSpec
 from .episode_index import INDEX_PATH, compute_index, write_index
 from ..errors import NotAZStoreError, ReadOnlyError
-from ..group import commit
+from ..group import commit, consolidate
 
 #: Codec of the episode index arrays (small; checksummed like published data).
 INDEX_CODEC = CodecSpec.parse("zstd+crc32c")
@@ -49,12 +45,7 @@ def seal_storage(storage) -> int:
     index = compute_index(group, meta, meta.length, meta.last_cursor)
     write_index(group, meta, index, INDEX_CODEC)
     lease = storage._lease  # held since the flush (None where a store has no lease)
-    with warnings.catch_warnings():  # "consolidated metadata is not in the v3 spec (yet)"
-        warnings.simplefilter("ignore")
-        zarr.consolidate_metadata(group.store)
-    if lease is not None:  # the holder rewrote zarr.json: later commits replace this version
-        lease.read_metadata()
-    group = zarr.open_group(group.store, mode="r+", use_consolidated=True, zarr_format=3)
+    group = consolidate(group, lease)
     meta.sealed = meta.read_only = True
     meta.extra = {**meta.extra, "episodes": {"count": len(index), "path": INDEX_PATH}}
     commit(group, meta, lease, where)
