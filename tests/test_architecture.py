@@ -128,3 +128,33 @@ def test_only_group_py_writes_a_groups_zarr_json():
             if name in _GROUP_WRITES:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node.func)}")
     assert found == [], "\n".join(found)
+
+
+def test_every_public_name_has_a_docstring(graph_tool, modules):
+    """Every module, public function and class, and public method or property (its own, or
+    the one it overrides) of zstore/ and checkpoint/ says what it does."""
+    import importlib
+    import inspect
+
+    missing = []
+    for name in sorted(modules):
+        if name.endswith("__main__"):
+            continue  # running it parses the command line
+        module = importlib.import_module(name)
+        if not (module.__doc__ or "").strip():
+            missing.append(f"{name} (module)")
+        for attr, obj in vars(module).items():
+            if attr.startswith("_") or getattr(obj, "__module__", None) != name:
+                continue
+            if (inspect.isfunction(obj) or inspect.isclass(obj)) and not inspect.getdoc(obj):
+                missing.append(f"{name}.{attr}")
+            if not inspect.isclass(obj):
+                continue
+            for method, member in vars(obj).items():
+                if method.startswith(("_", "test_")):  # a contract suite's tests name themselves
+                    continue
+                function = member.fget if isinstance(member, property) else getattr(member, "__func__", member)
+                if inspect.isfunction(function) and not inspect.getdoc(
+                        member if isinstance(member, property) else getattr(obj, method)):
+                    missing.append(f"{name}.{attr}.{method}")
+    assert missing == [], "no docstring:\n" + "\n".join(missing)

@@ -100,12 +100,14 @@ def _codec_and_chunks(parser: argparse.ArgumentParser, default: str) -> None:
 # -- zstore info ----------------------------------------------------------------------------
 
 def info_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `zstore info URL`."""
     _url(parser)
     parser.add_argument("--json", action="store_true", help="print the zstore block as JSON")
     add_storage_options(parser)
 
 
 def info_run(args: argparse.Namespace) -> int:
+    """Run `zstore info URL` (a buffer's class, rows, keys, codecs and sizes); the exit code."""
     from .group import ZSTORE_ATTR, open_zarr_group
     from .store import StoreSpec
 
@@ -213,6 +215,7 @@ def _du(fs, path: str) -> int:
 # -- zstore ls ------------------------------------------------------------------------------
 
 def ls_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `zstore ls URL`."""
     _url(parser, help="a local directory or fsspec prefix to search for buffers")
     parser.add_argument("--depth", type=positive_int, default=4,
                         help="how many directory levels to descend (default: %(default)s)")
@@ -220,6 +223,7 @@ def ls_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def ls_run(args: argparse.Namespace) -> int:
+    """Run `zstore ls URL` (every buffer below a prefix); the exit code."""
     from .store import StoreSpec
 
     spec = StoreSpec.parse(args.url, _options(args), read_only=True)
@@ -267,6 +271,7 @@ def _buffers(fs, root: str, depth: int):
 # -- zstore convert -------------------------------------------------------------------------
 
 def convert_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `zstore convert SRC DST`."""
     _url(parser, "src", "the buffer or dataset to copy")
     _url(parser, "dst", "where to write the copy (must be empty)")
     _codec_and_chunks(parser, "the source's; +crc32c when the copy is sealed")
@@ -282,6 +287,7 @@ def convert_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def convert_run(args: argparse.Namespace) -> int:
+    """Run `zstore convert SRC DST` (a copy with another codec or chunking); the exit code."""
     from .dataset.convert import _KEEP, convert
 
     if args.shards and args.chunks and args.shards % args.chunks:
@@ -299,6 +305,7 @@ def convert_run(args: argparse.Namespace) -> int:
 # -- zstore import --------------------------------------------------------------------------
 
 def import_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `zstore import LAYOUT FILE URL`."""
     parser.add_argument("layout", choices=("d4rl", "minari"), help="the HDF5 file's layout")
     parser.add_argument("file", metavar="FILE",
                         help="the HDF5 file to import (minari: also the dataset's folder)")
@@ -309,6 +316,7 @@ def import_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def import_run(args: argparse.Namespace) -> int:
+    """Run `zstore import LAYOUT FILE URL` (a D4RL or Minari HDF5 file as a sealed dataset); the exit code."""
     from .dataset import import_d4rl, import_minari
     from .dataset.importers import DEFAULT_CODEC
 
@@ -324,11 +332,13 @@ def import_run(args: argparse.Namespace) -> int:
 # -- zstore seal ----------------------------------------------------------------------------
 
 def seal_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `zstore seal URL`."""
     _url(parser, help="the buffer to publish as a read-only dataset")
     add_storage_options(parser)
 
 
 def seal_run(args: argparse.Namespace) -> int:
+    """Run `zstore seal URL` (publish a buffer as a read-only dataset); the exit code."""
     from .dataset import seal
     from .store import StoreSpec
 

@@ -174,6 +174,7 @@ class ChunkedTable(Table):
 
     @property
     def high_water(self) -> int:
+        """One past the highest row written so far, over every block group."""
         return max(g.high_water for g in self.groups)
 
     @property
