@@ -22,6 +22,7 @@ import torch
 from tensordict import TensorDict
 
 import zstore
+from conftest import LOCATIONS, Location
 
 pytestmark = pytest.mark.torchrl
 T = pytest.importorskip("torchrl.data")
@@ -68,37 +69,15 @@ def make_pair(kind: str, location, tmp_path, capacity: int = CAPACITY, **kw):
     return ours_cls(capacity, **kw), theirs_cls(capacity, **kw)
 
 
-class _Place:
-    """Where a persistent storage goes: ``new()`` gives a fresh URL under ``base``."""
-
-    def __init__(self, base: str, options: dict | None = None):
-        self.base, self.options = base, options or {}
-
-    def new(self, name: str = "rb") -> str:
-        return f"{self.base}/{name}-{uuid.uuid4().hex[:8]}"
-
-
 #: Persistent storages run on every location, the others once (they live in RAM).
 CASES = [pytest.param(k, place, id=f"{k}-{place}") for k in PERSISTENT
-         for place in ("memory", "local", "s3")] + [pytest.param(k, None, id=k) for k in IN_MEMORY]
+         for place in LOCATIONS] + [pytest.param(k, None, id=k) for k in IN_MEMORY]
 
 
-@pytest.fixture
-def where(request, tmp_path):
-    """The location named by the test's parameter (``None`` for in-RAM storages)."""
-    if request.param is None:
-        return None
-    if request.param == "memory":
-        return _memory_location()
-    if request.param == "local":
-        return _Place(str(tmp_path / "stores"))
-    bucket = request.getfixturevalue("s3_bucket")
-    return _Place(f"s3://{bucket}/{uuid.uuid4().hex[:8]}", request.getfixturevalue("s3_options"))
-
-
-all_storages = pytest.mark.parametrize("kind, where", CASES, indirect=["where"])
+all_storages = pytest.mark.parametrize("kind, location", CASES, indirect=["location"])
 lazy_storages = pytest.mark.parametrize(  # those that start empty
-    "kind, where", [case for case in CASES if case.values[0] != "TensorStorage"], indirect=["where"])
+    "kind, location", [case for case in CASES if case.values[0] != "TensorStorage"],
+    indirect=["location"])
 
 
 SAMPLERS = {
@@ -190,8 +169,8 @@ def test_storage_class_name_in_the_store_is_zstores(location):
 
 @all_storages
 @pytest.mark.parametrize("sampler", list(SAMPLERS))
-def test_tensordict_buffer_samples_like_torchrl(kind, where, sampler, tmp_path):
-    ours_storage, theirs_storage = make_pair(kind, where, tmp_path)
+def test_tensordict_buffer_samples_like_torchrl(kind, location, sampler, tmp_path):
+    ours_storage, theirs_storage = make_pair(kind, location, tmp_path)
     ours = T.TensorDictReplayBuffer(storage=ours_storage, sampler=SAMPLERS[sampler](),
                                     batch_size=BATCH)
     theirs = T.TensorDictReplayBuffer(storage=theirs_storage, sampler=SAMPLERS[sampler](),
@@ -213,8 +192,8 @@ def test_tensordict_buffer_samples_like_torchrl(kind, where, sampler, tmp_path):
 @pytest.mark.parametrize("kind_", ["ListStorage", "LazyTensorStorage", "LazyMemmapStorage",
                                    "CompressedListStorage"])
 def test_plain_buffer_with_round_robin_writer(kind_, tmp_path):
-    where = _memory_location()
-    ours_storage, theirs_storage = make_pair(kind_, where, tmp_path)
+    location = _memory_location()
+    ours_storage, theirs_storage = make_pair(kind_, location, tmp_path)
     ours = T.ReplayBuffer(storage=ours_storage, writer=T.RoundRobinWriter(), batch_size=BATCH)
     theirs = T.ReplayBuffer(storage=theirs_storage, writer=T.RoundRobinWriter(), batch_size=BATCH)
     fill(ours, theirs)
@@ -293,13 +272,13 @@ def test_prioritized_sampler(tmp_path):
 # -- state: state_dict, empty, pickling, dumps/loads, resuming -------------------------------
 
 @all_storages
-def test_state_dict_round_trip(kind, where, tmp_path):
-    ours_storage, theirs_storage = make_pair(kind, where, tmp_path)
+def test_state_dict_round_trip(kind, location, tmp_path):
+    ours_storage, theirs_storage = make_pair(kind, location, tmp_path)
     ours = T.TensorDictReplayBuffer(storage=ours_storage, batch_size=BATCH)
     theirs = T.TensorDictReplayBuffer(storage=theirs_storage, batch_size=BATCH)
     if kind != "TensorStorage":
         fill(ours, theirs)
-    fresh_storage, _ = make_pair(kind, where, tmp_path / "fresh")
+    fresh_storage, _ = make_pair(kind, location, tmp_path / "fresh")
     fresh = T.TensorDictReplayBuffer(storage=fresh_storage, batch_size=BATCH)
     fresh.load_state_dict(ours.state_dict())
     assert len(fresh) == len(theirs)
@@ -310,8 +289,8 @@ def test_state_dict_round_trip(kind, where, tmp_path):
 
 
 @lazy_storages
-def test_empty_then_refill(kind, where, tmp_path):
-    ours_storage, theirs_storage = make_pair(kind, where, tmp_path)
+def test_empty_then_refill(kind, location, tmp_path):
+    ours_storage, theirs_storage = make_pair(kind, location, tmp_path)
     ours = T.TensorDictReplayBuffer(storage=ours_storage, batch_size=BATCH)
     theirs = T.TensorDictReplayBuffer(storage=theirs_storage, batch_size=BATCH)
     fill(ours, theirs)
@@ -368,14 +347,14 @@ CHECKPOINTED = ("LazyMemmapStorage", "CompressedListStorage", "TensorStorage", "
 
 @pytest.mark.parametrize("kind_", CHECKPOINTED)
 def test_dumps_loads_round_trip(kind_, tmp_path):
-    where = _memory_location()
-    ours_storage, theirs_storage = make_pair(kind_, where, tmp_path)
+    location = _memory_location()
+    ours_storage, theirs_storage = make_pair(kind_, location, tmp_path)
     ours = T.TensorDictReplayBuffer(storage=ours_storage, batch_size=BATCH)
     theirs = T.TensorDictReplayBuffer(storage=theirs_storage, batch_size=BATCH)
     if kind_ != "TensorStorage":
         fill(ours, theirs)
     ours.dumps(tmp_path / "ours")
-    fresh_storage, _ = make_pair(kind_, where, tmp_path / "fresh")
+    fresh_storage, _ = make_pair(kind_, location, tmp_path / "fresh")
     fresh = T.TensorDictReplayBuffer(storage=fresh_storage, batch_size=BATCH)
     fresh.loads(tmp_path / "ours")
     assert len(fresh) == len(theirs)
@@ -392,8 +371,8 @@ def test_list_storages_refuse_dumps_like_torchrl(kind_, tmp_path):
             rb.dumps(tmp_path / name)
 
 
-def _memory_location() -> _Place:
-    return _Place(f"memory://zstore-tests/{uuid.uuid4().hex}")
+def _memory_location() -> Location:
+    return Location("memory", f"memory://zstore-tests/{uuid.uuid4().hex}", {})
 
 
 @pytest.fixture(autouse=True)
