@@ -37,11 +37,12 @@ from zstore.dtypes import (
 )
 from zstore.group import commit, create_group, open_group
 from zstore.layout import KEY_SEPARATORS, StoreMeta, chunk_key, key_separator
+from zstore.storages.checkpoint_contract import TensorCheckpointable
 
 from . import _mapped
 from ._chunks import read_raw, write_raw
 from ._dest import CheckpointError, Destination, fault_point, progress_bar
-from ._state import TensorState, finish, prepare, write_rows
+from ._state import TensorState, changed_rows, finish, prepare
 
 #: Bytes per chunk of a key on object stores: few objects (few requests to write, carry
 #: over, list and delete), while 1% of new rows still rewrites only a few percent of the bytes.
@@ -114,10 +115,10 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return out
 
 
-def dump_buffer(storage: Any, dest: Destination, *, codec: CodecSpec, chunks: int | None,
-                progress: bool, checkpointer: str) -> dict[str, Any]:
+def dump_buffer(storage: TensorCheckpointable, dest: Destination, *, codec: CodecSpec,
+                chunks: int | None, progress: bool, checkpointer: str) -> dict[str, Any]:
     """Write a new buffer generation of ``storage`` at ``dest``; return the commit record."""
-    revision = getattr(storage, "_write_rev", 0)  # rows written after this are dumped next time
+    revision = storage.checkpoint_revision  # rows written after this are dumped next time
     state = TensorState.of(storage)
     layout = checkpoint_layout(state.schema, state.rows, chunks,
                                LOCAL_CHUNK_BYTES if dest.spec.is_local else CHUNK_BYTES)
@@ -138,8 +139,7 @@ def dump_buffer(storage: Any, dest: Destination, *, codec: CodecSpec, chunks: in
         group = create_group(gen_spec, meta, key_separator=separator)
     arrays = {} if codec.is_raw else \
         {leaf.path: group[leaf.path]._async_array for leaf in state.schema.leaves}
-    row_rev = getattr(storage, "_row_rev", None)
-    changed = None if base is None or row_rev is None else np.flatnonzero(row_rev.numpy() > base.revision)
+    changed = None if base is None else changed_rows(storage.checkpoint_revisions, base.revision)
     plan = {}  # path -> (chunk rows, changed mask over the chunks holding data)
     for leaf in state.schema.leaves:
         chunk = layout[leaf.path][0]
@@ -242,8 +242,7 @@ def _incremental_base(storage, dest: Destination, previous, state: TensorState, 
                       codec: CodecSpec) -> _Base | None:
     """The previous generation, when ``storage`` can dump incrementally onto it; ``layout``
     None accepts the previous generation's chunking."""
-    marks = getattr(storage, "_ckpt_marks", None) or {}
-    mark = marks.get(dest.url)
+    mark = storage.checkpoint_marks.get(dest.url)
     if previous is None or mark is None or previous.get("form") != "buffer" \
             or previous.get("generation") != mark[0]:
         return None
@@ -264,8 +263,8 @@ def _incremental_base(storage, dest: Destination, previous, state: TensorState, 
     return _Base(mark[0], mark[1], old.layout, separator, root)
 
 
-def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | None,
-                progress: bool) -> None:
+def load_buffer(storage: TensorCheckpointable, dest: Destination,
+                record: Mapping[str, Any] | None, progress: bool) -> None:
     """Fill ``storage`` from a buffer generation (or from a plain zstore buffer at ``dest``)."""
     spec = dest.spec if record is None else dest.child(str(record["generation"]))
     group, meta = open_group(spec.as_read_only())
@@ -306,7 +305,7 @@ def load_buffer(storage: Any, dest: Destination, record: Mapping[str, Any] | Non
         else:
             for lo in range(0, high, window):
                 hi = min(lo + window, high)
-                write_rows(storage, lo, schema.build(read(lo, hi), (hi - lo, *lanes)))
+                storage.checkpoint_write(lo, schema.build(read(lo, hi), (hi - lo, *lanes)))
                 bar.update((hi - lo) * schema.row_bytes)
     mark = None if record is None else (dest.url, str(record["generation"]))
     if mark is not None:
@@ -351,9 +350,9 @@ def _map_columns(storage: Any, schema, spec, layout, targets: dict[str, np.ndarr
 
 def _in_memory_columns(storage: Any, schema) -> dict[str, np.ndarray] | None:
     """NumPy views of an in-RAM CPU container's columns (None for other storages)."""
-    if hasattr(storage, "_schema") or not storage.initialized:
+    if not storage.initialized or storage.checkpoint_export().columns is None:
         return None
-    columns = schema.columns(storage._storage, 1)
+    columns = schema.columns(storage._storage, 1)  # checked against the checkpoint's schema
     if any(c.device.type != "cpu" or not c.is_contiguous() for c in columns.values()):
         return None
     return {leaf.path: to_storage(columns[leaf.path]).numpy().view(storage_numpy_dtype(leaf.dtype))

@@ -45,11 +45,12 @@ import numpy as np
 
 from zstore.layout import chunk_key
 from zstore.lease import LEASE_NAME
-from zstore.storages.compressed import _open_root, _root_block
+from zstore.storages.checkpoint_contract import CompressedCheckpointable
 from zstore.store import StoreSpec
 
 from ._base import _Configured
 from ._buffer import _changed_chunks
+from ._state import changed_rows
 from ._dest import CheckpointError, Destination, fault_point
 
 #: Listing fields that change when an object is rewritten (S3, local disk, memory://).
@@ -142,27 +143,18 @@ class Mark:
     objects: dict[str, tuple]
 
 
-def _tables(storage: Any) -> dict[str, Any]:
-    """The storage's inner zstore buffers by their path below the storage's URL."""
-    parts = [storage._table] if storage._table is not None else []
-    for ragged in storage._ragged.values():
-        if ragged is not None:
-            parts += [p for p in (ragged.index, ragged.values) if p is not None]
-    base = storage.spec.url.rstrip("/") + "/"
-    return {p.spec.url[len(base):]: p for p in parts if p.spec.url.startswith(base)}
-
-
-def _mark(storage: Any, generation: str, files: Mapping[str, Mapping[str, Any]]) -> Mark:
+def _mark(storage: CompressedCheckpointable, generation: str,
+          files: Mapping[str, Mapping[str, Any]]) -> Mark:
     tables = {}
-    for name, part in _tables(storage).items():
-        revs = getattr(part, "_row_rev", None)
+    for name, part in storage.checkpoint_tables().items():
+        revs = part.checkpoint_revisions
         tables[name] = TableMark(weakref.ref(part), None if revs is None else weakref.ref(revs),
-                                 int(getattr(part, "_write_rev", 0)), _created(part))
+                                 part.checkpoint_revision, _created(part))
     return Mark(generation, tables, {name: signature(info) for name, info in files.items()})
 
 
 def _created(part: Any) -> bool:
-    return getattr(part, "_meta", None) is not None and part.initialized
+    return part.checkpoint_meta is not None and part.initialized
 
 
 def _unchanged(part: Any, name: str, known: TableMark, files: Mapping[str, Any]) -> set[str]:
@@ -172,9 +164,10 @@ def _unchanged(part: Any, name: str, known: TableMark, files: Mapping[str, Any])
     its commit, changes)."""
     if not (known.created and _created(part)):
         return set()
-    meta = part._meta
-    revs = part._row_rev
-    rows = np.zeros(0, dtype=np.int64) if revs is None else np.flatnonzero(revs.numpy() > known.revision)
+    meta = part.checkpoint_meta
+    rows = changed_rows(part.checkpoint_revisions, known.revision)
+    if rows is None:  # no row written since the table was opened
+        rows = np.zeros(0, dtype=np.int64)
     out = {key for key in files if key.startswith(f"{name}/") and key.endswith("/zarr.json")
            and key != f"{name}/zarr.json"}
     for leaf in meta.schema.leaves:
@@ -189,11 +182,12 @@ def _unchanged(part: Any, name: str, known: TableMark, files: Mapping[str, Any])
     return out
 
 
-def _carry_over(storage: Any, dest: Destination, previous: Mapping[str, Any] | None,
+def _carry_over(storage: CompressedCheckpointable, dest: Destination,
+                previous: Mapping[str, Any] | None,
                 files: Mapping[str, Mapping[str, Any]]) -> tuple[str, set[str]] | None:
     """(previous generation, objects to carry over from it) when ``storage`` can dump
     incrementally onto it, else None (see the module docstring)."""
-    mark = storage._ckpt_marks.get(dest.url)
+    mark = storage.checkpoint_marks.get(dest.url)
     if mark is None or previous is None or previous.get("form") != "compressed" \
             or previous.get("generation") != mark.generation:
         return None
@@ -201,11 +195,11 @@ def _carry_over(storage: Any, dest: Destination, previous: Mapping[str, Any] | N
     if "zarr.json" not in old:
         return None
     carry = set()
-    for name, part in _tables(storage).items():
+    for name, part in storage.checkpoint_tables().items():
         known = mark.tables.get(name)
         if known is None or known.table() is not part:
             continue
-        if known.revs is not None and known.revs() is not getattr(part, "_row_rev", None):
+        if known.revs is not None and known.revs() is not part.checkpoint_revisions:
             continue  # the revisions were reset: nothing of this table is known
         carry |= _unchanged(part, name, known, files)
     return mark.generation, {
@@ -240,7 +234,7 @@ class CompressedListStorageCheckpointer(_Configured):
         copy_files(storage.spec, dest.child(gen), written)
         if base is not None:
             dest.copy_objects((f"{base[0]}/{name}", f"{gen}/{name}") for name in sorted(carried))
-        storage._ckpt_marks[dest.url] = _mark(storage, gen, files)
+        storage.checkpoint_marks[dest.url] = _mark(storage, gen, files)
         return {"checkpointer": type(self).__name__, "form": "compressed", "generation": gen,
                 "length": len(storage), "max_size": storage.max_size,
                 "incremental": base is not None,
@@ -259,24 +253,19 @@ class CompressedListStorageCheckpointer(_Configured):
                                   "checkpoint, not a CompressedListStorage one")
         name = str(record["generation"])
         gen = dest.child(name)
-        block = _root_block(gen)
+        block = storage.checkpoint_block(gen)
         if block is None:
             raise CheckpointError(f"{gen.redacted()}: the committed generation is missing")
         if int(block["max_size"]) != storage.max_size:
             raise CheckpointError(f"{dest.redacted()} holds a CompressedListStorage of max_size "
                                   f"{block['max_size']}; this storage has max_size {storage.max_size}")
-        storage.spec.require_writable("load a checkpoint")
-        storage._hold_lease()  # a load rewrites the storage's location: as its one writer
-        storage._drop_arrays()
-        storage._reset()
-        leftovers = listing(storage.spec)  # all but the lease, which the storage keeps
-        if leftovers:
-            fs, root = storage.spec.filesystem()
-            fs.rm([f"{root.rstrip('/')}/{name}" for name in leftovers])
-        copy_files(gen, storage.spec, sorted(listing(gen)))
-        storage._root = _open_root(storage.spec)
-        storage._restore(_root_block(storage.spec))
-        if storage._lease is not None:
-            storage._lease.read_metadata()  # the copied zarr.json is the version to replace
-        storage._commit()  # the root block now names this writer (a former one cannot commit)
-        storage._ckpt_marks = {dest.url: _mark(storage, name, listing(storage.spec))}
+
+        def fill() -> None:  # the storage's location, emptied: the generation's objects
+            leftovers = listing(storage.spec)  # all but the lease, which the storage keeps
+            if leftovers:
+                fs, root = storage.spec.filesystem()
+                fs.rm([f"{root.rstrip('/')}/{name}" for name in leftovers])
+            copy_files(gen, storage.spec, sorted(listing(gen)))
+
+        storage.checkpoint_replace(fill)
+        storage.checkpoint_marks = {dest.url: _mark(storage, name, listing(storage.spec))}

@@ -98,7 +98,8 @@ class Destination:
         """The spec of ``name`` below the destination."""
         return StoreSpec(f"{self.url}/{name}", dict(self.spec.storage_options))
 
-    def _path(self, name: str) -> str:
+    def path_of(self, name: str) -> str:
+        """The filesystem path of ``name`` below the destination (for ``self.fs``)."""
         return f"{self.root.rstrip('/')}/{name}"
 
     def redacted(self) -> str:
@@ -110,7 +111,7 @@ class Destination:
         """A JSON object below the destination, or None when absent."""
         self.fs.invalidate_cache()
         try:
-            raw = self.fs.cat_file(self._path(name))
+            raw = self.fs.cat_file(self.path_of(name))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
         try:
@@ -141,13 +142,13 @@ class Destination:
         """Write one JSON object atomically (temporary + rename locally, one PUT elsewhere)."""
         raw = json.dumps(payload).encode()
         if self.spec.is_local:
-            target = Path(self._path(name))
+            target = Path(self.path_of(name))
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.partial")
             tmp.write_bytes(raw)
             os.replace(tmp, target)
         else:
-            self.fs.pipe_file(self._path(name), raw)
+            self.fs.pipe_file(self.path_of(name), raw)
 
     def commit(self, record: Mapping[str, Any]) -> None:
         """Make ``record`` (naming the new generation) the current checkpoint."""
@@ -202,9 +203,9 @@ class Destination:
 
     def remove(self, name: str) -> None:
         """Delete ``name`` below the destination, recursively."""
-        path = self._path(name)
+        path = self.path_of(name)
         if self.spec.is_local:
-            trash = path if name.startswith(TRASH) else self._path(f"{TRASH}{name}")
+            trash = path if name.startswith(TRASH) else self.path_of(f"{TRASH}{name}")
             if trash != path:
                 try:
                     os.rename(path, trash)
@@ -234,7 +235,7 @@ class Destination:
         def one(pair: tuple[str, str]) -> int:
             fault_point("copy")
             try:
-                self.fs.copy(self._path(pair[0]), self._path(pair[1]))
+                self.fs.copy(self.path_of(pair[0]), self.path_of(pair[1]))
             except FileNotFoundError:
                 return 0
             return 1
@@ -250,7 +251,7 @@ class Destination:
         """Local :meth:`copy_objects`: the directories made once each, then a hard link (or
         a copy) per object; a missing source is skipped. (Serial: links on several threads
         contend on the filesystem's journal and were slower.)"""
-        root = self._path("")
+        root = self.path_of("")
         paths = [(root + src, root + dst) for src, dst in pairs]
         for parent in {dst.rpartition("/")[0] for _, dst in paths}:
             os.makedirs(parent, exist_ok=True)
@@ -274,7 +275,7 @@ class Destination:
 
         for _ in pairs:
             fault_point("copy")
-        coros = [self.fs._cp_file(self._path(src), self._path(dst)) for src, dst in pairs]
+        coros = [self.fs._cp_file(self.path_of(src), self.path_of(dst)) for src, dst in pairs]
         results = sync(self.fs.loop, _run_coros_in_chunks, coros, batch_size=64,
                        return_exceptions=True)
         copied = 0

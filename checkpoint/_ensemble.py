@@ -81,9 +81,8 @@ class StorageEnsembleCheckpointer(_Configured):
                                   f"ensemble has {len(members)}")
         for i, member in enumerate(members):
             if i in record["empty_members"]:
-                member._empty()
+                member._empty()  # TorchRL's name (its StorageEnsembleCheckpointer calls it too)
                 continue
             sub = Destination(dest.child(f"{MEMBER}{i}"))
             member.checkpointer._load_record(member, sub, record["records"][str(i)])
-            if hasattr(member, "_bump_mutation_revision"):
-                member._bump_mutation_revision()
+            member.checkpoint_loaded()

@@ -116,7 +116,7 @@ class H5StorageCheckpointer(_Configured):
             if dest.spec.is_local:
                 os.replace(tmp, os.path.join(local_dir, name))
             else:
-                dest.fs.put_file(tmp, dest._path(name))
+                dest.fs.put_file(tmp, dest.path_of(name))
             fault_point("committed")
         finally:
             if os.path.exists(tmp):
@@ -160,8 +160,8 @@ class H5StorageCheckpointer(_Configured):
         where = f"{dest.url}/{name}"
         with contextlib.ExitStack() as stack:
             try:  # local files through HDF5's own driver; others through an fsspec file
-                source = dest._path(name) if dest.spec.is_local else stack.enter_context(
-                    dest.fs.open(dest._path(name), "rb", block_size=16 << 20))
+                source = dest.path_of(name) if dest.spec.is_local else stack.enter_context(
+                    dest.fs.open(dest.path_of(name), "rb", block_size=16 << 20))
                 f = stack.enter_context(h5py.File(source, "r"))
             except FileNotFoundError:
                 raise CheckpointError(f"no H5 checkpoint at {where}") from None

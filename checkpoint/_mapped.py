@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from zstore._pages import LIBC as _libc
+from zstore.libc import LIBC as _libc
 
 from ._chunks import short_chunk_error
 

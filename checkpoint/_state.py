@@ -13,9 +13,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from zstore.layout import Schema
+from zstore.storages.checkpoint_contract import TensorCheckpointable
 from zstore.storages.tensor import lead_shape, map_leaves
 
 from ._dest import CheckpointError
@@ -50,28 +52,15 @@ class TensorState:
         return self.rows if self.is_full else -(-self.length // max(1, math.prod(self.lanes)))
 
     @classmethod
-    def of(cls, storage: Any) -> TensorState:
+    def of(cls, storage: TensorCheckpointable) -> TensorState:
         """Read the state of an initialised tensor storage."""
         if not getattr(storage, "initialized", False):
             raise RuntimeError("Cannot save a non-initialized storage.")
-        rows = storage._container_shape()[0]
-        if hasattr(storage, "_schema"):  # LazyMemmapStorage: its columns are the table's
-            schema, table = storage._schema, storage.table
-            high = max(table.high_water, 0)
-
-            def read(lo: int, hi: int) -> dict[str, torch.Tensor]:
-                return table.read(torch.arange(lo, hi))
-        else:
-            schema = storage_schema(storage)
-            columns = schema.columns(storage._storage, 1)
-            high = rows if storage._row_rev is None else _last_written(storage._row_rev) + 1
-
-            def read(lo: int, hi: int) -> dict[str, torch.Tensor]:
-                return {path: value[lo:hi] for path, value in columns.items()}
-        cursor = storage._last_cursor_value
-        state = cls(schema, rows, storage.max_size, storage.ndim, len(storage),
-                    cursor if 0 <= cursor < rows else -1, 0, read)
-        state.high = min(rows, max(high, state.filled_rows))
+        export = storage.checkpoint_export()
+        rows, cursor = export.rows, export.last_cursor
+        state = cls(export.schema, rows, storage.max_size, storage.ndim, len(storage),
+                    cursor if 0 <= cursor < rows else -1, 0, export.read)
+        state.high = min(rows, max(export.written, state.filled_rows))
         return state
 
     def data(self, lo: int, hi: int) -> Any:
@@ -79,22 +68,10 @@ class TensorState:
         return self.schema.build(self.read(lo, hi), (hi - lo, *self.lanes))
 
 
-def _last_written(revs: torch.Tensor) -> int:
-    """The last row with a nonzero write revision (-1 when none), without materialising the
-    indices of every written row."""
-    if len(revs) and revs[-1]:  # the usual case once a buffer is full
-        return len(revs) - 1
-    written = revs.numpy()[::-1] != 0  # (NumPy: a third of torch's time for these small ops)
-    if not written.any():
-        return -1
-    return len(revs) - 1 - int(written.argmax())  # argmax: the first True from the end
-
-
-def storage_schema(storage: Any) -> Schema:
-    """The schema of an initialised tensor storage (its keys, dtypes and shapes)."""
-    if hasattr(storage, "_schema"):
-        return storage._schema
-    return Schema.from_example(map_leaves(storage._storage, lambda x: x[0]), storage.ndim)
+def changed_rows(revisions: torch.Tensor | None, since: int) -> np.ndarray | None:
+    """The rows a storage stamped after write revision ``since`` (its
+    ``checkpoint_revisions``); None when it stamped none."""
+    return None if revisions is None else np.flatnonzero(revisions.numpy() > since)
 
 
 def shift_of(state: TensorState) -> int:
@@ -104,8 +81,8 @@ def shift_of(state: TensorState) -> int:
     return 0 if state.is_full else state.filled_rows
 
 
-def prepare(storage: Any, example: Any, schema: Schema | None, rows: int, max_size: int,
-            where: str) -> None:
+def prepare(storage: TensorCheckpointable, example: Any, schema: Schema | None, rows: int,
+            max_size: int, where: str) -> None:
     """Initialise ``storage`` for a checkpoint of ``rows`` rows, or check that it fits."""
     if not storage.initialized:
         lanes = math.prod(schema.lane_shape) if schema is not None else max(1, max_size // rows)
@@ -117,8 +94,8 @@ def prepare(storage: Any, example: Any, schema: Schema | None, rows: int, max_si
                 f"{where} holds a storage of {rows} rows (max_size={max_size}); this storage "
                 f"has max_size={storage.max_size}: the capacities must match")
         storage.max_size = max_size
-        storage._init(example)
-    shape = tuple(storage._container_shape())
+        storage.checkpoint_allocate(example)
+    shape = storage.checkpoint_shape()
     lanes = tuple(schema.lane_shape) if schema is not None else shape[1:]
     if shape != (rows, *lanes):
         raise CheckpointError(
@@ -126,7 +103,7 @@ def prepare(storage: Any, example: Any, schema: Schema | None, rows: int, max_si
             f"storage has shape {list(shape)} (max_size={storage.max_size}): the capacities "
             "must match")
     if schema is not None:
-        mine = {leaf.path: leaf for leaf in storage_schema(storage).leaves}
+        mine = {leaf.path: leaf for leaf in storage.checkpoint_export().schema.leaves}
         theirs = {leaf.path: leaf for leaf in schema.leaves}
         if mine != theirs:
             missing = sorted(set(theirs) - set(mine))
@@ -137,34 +114,21 @@ def prepare(storage: Any, example: Any, schema: Schema | None, rows: int, max_si
                 f"checkpoint: {missing}; only in the storage: {extra}; other dtype/shape: {changed})")
 
 
-def restore(storage: Any, data: Any, record: Any, schema: Schema | None, where: str) -> None:
+def restore(storage: TensorCheckpointable, data: Any, record: Any, schema: Schema | None,
+            where: str) -> None:
     """Fill ``storage`` with rows ``data`` (from row 0) and the counters of ``record``
     (``rows``, ``max_size``, ``length``, ``last_cursor``), initialising it if needed."""
     prepare(storage, map_leaves(data, lambda x: x[0]), schema, int(record["rows"]),
             int(record["max_size"]), where)
-    write_rows(storage, 0, data)
+    storage.checkpoint_write(0, data)
     finish(storage, int(record["length"]), int(record["last_cursor"]),
            lead_shape(data, 1)[0])
 
 
-def write_rows(storage: Any, lo: int, data: Any) -> None:
-    """Write ``data`` (a batch of rows) at rows ``lo, lo + 1, ...`` of ``storage``."""
-    n = lead_shape(data, 1)[0]
-    if n:
-        storage._write(slice(lo, lo + n), data)
-
-
-def finish(storage: Any, length: int, last_cursor: int, loaded: int,
+def finish(storage: TensorCheckpointable, length: int, last_cursor: int, loaded: int,
            mark: tuple[str, str] | None = None) -> None:
     """Restore counters after loading rows ``[0, loaded)``; remember that they equal
     checkpoint ``mark`` = (destination URL, generation), for incremental dumps."""
-    storage._len = int(length)
-    storage._last_cursor_value = int(last_cursor)
-    storage._last_cursor = int(last_cursor) if last_cursor >= 0 else None
-    if hasattr(storage, "_row_rev"):
-        storage._mark_rows(slice(0, loaded))
-        storage._row_rev[loaded:] = 0  # rows past the checkpoint's: as never written
-        storage._ckpt_marks = {} if mark is None else {mark[0]: (mark[1], storage._write_rev)}
-    if hasattr(storage, "flush"):
-        storage.flush()
-
+    storage.checkpoint_restored(length, last_cursor, loaded)
+    storage.checkpoint_marks = {} if mark is None else \
+        {mark[0]: (mark[1], storage.checkpoint_revision)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tensordict import is_tensor_collection
+from tensordict import TensorDict, is_tensor_collection
 
 from zstore.layout import Schema
 
@@ -45,7 +45,9 @@ class TensorStorageCheckpointer(_Configured):
     only the chunks changed since (the others are linked / copied server-side).
     ``loads`` restores the storage (with its capacity, length and cursor), also
     into a storage not yet initialised, and reads TorchRL's own checkpoints.
-    With save/load hooks registered, the hooks' output is stored as a tree.
+    With save/load hooks registered, the hooks' output is stored as a tree; as in
+    TorchRL, a save hook may return a tensor or a pytree (loaded back without load
+    hooks, as the storage's rows).
 
     Args:
         codec: compression preset of the checkpoint (default raw: fastest).
@@ -64,15 +66,13 @@ class TensorStorageCheckpointer(_Configured):
     def _finish(storage: Any, dest: Destination, record: Mapping[str, Any]) -> None:
         """Commit, delete the other generations, remember this one for incremental dumps."""
         _Configured._finish(storage, dest, record)
-        if hasattr(storage, "_ckpt_marks") and record["form"] == "buffer":
-            storage._ckpt_marks = {dest.url: (record["generation"], record["revision"])}
+        if record["form"] == "buffer":
+            storage.checkpoint_marks = {dest.url: (record["generation"], record["revision"])}
 
     def _dump_tree(self, storage: Any, dest: Destination) -> dict[str, Any]:
         state = TensorState.of(storage)
         rows = state.rows if state.is_full else state.high
         data = state.data(0, rows)
-        if not is_tensor_collection(data):
-            raise ValueError("Only tensor collections are supported.")
         shift = shift_of(state)
         for hook in self._save_hooks:
             if hasattr(hook, "shift"):
@@ -80,13 +80,15 @@ class TensorStorageCheckpointer(_Configured):
             if hasattr(hook, "is_full"):
                 hook.is_full = state.is_full
             data = hook(data, path=dest.url)
+        tree, leaves = _as_tree(data)
         gen = dest.new_generation()
-        written = write_tree(dest.child(gen), data, self.codec, self.progress)
+        written = write_tree(dest.child(gen), tree, self.codec, self.progress)
         return {"checkpointer": type(self).__name__, "form": "tree", "generation": gen,
                 "bytes_written": written,
                 "length": state.length, "last_cursor": state.last_cursor,
                 "max_size": state.max_size, "rows": state.rows, "ndim": state.ndim,
-                "schema": state.schema.to_json()}
+                "schema": state.schema.to_json(),
+                "hooked": None if leaves is None else leaves.to_json()}
 
     def loads(self, storage: Any, path: Any) -> None:
         dest = self._dest(path)
@@ -127,7 +129,18 @@ class TensorStorageCheckpointer(_Configured):
             raise CheckpointError(f"no checkpoint at {dest.redacted()}")
 
     def _load_tree(self, storage: Any, dest: Destination, record: Mapping[str, Any]) -> None:
+        hooked = record.get("hooked")  # the schema of save hooks' tensor / pytree output
+        if hooked is not None and self._load_hooks:
+            raise CheckpointError(
+                f"{dest.redacted()} holds a tensor or pytree that save hooks returned; load "
+                "hooks cannot run on it (TorchRL: \"Loading hooks are not compatible with "
+                "PyTree storages\"): load it with a checkpointer without load hooks")
         data = read_tree(dest.child(str(record["generation"])), self.progress)
+        if hooked is not None:  # the storage's rows, as TorchRL loads them
+            leaves = Schema.from_json(hooked)
+            data = leaves.build({leaf.path: data.get(leaf.key) for leaf in leaves.leaves}, ())
+            restore(storage, data, record, None, dest.redacted())
+            return
         if self._load_hooks:
             for hook in self._load_hooks:
                 data = hook(data, out=None)
@@ -138,6 +151,20 @@ class TensorStorageCheckpointer(_Configured):
                                   "matching load hooks to read it")
         schema = Schema.from_json(record["schema"]) if not self._load_hooks else None
         restore(storage, data, record, schema, dest.redacted())
+
+
+def _as_tree(data: Any) -> tuple[Any, Schema | None]:
+    """Save hooks' output as a tree: a tensor collection as it is; a tensor or a pytree of
+    tensors (TorchRL saves those too) as a TensorDict of its leaves, with the schema that
+    rebuilds it."""
+    if is_tensor_collection(data):
+        return data, None
+    leaves = Schema.from_example(data)  # the whole output as one item: leaves keep every dim
+    columns = leaves.columns(data, 0)
+    tree = TensorDict()
+    for leaf in leaves.leaves:
+        tree.set(leaf.key, columns[leaf.path])
+    return tree, leaves
 
 
 class FlatStorageCheckpointer(TensorStorageCheckpointer):

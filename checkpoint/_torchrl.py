@@ -25,7 +25,7 @@ from zstore.storages.tensor import lead_shape
 
 from ._buffer import as_torch
 from ._dest import CheckpointError, Destination
-from ._state import restore, storage_schema
+from ._state import restore
 from ._ted import from_torchrl
 
 _COMPACT_KEYS = ("shift", "is_full", "_storage_shape")
@@ -51,7 +51,7 @@ class _Reader:
 
     def array(self, rel: str, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
         np_dtype = storage_numpy_dtype(dtype)
-        path = self.dest._path(rel)
+        path = self.dest.path_of(rel)
         try:
             if self.dest.spec.is_local:
                 raw = np.fromfile(path, dtype=np_dtype)
@@ -119,7 +119,7 @@ def load_torchrl_dir(storage: Any, dest: Destination) -> None:
             path = dotted.replace(".", "/")
             columns[path] = reader.array(f"{path}.memmap", _dtype(entry["dtype"], where),
                                          [int(s) for s in entry["shape"]])
-        schema = storage_schema(storage)
+        schema = storage.checkpoint_export().schema
         rows = next(iter(columns.values())).shape[0]
         unknown = sorted(set(columns) - set(schema.by_path))
         if unknown:

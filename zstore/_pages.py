@@ -23,39 +23,20 @@ single adds averaged 55-62 µs with it against 80 µs without.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import mmap
 import resource
-import sys
 from collections.abc import Iterator
 
 import numpy as np
 import torch
+
+from .libc import LIBC
 
 MADV_SEQUENTIAL = getattr(mmap, "MADV_SEQUENTIAL", 2)
 MADV_WILLNEED = getattr(mmap, "MADV_WILLNEED", 3)
 MADV_RANDOM = getattr(mmap, "MADV_RANDOM", 1)
 #: Bytes of one column from which a contiguous read is a scan, read ahead as usual.
 SCAN_BYTES = 1 << 20
-
-
-def _load_libc():
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.restype = ctypes.c_int
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
-    libc.munmap.restype = ctypes.c_int
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    return libc
-
-
-#: libc with ``madvise``, ``mmap`` and ``munmap`` typed (Linux), else None: paging advice
-#: here, copy-on-write checkpoint loads in ``checkpoint._mapped``.
-LIBC = _load_libc()
 
 
 def advise_range(address: int, nbytes: int, advice: int) -> bool:

@@ -1,10 +1,10 @@
 """The :class:`Storage` base class: TorchRL's storage contract, with 64-bit counters.
 
 What every storage provides (SPEC §1.2): item access by index, length,
-state dicts, checkpointing through a checkpointer, and the bookkeeping a replay
-buffer relies on (mutation revision, last cursor, attached readers). Unlike
-TorchRL, the abstract methods raise ``NotImplementedError`` instead of silently
-returning ``None``.
+state dicts, checkpointing through a checkpointer (which uses only the names of
+:mod:`zstore.storages.checkpoint_contract`), and the bookkeeping a replay buffer
+relies on (mutation revision, last cursor, attached readers). Unlike TorchRL, the
+abstract methods raise ``NotImplementedError`` instead of silently returning ``None``.
 """
 
 from __future__ import annotations
@@ -123,6 +123,11 @@ class Storage:
         self._bump_mutation_revision()
 
     load = loads
+
+    def checkpoint_loaded(self) -> None:
+        """Package-internal (:mod:`zstore.storages.checkpoint_contract`): a checkpointer
+        filled this storage outside :meth:`loads`; readers learn that its rows changed."""
+        self._bump_mutation_revision()
 
     def register_save_hook(self, hook) -> None:
         """Forward a save hook to the current checkpointer."""

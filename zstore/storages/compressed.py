@@ -343,7 +343,7 @@ class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorag
         self._owned = owned
         self._root = None  # the root Zarr group, once committed
         self._pid = os.getpid()  # the process that opened _root
-        self._ckpt_marks: dict[str, Any] = {}  # destination URL -> its last dump (checkpoint)
+        self.checkpoint_marks: dict[str, Any] = {}  # destination URL -> its last dump
         run_deferred()  # memory:// stores of collected storages: a safe point to delete them
         self._finalizer = weakref.finalize(self, _collect_store, spec) if owned else None
         self.lease_ttl = lease_ttl
@@ -731,6 +731,33 @@ class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorag
         for ragged in self._ragged.values():
             if ragged is not None:
                 ragged.cleanup()
+
+    # -- package-internal: the checkpoint contract (checkpoint_contract.py) ---------------
+    def checkpoint_tables(self) -> dict[str, LazyMemmapStorage]:
+        """The inner tables (the items table, each ragged key's index and values) by their
+        path below this storage's URL."""
+        parts = [self._table] if self._table is not None else []
+        for ragged in self._ragged.values():
+            if ragged is not None:
+                parts += [p for p in (ragged.index, ragged.values) if p is not None]
+        base = self.spec.url.rstrip("/") + "/"
+        return {p.spec.url[len(base):]: p for p in parts if p.spec.url.startswith(base)}
+
+    def checkpoint_replace(self, fill: Callable[[], None]) -> None:
+        """As this location's one writer: drop every array, let ``fill()`` write new objects
+        (a checkpoint's) to the location, then adopt them and commit."""
+        self.spec.require_writable("load a checkpoint")
+        self._hold_lease()  # a load rewrites the storage's location: as its one writer
+        self._drop_arrays()
+        self._reset()
+        fill()
+        self._root = _open_root(self.spec)
+        self._restore(_root_block(self.spec))
+        if self._lease is not None:
+            self._lease.read_metadata()  # the copied zarr.json is the version to replace
+        self._commit()  # the root block now names this writer (a former one cannot commit)
+
+    checkpoint_block = staticmethod(_root_block)
 
     def cleanup(self) -> None:
         """Delete every array of this storage and its metadata (the storage is then empty)."""

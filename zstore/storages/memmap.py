@@ -34,6 +34,7 @@ from ..lease import DEFAULT_TTL, LEASE_NAME, writer_lease
 from ..store import StoreSpec, defer_memory_work, run_deferred
 from ..table import ChunkedTable, MmapTable, Table
 from .base import SCAN_ROWS, CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
+from .checkpoint_contract import TensorExport
 from .sealing import seal_storage
 from .tensor import LazyTensorStorage, TensorStorage, _is_int, map_leaves
 
@@ -415,6 +416,23 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
         super().loads(path)
 
     load = loads
+
+    # -- package-internal: the checkpoint contract (checkpoint_contract.py) ---------------
+    def checkpoint_export(self) -> TensorExport:
+        """The rows and counters a dump reads: the table's columns, read on demand."""
+        table = self.table
+        return TensorExport(self._schema, self._meta.rows, self._last_cursor_value,
+                            max(table.high_water, 0), lambda lo, hi: table.read(torch.arange(lo, hi)))
+
+    def checkpoint_restored(self, length: int, last_cursor: int, loaded: int) -> None:
+        """As :meth:`TensorStorage.checkpoint_restored`, then committed."""
+        super().checkpoint_restored(length, last_cursor, loaded)
+        self.flush()
+
+    @property
+    def checkpoint_meta(self) -> StoreMeta | None:
+        """The committed :class:`~zstore.layout.StoreMeta`; ``None`` before the arrays exist."""
+        return self._meta
 
     # -- the hooks ------------------------------------------------------------------------
     def _container_shape(self) -> tuple[int, ...]:

@@ -25,7 +25,9 @@ from tensordict import (
 from torch.utils import _pytree as pytree
 
 from ..display import KeyRow, Summary, dtype_name, tensor_leaves
+from ..layout import Schema
 from .base import Storage
+from .checkpoint_contract import TensorExport
 
 
 def _first_leaf(data: Any) -> torch.Tensor:
@@ -118,7 +120,7 @@ class TensorStorage(Storage):
         self._row_rev: torch.Tensor | None = None
         self._row_rev_array: np.ndarray | None = None  # a NumPy view of it (add()'s hot path)
         self._write_rev = 0
-        self._ckpt_marks: dict[str, tuple[str, int]] = {}
+        self.checkpoint_marks: dict[str, tuple[str, int]] = {}  # checkpoint_contract.py
         if device == "auto" and storage is not None:
             device = _first_leaf(storage).device
         self.device = _resolve_device(device)
@@ -263,7 +265,7 @@ class TensorStorage(Storage):
         if self._row_rev is None or len(self._row_rev) != rows:
             self._row_rev = torch.zeros(rows, dtype=torch.int64)
             self._row_rev_array = None
-            self._ckpt_marks = {}
+            self.checkpoint_marks = {}
         if self._row_rev_array is None:  # one row: NumPy stores it for less
             self._row_rev_array = self._row_rev.numpy()
         self._write_rev += 1
@@ -278,6 +280,52 @@ class TensorStorage(Storage):
             if first.dtype == torch.bool and first.ndim > 1:
                 first = first.nonzero(as_tuple=True)[0]
         self._row_rev[first] = self._write_rev
+
+    # -- package-internal: the checkpoint contract (checkpoint_contract.py) ---------------
+    def checkpoint_export(self) -> TensorExport:
+        """The rows and counters a dump reads: the in-RAM container's columns."""
+        container = self._storage
+        schema = Schema.from_example(map_leaves(container, lambda x: x[0]), self.ndim)
+        columns = schema.columns(container, 1)
+        rows = self._container_shape()[0]
+        written = rows if self._row_rev is None else _last_written(self._row_rev) + 1
+        return TensorExport(schema, rows, self._last_cursor_value, written,
+                            lambda lo, hi: {path: value[lo:hi] for path, value in columns.items()},
+                            columns)
+
+    def checkpoint_allocate(self, example: Any) -> None:
+        """Allocate the container for rows like ``example`` (the lazy first-write init)."""
+        self._init(example)
+
+    def checkpoint_shape(self) -> tuple[int, ...]:
+        """The allocated container's ``(rows, *lanes)``."""
+        return tuple(self._container_shape())
+
+    def checkpoint_write(self, lo: int, rows: Any) -> None:
+        """Write the batch ``rows`` at rows ``lo, lo + 1, ...``; counters and revisions stay."""
+        n = lead_shape(rows, 1)[0]
+        if n:
+            self._write(slice(lo, lo + n), rows)
+
+    def checkpoint_restored(self, length: int, last_cursor: int, loaded: int) -> None:
+        """Set the counters after a load: rows ``[0, loaded)`` are the checkpoint's (stamped
+        with a new revision), later rows as never written."""
+        self._len_value = int(length)
+        self._last_cursor_value = int(last_cursor)
+        self._last_cursor = int(last_cursor) if last_cursor >= 0 else None
+        self._mark_rows(slice(0, loaded))
+        self._row_rev[loaded:] = 0
+
+    @property
+    def checkpoint_revision(self) -> int:
+        """The write revision of the last write (rows stamped above a mark's changed since)."""
+        return self._write_rev
+
+    @property
+    def checkpoint_revisions(self) -> torch.Tensor | None:
+        """Per-row write revisions (read-only; ``None`` before the first stamp), a new tensor
+        whenever they restart."""
+        return self._row_rev
 
     def _empty(self) -> None:
         self._len_value = 0
@@ -514,6 +562,17 @@ def _on_cpu(cursor: Any) -> Any:
     if isinstance(cursor, tuple):
         return tuple(_on_cpu(c) for c in cursor)
     return cursor
+
+
+def _last_written(revs: torch.Tensor) -> int:
+    """The last row with a nonzero write revision (-1 when none), without materialising the
+    indices of every written row."""
+    if len(revs) and revs[-1]:  # the usual case once a buffer is full
+        return len(revs) - 1
+    written = revs.numpy()[::-1] != 0  # (NumPy: a third of torch's time for these small ops)
+    if not written.any():
+        return -1
+    return len(revs) - 1 - int(written.argmax())  # argmax: the first True from the end
 
 
 def map_leaves(container: Any, fn) -> Any:
