@@ -423,11 +423,16 @@ def test_compressed_storage_collates_with_stack_items():
 
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "torchrl.md"
+#: Every example but §6's Ray recipe, which names a placeholder bucket endpoint
+#: (tests/test_ray.py runs the same calls against moto, in the Ray tests' worker).
+DOC_BLOCKS = [block for block in re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.DOTALL)
+              if "import ray" not in block]
 
 
-@pytest.mark.parametrize("number", [0, 1, 2])
+@pytest.mark.parametrize("number", range(len(DOC_BLOCKS)))
 def test_docs_examples_run(number, capsys):
-    blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.DOTALL)
+    """Every example of docs/torchrl.md runs and prints what its last comment says."""
+    blocks = DOC_BLOCKS
     expected = [line.split("# ")[-1] for line in blocks[number].splitlines() if "print(" in line]
     exec(compile(blocks[number], f"docs/torchrl.md example {number}", "exec"), {})  # noqa: S102
     assert capsys.readouterr().out.strip().splitlines()[-1] == expected[-1].strip()

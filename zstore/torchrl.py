@@ -47,6 +47,9 @@ from . import storages as _z
 from . import writers as _zw
 from .api import open as _open
 from .cache import DEFAULT_CACHE_BYTES
+from .columns import MIRROR_CELL_BYTES, ColumnMirror, cell_bytes
+from .storages.base import SCAN_ROWS
+from .torchrl_checkpoints import dumps, loads
 from .writers import rolled_back_on_error
 
 #: The checkpointers of TorchRL's "Storage Backends" page (twins built below).
@@ -68,6 +71,8 @@ __all__ = [
     "StorageEnsemble",
     "TensorDictRoundRobinWriter",
     "TensorStorage",
+    "dumps",
+    "loads",
     "open",
     "torchrl_class",
     *CHECKPOINTERS,
@@ -182,7 +187,7 @@ class _WriteThrough(TensorDict):
             return super().update_at_(input_dict_or_td, index, *args, **kwargs)
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        key = _unravel_key_to_tuple(index) if isinstance(index, (str, tuple)) else ()
+        key = _key_of(index)
         if not key:
             with self._stored(index):
                 super().__setitem__(index, value)
@@ -211,6 +216,78 @@ class _WriteThrough(TensorDict):
         state = super().__getstate__()
         state.pop("_source", None)  # a pickled copy is plain data, not the storage's rows
         return state
+
+
+class _ReadOnDemand(_WriteThrough):
+    """``storage[a:b]`` of a :class:`LazyMemmapStorage` whose reads are copies (``memory://``,
+    S3, a compressed codec, a store this process has not written yet): its rows are read
+    when first needed, and a narrow key is served from the storage's column mirror.
+
+    TorchRL's ``SliceSampler`` reads ``storage[:][end_key]`` (or its ``traj_key``) at every
+    sample: here that reads nothing from the store (:meth:`LazyMemmapStorage._column`).
+    Any other use (another key, an index, an in-place update, printing) reads the rows once,
+    as ``storage.get(slice)`` does, and from then on this is a :class:`_WriteThrough`.
+    """
+
+    @classmethod
+    def rows(cls, storage: "LazyMemmapStorage", index: slice,
+             template: TensorDict) -> "_ReadOnDemand":
+        """The rows ``index`` (a slice with a positive step, within the filled rows)."""
+        start, stop, step = index.start, index.stop, index.step
+        out = cls._new_unsafe({}, batch_size=torch.Size([len(range(start, stop, step)),
+                                                          *template.batch_size[1:]]),
+                              device=template.device)
+        out._source = (storage, start, step)
+        out.__dict__["_pending"] = (storage, index)
+        return out
+
+    def _leaves(self) -> Any:
+        """The leaves, read from the store at the first use that needs them."""
+        pending = self.__dict__.get("_pending")
+        if pending is not None:
+            storage, index = pending
+            self.__dict__["_items"] = storage._read_rows(index)._tensordict
+            del self.__dict__["_pending"]
+        return self.__dict__["_items"]
+
+    _tensordict = property(_leaves)
+
+    @_tensordict.setter
+    def _tensordict(self, value: Any) -> None:
+        self.__dict__["_items"] = value
+
+    def _from_memory(self, key: tuple[str, ...]) -> torch.Tensor | None:
+        """Key ``key`` of these rows from the storage's column mirror, while nothing is read."""
+        pending = self.__dict__.get("_pending")
+        if pending is None or not key:
+            return None
+        storage, index = pending
+        column = storage._column(key)
+        return None if column is None else column[index].to(storage.device, copy=True)
+
+    # only the public reads: TensorDict's own in-place writes fetch leaves through _get_str
+    def get(self, key: Any, *args: Any, **kwargs: Any) -> Any:
+        column = self._from_memory(_key_of(key))
+        return super().get(key, *args, **kwargs) if column is None else column
+
+    def __getitem__(self, index: Any) -> Any:
+        column = self._from_memory(_key_of(index))
+        return super().__getitem__(index) if column is None else column
+
+    @contextlib.contextmanager
+    def _stored(self, index: Any):
+        self._leaves()  # an in-place update writes into the rows, so they are read first
+        with super()._stored(index):
+            yield
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._leaves()  # a pickled copy holds its rows, not the storage
+        return super().__getstate__()
+
+
+def _key_of(index: Any) -> tuple[str, ...]:
+    """``index`` as a nested key (``()`` when it indexes rows instead)."""
+    return _unravel_key_to_tuple(index) if isinstance(index, (str, tuple)) else ()
 
 
 def _rows_written(index: Any, n: int) -> torch.Tensor:
@@ -249,7 +326,71 @@ class LazyTensorStorage(_z.LazyTensorStorage, TensorStorage, _trl.LazyTensorStor
 
 @_outside_compiled_code
 class LazyMemmapStorage(_z.LazyMemmapStorage, LazyTensorStorage, _trl.LazyMemmapStorage):
-    """:class:`zstore.LazyMemmapStorage` (Zarr at any URL) that TorchRL's replay buffers accept."""
+    """:class:`zstore.LazyMemmapStorage` (Zarr at any URL) that TorchRL's replay buffers accept.
+
+    Where its reads are copies (``memory://``, S3, a compressed codec), a slice of TensorDict
+    rows reads them only when needed (:class:`_ReadOnDemand`), and a narrow key of every row
+    (TorchRL's ``SliceSampler`` reads ``storage[:][end_key]`` at every sample) is kept in
+    memory as it is written (:class:`zstore.columns.ColumnMirror`): a sample reads only the
+    rows it draws.
+    """
+
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        before = self._mutation_revision
+        try:
+            super().set(cursor, data, set_cursor=set_cursor)
+        except BaseException:
+            self._mirror.clear()  # a refused or partial write: read the columns again
+            raise
+        self._mirror.written(cursor, data, before, self._mutation_revision)
+
+    def get(self, index: Any) -> Any:
+        if isinstance(index, slice) and self.initialized and not self._maps_writable:
+            start, stop, step = index.indices(self._len_along_dim0)
+            template = self._template()
+            if step > 0 and template is not None:
+                return _ReadOnDemand.rows(self, slice(start, max(start, stop), step), template)
+        return super().get(index)
+
+    def _read_rows(self, index: Any) -> Any:
+        """``get(index)``, reading the rows now."""
+        return super().get(index)
+
+    def _template(self) -> TensorDict | None:
+        """No row of the buffer, as a plain TensorDict (its keys, dtypes and cell shapes);
+        ``None`` unless its rows are TensorDicts. Kept while the schema is the same (it is
+        fixed at the first write)."""
+        cached = self.__dict__.get("_empty_rows")
+        if cached is None or cached[0] is not self._schema:
+            empty = self._read_rows(slice(0, 0))
+            plain = empty.to_tensordict() if type(empty) is _WriteThrough else None
+            cached = self.__dict__["_empty_rows"] = (self._schema, plain)
+        return cached[1]
+
+    @property
+    def _mirror(self) -> ColumnMirror:
+        mirror = self.__dict__.get("_column_mirror")
+        if mirror is None:  # not pickled: a copy builds its own
+            mirror = self.__dict__["_column_mirror"] = ColumnMirror()
+        return mirror
+
+    def _column(self, key: tuple[str, ...]) -> torch.Tensor | None:
+        """Key ``key`` of every row of the container, from memory (read from the store at the
+        first request after a change the mirror did not follow); ``None`` unless ``key`` is a
+        leaf of at most ``MIRROR_CELL_BYTES`` a cell."""
+        leaf = self._template().get(key, None)  # called for TensorDict rows only
+        if not isinstance(leaf, torch.Tensor) or cell_bytes(leaf, self.ndim) > MIRROR_CELL_BYTES:
+            return None
+
+        def read() -> torch.Tensor:
+            n = self._len_along_dim0
+            column = torch.zeros((*self._total_shape, *leaf.shape[self.ndim:]), dtype=leaf.dtype)
+            for lo in range(0, n, SCAN_ROWS):
+                column[lo:min(lo + SCAN_ROWS, n)] = self._read_rows(
+                    slice(lo, min(lo + SCAN_ROWS, n))).get(key)
+            return column
+
+        return self._mirror.column(key, self._mutation_revision, read)
 
     def __del__(self) -> None:
         """Nothing: zstore's finalizer deletes an ``auto_cleanup`` store, at a safe point for

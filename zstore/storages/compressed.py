@@ -116,6 +116,16 @@ def _new_td(source: dict, batch_size: torch.Size, device: torch.device | None) -
     return td
 
 
+def _item_shaped(value: Any, shape: tuple[int, ...]) -> Any:
+    """What a custom ``decompression_fn`` returned, in the item's recorded ``shape`` (the
+    payload is stored flat, so a function that only casts returns it flat); left as it is
+    when the sizes differ (the function built its own shape)."""
+    if isinstance(value, torch.Tensor) and tuple(value.shape) != tuple(shape) \
+            and value.numel() == math.prod(shape):
+        return value.reshape(shape)
+    return value
+
+
 def _open_root(spec: StoreSpec):
     return open_plain_group(spec.open(), "r" if spec.read_only else "r+")
 
@@ -547,10 +557,9 @@ class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorag
         for path, rg in self._ragged.items():
             values, item_shapes = rg.read(rows)
             if self.custom:
-                values = [self.decompression_fn(v, {"type": "tensor", "shape": torch.Size(s),
-                                                     "dtype": self._dtypes[path],
-                                                     "device": torch.device("cpu")})
-                          for v, s in zip(values, item_shapes)]
+                values = [_item_shaped(self.decompression_fn(v, {
+                    "type": "tensor", "shape": torch.Size(s), "dtype": self._dtypes[path],
+                    "device": torch.device("cpu")}), s) for v, s in zip(values, item_shapes)]
             ragged[path] = [v.to(device) for v in values] if device is not None else values
         out = ItemList()
         for k in range(n):

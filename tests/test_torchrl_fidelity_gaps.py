@@ -1,0 +1,200 @@
+"""Gaps between zstore.torchrl and TorchRL closed for issue #20, each against TorchRL itself.
+
+* TorchRL's ``SliceSampler`` over a zstore ``LazyMemmapStorage`` draws what it draws over
+  TorchRL's storage, and a sample reads the rows it draws, not the whole buffer;
+* ``zstore.torchrl.dumps`` / ``loads`` checkpoint a TorchRL buffer at any URL, as TorchRL's
+  ``rb.dumps`` / ``rb.loads`` do on a local path;
+* ``rb.stats()`` over a zstore storage, as over TorchRL's.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from test_torchrl_integration import BATCH, CAPACITY, assert_equal, assert_same_samples, fill, transitions
+
+pytestmark = pytest.mark.torchrl
+T = pytest.importorskip("torchrl.data")
+zt = pytest.importorskip("zstore.torchrl")
+
+SLICE_SAMPLERS = {
+    "end_key": lambda: T.SliceSampler(slice_len=4, end_key=("next", "done")),
+    "traj_key": lambda: T.SliceSampler(num_slices=4, traj_key="episode"),
+}
+
+
+def slice_pair(location, tmp_path, sampler: str, codec=None):
+    """TorchRL buffers with the same ``SliceSampler`` over zstore's and TorchRL's memmap."""
+    ours = T.TensorDictReplayBuffer(
+        storage=zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(), codec=codec,
+                                     storage_options=location.options),
+        sampler=SLICE_SAMPLERS[sampler](), batch_size=BATCH)
+    theirs = T.TensorDictReplayBuffer(
+        storage=T.LazyMemmapStorage(CAPACITY, scratch_dir=tmp_path / "torchrl"),
+        sampler=SLICE_SAMPLERS[sampler](), batch_size=BATCH)
+    return ours, theirs
+
+
+def rows_read(storage) -> list[int]:
+    """Counts, call by call, the rows ``storage`` reads from its table from now on."""
+    table, read, counts = storage.table, storage.table.read, []
+    table.read = lambda rows, *a: counts.append(len(rows)) or read(rows, *a)
+    return counts
+
+
+@pytest.mark.parametrize("codec", [None, "zstd"])
+@pytest.mark.parametrize("sampler", list(SLICE_SAMPLERS))
+def test_slice_sampler_draws_what_it_draws_over_torchrl(location, tmp_path, sampler, codec):
+    ours, theirs = slice_pair(location, tmp_path, sampler, codec)
+    fill(ours, theirs)
+    assert_same_samples(ours, theirs)
+    # writes after a sample are seen: one more wrapping extend, then an in-place edit
+    fill(ours, theirs, batches=((69, 30),))
+    assert_same_samples(ours, theirs)
+    ends = torch.zeros(CAPACITY, 1, dtype=torch.bool)
+    ends[::6] = True
+    for rb in (ours, theirs):
+        rb.set_(("next", "done"), ends)
+    assert_same_samples(ours, theirs)
+
+
+@pytest.mark.parametrize("codec", [None, "zstd"])
+@pytest.mark.parametrize("sampler", list(SLICE_SAMPLERS))
+def test_slice_sample_reads_only_the_rows_it_draws(location, sampler, codec):
+    rows = 2000
+    rb = T.TensorDictReplayBuffer(
+        storage=zt.LazyMemmapStorage(rows, scratch_dir=location.new(), codec=codec,
+                                     storage_options=location.options),
+        sampler=SLICE_SAMPLERS[sampler](), batch_size=BATCH)
+    rb.extend(transitions(rows - 100))
+    rb.sample()  # the first sample reads the sampler's key of every row, once
+    counts = rows_read(rb.storage)
+    for _ in range(3):
+        rb.sample()
+    # per sample, the drawn rows twice (TorchRL's sampler reads them for its done /
+    # terminated info, then the buffer for the batch), not the buffer's 1,900 rows
+    assert sum(counts) == 3 * 2 * BATCH
+    rb.extend(transitions(150, rows - 100))  # written after a sample: followed, not read again
+    counts.clear()
+    rb.sample()
+    assert sum(counts) == 2 * BATCH
+
+
+def test_slice_of_copied_rows_reads_them_when_used(location):
+    storage = zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(), codec="zstd",
+                                   storage_options=location.options)
+    storage.set(torch.arange(20), transitions(20))
+    counts = rows_read(storage)
+    rows = storage[2:12:3]
+    assert rows.batch_size == torch.Size([4]) and sum(counts) == 0
+    assert torch.equal(rows["next", "done"], transitions(20)[2:12:3]["next", "done"])
+    assert sum(counts) == 20  # the first request of a narrow key reads it from every row
+    storage.set(torch.arange(20, 25), transitions(5, 20))
+    assert torch.equal(storage[:]["next", "done"], transitions(25)["next", "done"])
+    assert sum(counts) == 20  # then it is kept in memory, through the writes
+    assert_equal(rows, transitions(20)[2:12:3])  # the other keys: the rows are read now
+    assert sum(counts) == 24
+    assert_equal(pickle.loads(pickle.dumps(storage[0:3])), transitions(3))  # a copy: its rows
+
+
+# -- checkpoints at any URL -------------------------------------------------------------------
+
+def test_dumps_loads_at_a_url_as_torchrl_does_locally(location, tmp_path):
+    ours = T.TensorDictReplayBuffer(
+        storage=zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
+                                     storage_options=location.options),
+        sampler=T.SamplerWithoutReplacement(), batch_size=BATCH)
+    theirs = T.TensorDictReplayBuffer(storage=T.LazyMemmapStorage(CAPACITY), batch_size=BATCH,
+                                      sampler=T.SamplerWithoutReplacement())
+    fill(ours, theirs)
+    assert_same_samples(ours, theirs, rounds=1)  # the sampler's state is part of the save
+    url = location.new("ckpt")
+    zt.dumps(ours, url, location.options)
+    theirs.dumps(tmp_path / "torchrl")
+
+    ours_again = T.TensorDictReplayBuffer(
+        storage=zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
+                                     storage_options=location.options),
+        sampler=T.SamplerWithoutReplacement())
+    theirs_again = T.TensorDictReplayBuffer(storage=T.LazyMemmapStorage(CAPACITY),
+                                            sampler=T.SamplerWithoutReplacement())
+    zt.loads(ours_again, url, location.options)
+    theirs_again.loads(tmp_path / "torchrl")
+    assert len(ours_again) == len(theirs_again) == CAPACITY
+    assert ours_again.writer._cursor == theirs_again.writer._cursor
+    assert_same_samples(ours_again, theirs_again, rounds=3)  # the batch size is restored too
+    fill(ours_again, theirs_again, batches=((69, 7),))  # the next writes land on the same rows
+    assert_equal(ours_again[:], theirs_again[:])
+
+
+def test_loads_names_the_url_without_a_checkpoint(location):
+    rb = T.TensorDictReplayBuffer(storage=zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
+                                                               storage_options=location.options))
+    url = location.new("nothing")
+    with pytest.raises(FileNotFoundError, match="buffer_metadata.json") as info:
+        zt.loads(rb, url, location.options)
+    assert url.split("://")[-1] in str(info.value)
+
+
+def test_dumps_refuses_torchrls_own_storage(tmp_path):
+    rb = T.ReplayBuffer(storage=T.LazyTensorStorage(CAPACITY))
+    with pytest.raises(TypeError, match="rb.dumps"):
+        zt.dumps(rb, str(tmp_path / "ckpt"))
+
+
+# -- buffer stats -----------------------------------------------------------------------------
+
+def test_stats_as_torchrls(location):
+    ours = T.TensorDictReplayBuffer(storage=zt.LazyMemmapStorage(
+        CAPACITY, scratch_dir=location.new(), storage_options=location.options))
+    theirs = T.TensorDictReplayBuffer(storage=T.LazyTensorStorage(CAPACITY))
+    assert ours.stats() == theirs.stats()  # before the first write
+    fill(ours, theirs)
+    assert ours.stats() == theirs.stats()
+    ours.storage.flush()
+    dataset = T.TensorDictReplayBuffer(storage=zt.open(ours.storage.scratch_dir, location.options,
+                                                       mode="r"),
+                                       writer=zt.ImmutableDatasetWriter())
+    reference = T.TensorDictReplayBuffer(storage=T.TensorStorage(theirs.storage[:].clone()),
+                                         writer=T.ImmutableDatasetWriter())
+    assert dataset.stats() == reference.stats()  # a writer that counts no writes: 0
+
+
+# -- what TorchRL's tests do that zstore answers differently ------------------------------
+
+def test_compressed_list_storage_reports_its_compression():
+    frames = torch.arange(100 * 3 * 84 * 84, dtype=torch.int32).view(100, 3, 84, 84) // (3 * 84 * 84)
+    frames = frames.to(torch.int64)
+    ours, theirs = zt.CompressedListStorage(100), T.CompressedListStorage(100, compression_level=3)
+    for storage in (ours, theirs):
+        storage.set(0, frames)
+    raw = frames.numel() * frames.element_size()
+    # TorchRL measures its per-item payload (theirs._storage[0]); zstore compresses chunks
+    # of items, and reports the stored bytes instead
+    assert raw / theirs._storage[0].numel() > 1.5
+    assert ours.raw_nbytes == raw and ours.compression_ratio == raw / ours.nbytes > 1.5
+    assert torch.equal(ours.get(0), theirs.get(0))
+
+
+def test_custom_compression_functions_keep_the_item_shape():
+    """A decompression_fn that only casts (TorchRL's test pair) gets the item back in its shape."""
+    def compress(tensor):
+        return tensor.to(torch.uint8)
+
+    def decompress(payload, metadata):
+        return payload.to(metadata["dtype"])
+
+    item = torch.arange(4.0).reshape(2, 2)
+    ours = zt.CompressedListStorage(10, compression_fn=compress, decompression_fn=decompress)
+    theirs = T.CompressedListStorage(10, compression_fn=compress, decompression_fn=decompress)
+    for storage in (ours, theirs):
+        storage.set(0, item)
+    assert torch.equal(ours.get(0), theirs.get(0))
+
+
+def test_shared_init_is_refused_with_the_alternative(location):
+    with pytest.raises(NotImplementedError, match="StorageEnsemble"):
+        zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(), shared_init=True,
+                             storage_options=location.options)
