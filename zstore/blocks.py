@@ -21,6 +21,7 @@ import torch
 import zarr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
+from zarr.storage import LocalStore
 
 from . import _faults
 from .cache import ChunkCache
@@ -89,8 +90,9 @@ class BlockGroup:
         # segment was deleted under it asks whether the unit was stored whole since)
         self._listed = listed
         self.writes = WriteBehind(where, keepalive=None if lease is None else lease.keep_alive)
-        fs = getattr(self.store, "fs", None)
-        self.remote = fs is not None and "memory" not in fs.protocol
+        fs = getattr(self.store, "fs", None)  # FsspecStore's; LocalStore and ObjectStore have none
+        self.remote = ("memory" not in fs.protocol if fs is not None
+                       else not isinstance(self.store, LocalStore))
         arrays = {leaf.path: arrays[leaf.path] for leaf in leaves}
         self.arrays = {path: array._async_array for path, array in arrays.items()}
         self.readers = {path: ColumnReader.for_array(array, where) for path, array in arrays.items()}

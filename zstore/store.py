@@ -5,6 +5,13 @@ One place turns what a user gives (a local path, ``file://``, ``memory://``,
 Zarr v3 store. A :class:`StoreSpec` is a small JSON-serialisable value: it is
 what a storage pickles into and what travels to other processes, never a live
 filesystem object.
+
+S3 data (chunks, shards, ``zarr.json``) goes through one of two clients, the
+*transport* (:attr:`StoreSpec.transport`): ``"fsspec"`` (s3fs, the default) or
+``"obstore"`` (the Rust ``object_store`` client, ``pip install 'zstore[s3fast]'``),
+chosen by ``storage_options["transport"]``, else the ``ZSTORE_S3_CLIENT``
+environment variable. Listings, deletes of whole stores and the lease's
+conditional writes always use s3fs (:meth:`StoreSpec.filesystem`).
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import fsspec
-from zarr.abc.store import Store
+from zarr.abc.store import ByteRequest, OffsetByteRequest, Store
+from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import FsspecStore, LocalStore
 
 from .errors import BackendNotInstalledError, NotAZStoreError, ReadOnlyError, StoreNotFoundError
@@ -32,6 +40,15 @@ _INSTALL_HINTS = {
     "https": "aiohttp (pip install aiohttp)",
 }
 _SECRET_WORDS = ("secret", "token", "password", "key", "credential", "session")
+
+#: The storage option naming the S3 data client (never passed to fsspec); ``ZSTORE_S3_CLIENT``
+#: sets it for every spec that does not.
+TRANSPORT_OPTION = "transport"
+TRANSPORT_ENV = "ZSTORE_S3_CLIENT"
+TRANSPORTS = ("fsspec", "obstore")
+#: s3fs options with no obstore meaning that the obstore transport ignores: fsspec's caches.
+_FSSPEC_ONLY = frozenset({"skip_instance_cache", "use_listings_cache", "listings_expiry_time",
+                          "max_paths", "default_block_size", "default_fill_cache"})
 
 #: What zstore relies on from each fsspec protocol's store, read through :class:`StoreSpec`'s
 #: properties (``is_local``, ``is_memory``, ``is_object_store``, ``atomic_conditional_writes``,
@@ -163,10 +180,29 @@ class StoreSpec:
         """Inverse of :meth:`to_json`."""
         return cls(data["url"], dict(data.get("storage_options") or {}), bool(data["read_only"]))
 
+    @property
+    def transport(self) -> str:
+        """The client of :meth:`open`'s S3 data path: ``"fsspec"`` (s3fs) or ``"obstore"``.
+
+        ``storage_options["transport"]``, else ``$ZSTORE_S3_CLIENT``, else ``"fsspec"``;
+        always ``"fsspec"`` for other protocols. obstore needs a server that answers
+        ranged GETs ``206`` (AWS S3, MinIO, moto; ``rclone serve s3`` answers ``200``).
+        """
+        if self.protocol not in ("s3", "s3a"):
+            return "fsspec"
+        chosen = self.storage_options.get(TRANSPORT_OPTION) or os.environ.get(TRANSPORT_ENV) or "fsspec"
+        if chosen not in TRANSPORTS:
+            raise ValueError(f"unknown S3 transport {chosen!r} for {self.url}: choose one of "
+                             f"{', '.join(TRANSPORTS)}")
+        return chosen
+
+    def _fsspec_options(self) -> dict[str, Any]:
+        return {k: v for k, v in self.storage_options.items() if k != TRANSPORT_OPTION}
+
     def filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
         """The fsspec filesystem and the path inside it (a fresh instance per process)."""
         try:
-            fs, path = fsspec.core.url_to_fs(self.url, **self.storage_options)
+            fs, path = fsspec.core.url_to_fs(self.url, **self._fsspec_options())
         except ImportError as exc:
             hint = _INSTALL_HINTS.get(self.protocol, f"the fsspec backend for {self.protocol!r}")
             raise BackendNotInstalledError(
@@ -228,7 +264,9 @@ class StoreSpec:
                 )
 
     def open(self) -> Store:
-        """Open the Zarr store (LocalStore for local paths, FsspecStore otherwise)."""
+        """Open the Zarr store: LocalStore for local paths, zarr's ObjectStore over obstore for
+        S3 with the ``"obstore"`` :attr:`transport`, FsspecStore otherwise (on S3, one that
+        reads whole objects without s3fs's HEAD first)."""
         if self.is_local:
             if Path(self.url).exists() and not Path(self.url).is_dir():
                 raise NotAZStoreError(f"{self.url} is a file; a zstore buffer is a directory")
@@ -237,9 +275,12 @@ class StoreSpec:
             elif not Path(self.url).exists():
                 raise StoreNotFoundError(f"no such directory: {self.url}")
             return LocalStore(self.url, read_only=self.read_only)
+        if self.transport == "obstore":
+            return _obstore_s3(self)
         self.filesystem()  # install hints for a missing backend
-        return FsspecStore.from_url(self.url, storage_options=dict(self.storage_options),
-                                    read_only=self.read_only)
+        kind = _S3FsspecStore if self.protocol in ("s3", "s3a") else FsspecStore
+        return kind.from_url(self.url, storage_options=self._fsspec_options(),
+                             read_only=self.read_only)
 
     def require_writable(self, action: str) -> None:
         """Raise :class:`ReadOnlyError` naming ``action`` when this spec is read-only."""
@@ -259,6 +300,83 @@ class StoreSpec:
             _delete_memory_tree(fs, path)
         elif fs.exists(path):
             fs.rm(path, recursive=True)
+
+
+class _S3FsspecStore(FsspecStore):
+    """zarr's FsspecStore on s3fs, whose whole-object reads are ranged from byte 0.
+
+    s3fs sends a plain GET only after a HEAD (sizing a concurrent download), a
+    ranged one alone: opening a buffer reads its ``zarr.json`` objects in half the
+    requests. An empty object has no byte 0 (``416``): it is read plainly.
+    """
+
+    async def get(self, key: str, prototype: BufferPrototype,
+                  byte_range: ByteRequest | None = None) -> Buffer | None:
+        """The object at ``key`` (or ``byte_range`` of it); ``None`` when it is missing."""
+        if byte_range is not None:
+            return await super().get(key, prototype, byte_range)
+        try:
+            return await super().get(key, prototype, OffsetByteRequest(0))
+        except OSError as exc:
+            if "InvalidRange" not in str(exc) and "not satisfiable" not in str(exc):
+                raise
+            return await super().get(key, prototype)
+
+
+def _obstore_s3(spec: StoreSpec) -> Store:
+    """zarr's ObjectStore on an obstore ``S3Store`` configured from s3fs-style options.
+
+    Understood: ``key``, ``secret``, ``token``, ``endpoint_url`` (or in ``client_kwargs``),
+    ``region`` / ``client_kwargs["region_name"]``, ``anon``, and of botocore's ``config_kwargs``
+    the timeouts and ``retries["total_max_attempts"]`` (its checksum settings have no obstore
+    meaning); fsspec's cache options are ignored; any other option is refused (it would be
+    silently lost), as is a missing obstore.
+    """
+    try:
+        from obstore.store import S3Store
+        from zarr.storage import ObjectStore
+    except ImportError as exc:
+        raise BackendNotInstalledError(
+            f"cannot open {spec.url} with the obstore transport: install obstore "
+            f"(pip install 'zstore[s3fast]') or use transport='fsspec' ({exc})") from exc
+    options = dict(spec.storage_options)
+    client = dict(options.pop("client_kwargs", None) or {})
+    endpoint = options.pop("endpoint_url", None) or client.pop("endpoint_url", None)
+    region = options.pop("region", None) or client.pop("region_name", None)
+    config: dict[str, Any] = {}
+    for name, field in (("key", "access_key_id"), ("secret", "secret_access_key"),
+                        ("token", "session_token")):
+        value = options.pop(name, None)
+        if value:
+            config[field] = value
+    if options.pop("anon", False):
+        config["skip_signature"] = True
+    botocore = dict(options.pop("config_kwargs", None) or {})
+    http: dict[str, Any] = {"allow_http": bool(endpoint and endpoint.startswith("http://"))}
+    for name in ("connect_timeout", "read_timeout"):
+        if name in botocore:
+            http[name] = f"{botocore.pop(name)}s"
+    retries = dict(botocore.pop("retries", None) or {})
+    attempts = retries.pop("total_max_attempts", None) or retries.pop("max_attempts", None)
+    retries.pop("mode", None)
+    for name in ("response_checksum_validation", "request_checksum_calculation"):
+        botocore.pop(name, None)
+    unknown = (sorted(set(options) - _FSSPEC_ONLY - {TRANSPORT_OPTION}) + sorted(client)
+               + [f"config_kwargs.{name}" for name in sorted(botocore)]
+               + [f"config_kwargs.retries.{name}" for name in sorted(retries)])
+    if unknown:
+        raise ValueError(f"the obstore transport of {spec.redacted()} cannot honour storage "
+                         f"options {unknown}: use transport='fsspec'")
+    if endpoint:
+        config["endpoint"] = endpoint
+        config["virtual_hosted_style_request"] = False  # a custom endpoint: path-style, as s3fs
+        region = region or "us-east-1"
+    if region:
+        config["region"] = region
+    bucket, _, prefix = spec.url.split("://", 1)[1].partition("/")
+    store = S3Store(bucket, prefix=prefix or None, config=config, client_options=http,
+                    retry_config=None if attempts is None else {"max_retries": int(attempts) - 1})
+    return ObjectStore(store, read_only=spec.read_only)
 
 
 def _delete_memory_tree(fs: Any, path: str) -> None:

@@ -1,0 +1,176 @@
+"""S3 data transports (zstore.store): s3fs through zarr's FsspecStore, obstore through ObjectStore.
+
+The choice (``storage_options["transport"]``, ``$ZSTORE_S3_CLIENT``) is tested without a
+server; on moto the two transports must read the same bytes, and a buffer written through one
+must read back through the other.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+from zarr.abc.store import RangeByteRequest
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+from zarr.storage import FsspecStore
+
+import zstore
+from zstore.errors import BackendNotInstalledError
+from zstore.store import TRANSPORT_ENV, StoreSpec
+
+
+def _has_obstore() -> bool:
+    try:
+        import obstore  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_obstore = pytest.mark.skipif(
+    not _has_obstore(),
+    reason="obstore is not installed (pip install 'zstore[s3fast]'): the obstore transport "
+           "cannot be compared with s3fs")
+
+
+@pytest.fixture(autouse=True)
+def _no_env_choice(monkeypatch):
+    monkeypatch.delenv(TRANSPORT_ENV, raising=False)
+
+
+def test_default_is_fsspec_and_the_option_or_env_chooses(monkeypatch):
+    assert StoreSpec.parse("s3://b/rb").transport == "fsspec"
+    assert StoreSpec.parse("s3://b/rb", {"transport": "obstore"}).transport == "obstore"
+    monkeypatch.setenv(TRANSPORT_ENV, "obstore")
+    assert StoreSpec.parse("s3a://b/rb").transport == "obstore"
+    assert StoreSpec.parse("s3://b/rb", {"transport": "fsspec"}).transport == "fsspec"  # option wins
+    assert StoreSpec.parse("memory://rb").transport == "fsspec"  # only S3 has a choice
+    assert StoreSpec.parse("gs://b/rb").transport == "fsspec"
+
+
+def test_unknown_transport_is_refused():
+    with pytest.raises(ValueError, match="unknown S3 transport 'curl'"):
+        StoreSpec.parse("s3://b/rb", {"transport": "curl"}).transport
+
+
+def test_the_option_travels_but_never_reaches_fsspec():
+    pytest.importorskip("s3fs")
+    spec = StoreSpec.parse("s3://b/rb", {"transport": "fsspec", "anon": True})
+    assert StoreSpec.from_json(spec.to_json()).transport == "fsspec"
+    fs, path = spec.filesystem()
+    assert path == "b/rb" and "transport" not in fs.storage_options
+    assert isinstance(spec.open(), FsspecStore)
+
+
+def test_missing_obstore_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "obstore.store", None)
+    with pytest.raises(BackendNotInstalledError, match=r"zstore\[s3fast\]"):
+        StoreSpec.parse("s3://b/rb", {"transport": "obstore"}).open()
+
+
+@needs_obstore
+def test_options_obstore_cannot_honour_are_refused():
+    spec = StoreSpec.parse("s3://b/rb", {"transport": "obstore", "requester_pays": True,
+                                         "config_kwargs": {"max_pool_connections": 5}})
+    with pytest.raises(ValueError, match=r"requester_pays.*config_kwargs.max_pool_connections"):
+        spec.open()
+
+
+@needs_obstore
+def test_s3fs_options_map_onto_obstore():
+    from zarr.storage import ObjectStore
+
+    spec = StoreSpec.parse("s3://b/rb", {
+        "transport": "obstore", "key": "k", "secret": "s", "skip_instance_cache": True,
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9", "region_name": "eu-west-1"},
+        "config_kwargs": {"connect_timeout": 10, "retries": {"mode": "standard",
+                                                             "total_max_attempts": 3}}},
+        read_only=True)
+    store = spec.open()
+    assert isinstance(store, ObjectStore) and store.read_only
+    config = store.store.config
+    assert config["endpoint"] == "http://127.0.0.1:9" and config["region"] == "eu-west-1"
+    assert config["access_key_id"] == "k" and store.store.prefix == "rb"
+
+
+# -- on moto ----------------------------------------------------------------------------------
+def _rows(n: int, seed: int) -> TensorDict:
+    gen = torch.Generator().manual_seed(seed)
+    return TensorDict({
+        "pixels": torch.randint(0, 256, (n, 4, 21, 21), dtype=torch.uint8, generator=gen),
+        "reward": torch.randn(n, generator=gen),
+    }, [n])
+
+
+def _options(s3_options: dict, transport: str) -> dict:
+    return {**s3_options, "transport": transport}
+
+
+@pytest.mark.s3
+@needs_obstore
+def test_both_transports_read_the_same_bytes(s3_options, s3_bucket):
+    url = f"s3://{s3_bucket}/same-{uuid.uuid4().hex[:6]}"
+    payload = np.random.default_rng(0).integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+    writer = StoreSpec.parse(url, _options(s3_options, "fsspec")).open()
+    sync(writer.set("blob", default_buffer_prototype().buffer.from_bytes(payload)))
+    stores = {t: StoreSpec.parse(url, _options(s3_options, t), read_only=True).open()
+              for t in ("fsspec", "obstore")}
+    prototype = default_buffer_prototype()
+    for byte_range in (None, RangeByteRequest(0, 1), RangeByteRequest(12_345, (2 << 20) + 7)):
+        got = {t: sync(store.get("blob", prototype, byte_range=byte_range)).to_bytes()
+               for t, store in stores.items()}
+        expected = payload if byte_range is None else payload[byte_range.start:byte_range.end]
+        assert got["fsspec"] == got["obstore"] == expected
+    assert all(sync(store.get("missing", prototype)) is None for store in stores.values())
+    sync(writer.set("empty", prototype.buffer.from_bytes(b"")))  # no byte 0 to range from
+    assert all(sync(store.get("empty", prototype)).to_bytes() == b"" for store in stores.values())
+
+
+def _write(url: str, options: dict, data: TensorDict, capacity: int) -> None:
+    storage = zstore.LazyMemmapStorage(capacity, scratch_dir=url, storage_options=options)
+    writer = zstore.RoundRobinWriter()
+    writer.register_storage(storage)
+    writer.extend(data[:1000])
+    writer.extend(data[1000:])  # a partly written shard: a log segment in the commit
+    storage.flush()
+    storage.close()
+
+
+@pytest.mark.s3
+def test_opening_through_s3fs_sends_no_head(s3_options, s3_bucket, monkeypatch):
+    import s3fs
+
+    url = f"s3://{s3_bucket}/open-{uuid.uuid4().hex[:6]}"
+    _write(url, s3_options, _rows(1200, seed=3), 2000)
+    calls = []
+    original = s3fs.S3FileSystem._call_s3
+
+    async def counted(self, method, *args, **kwargs):
+        calls.append(method if isinstance(method, str) else method.__name__)
+        return await original(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    reader = zstore.open(url, s3_options, mode="r")
+    assert torch.equal(reader[torch.arange(3)]["reward"], _rows(1200, seed=3)["reward"][:3])
+    assert "head_object" not in calls and calls.count("get_object") >= 3
+
+
+@pytest.mark.s3
+@needs_obstore
+@pytest.mark.parametrize("written, read", [("fsspec", "obstore"), ("obstore", "fsspec")])
+def test_a_buffer_written_through_one_reads_through_the_other(s3_options, s3_bucket, written, read):
+    url = f"s3://{s3_bucket}/rb-{uuid.uuid4().hex[:6]}"
+    data = _rows(1500, seed=1)
+    _write(url, _options(s3_options, written), data, 2000)
+    reader = zstore.open(url, _options(s3_options, read), mode="r")
+    assert isinstance(reader.spec.open(), FsspecStore) == (read == "fsspec")
+    idx = torch.randperm(1500, generator=torch.Generator().manual_seed(2))[:300]
+    got = reader[idx]
+    assert torch.equal(got["pixels"], data["pixels"][idx])
+    assert torch.equal(got["reward"], data["reward"][idx])
+    assert torch.equal(reader[torch.arange(1500)]["pixels"], data["pixels"])
