@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import zstore
 from zstore.cli import main
 
 
@@ -34,22 +35,18 @@ def test_demo_local(capsys):
     assert "temporary store removed" in out
 
 
-def test_demo_wraps_around_with_zstd_and_keeps_url(capsys, tmp_path):
+def test_demo_wraps_around_with_zstd_keeps_url_and_refuses_to_overwrite(capsys, tmp_path):
     url = tmp_path / "rb"
     out = _demo(capsys, "--capacity", "1500", "--codec", "zstd", "--url", str(url))
     assert "codec zstd:1+crc32c, capacity 1,500" in out
     assert "len 1,500, cursor 499  ok" in out
     assert f"kept at {url}" in out
     assert (url / "zarr.json").exists()
-
-
-def test_demo_refuses_an_existing_buffer(capsys, tmp_path):
-    url = str(tmp_path / "rb")
-    assert main(["demo", "-n", "600", "--url", url]) == 0
-    capsys.readouterr()
-    assert main(["demo", "-n", "600", "--url", url]) == 1
+    # a second demo at the kept URL refuses it, and leaves the buffer as it was
+    assert main(["demo", "-n", "600", "--url", str(url)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("zstore: error: ") and "already exists" in err
+    assert len(zstore.open(str(url), mode="r")) == 1500
 
 
 @pytest.mark.s3
