@@ -20,6 +20,9 @@ Store layout under the storage's URL (every array is plain Zarr v3)::
     items-<g>/                 LazyMemmapStorage group: fixed keys + __zstore__/batch/<node>
     ragged/<key>/index-<g>/    LazyMemmapStorage group: start, shape [, item_shape]
     ragged/<key>/values-<g>/   LazyMemmapStorage group: _-single-tensor-_ [capacity, *unit]
+
+The ragged layout is :mod:`zstore.storages.ragged`; the lease protocol
+:mod:`zstore.storages.leasing`.
 """
 
 from __future__ import annotations
@@ -43,15 +46,17 @@ from ..cache import DEFAULT_CACHE_BYTES, CacheStats
 from ..codecs import CodecSpec, is_remote, parse_codecs
 from ..display import KeyRow, Summary, dtype_name
 from ..dtypes import torch_dtype_from_name, torch_dtype_name
-from ..errors import (CorruptChunkError, MissingKeyError, NotAZStoreError, SchemaError,
+from ..errors import (MissingKeyError, NotAZStoreError, SchemaError,
                       StoreExistsError, ZStoreError)
 from ..group import ZSTORE_ATTR, open_group, open_plain_group, put_attrs
-from ..lease import DEFAULT_TTL, LEASE_NAME, writer_lease
+from ..lease import DEFAULT_TTL, LEASE_NAME
 from ..layout import FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, check_format_version, key_to_path
 from ..store import StoreSpec, run_deferred
 from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
+from .leasing import LeasedWriter
 from .list import ListStorage, _as_int
 from .memmap import LazyMemmapStorage, _collect_store, _delete_store
+from .ragged import RaggedKey
 
 _BATCH = "__zstore__/batch"
 _ROOT = ".root"
@@ -143,131 +148,7 @@ def _root_block(spec: StoreSpec) -> dict[str, Any] | None:
     return None
 
 
-class _Ragged:
-    """One key in the ragged layout: ``values`` (units) + per-item ``start`` / ``shape``."""
-
-    def __init__(self, owner: "CompressedListStorage", path: str, dtype: torch.dtype,
-                 unit: tuple[int, ...], ndim: int, item_ndim: int | None):
-        self.owner, self.path, self.dtype, self.unit = owner, path, dtype, unit
-        self.ndim, self.item_ndim = ndim, item_ndim  # item_ndim: custom codecs only
-        self.gen = 0
-        self.used = 0
-        self.values: LazyMemmapStorage | None = None
-        self.index = owner._lms(f"ragged/{path}/index", owner.max_size, owner.default_codec)
-
-    def to_json(self) -> dict[str, Any]:
-        """What the root ``zstore`` block records to reopen this key."""
-        return {"dtype": torch_dtype_name(self.dtype), "unit": list(self.unit), "ndim": self.ndim,
-                "item_ndim": self.item_ndim, "values": self.gen, "used": self.used,
-                "capacity": self.values.max_size if self.values is not None else None,
-                "written": self.values is not None and self.values.initialized}
-
-    @classmethod
-    def reopen(cls, owner: "CompressedListStorage", path: str, data: Mapping[str, Any]) -> "_Ragged":
-        """The key as recorded by :meth:`to_json`, its arrays reopened."""
-        self = cls.__new__(cls)
-        self.owner, self.path = owner, path
-        self.dtype = torch_dtype_from_name(data["dtype"])
-        self.unit, self.ndim = tuple(int(u) for u in data["unit"]), int(data["ndim"])
-        self.item_ndim = None if data["item_ndim"] is None else int(data["item_ndim"])
-        self.gen, self.used = int(data["values"]), int(data["used"])
-        self.index = owner._reopen(f"ragged/{path}/index")
-        name = f"ragged/{path}/values-{self.gen}"
-        self.values = None
-        if data["written"]:
-            self.values = owner._reopen(name)
-        elif data["capacity"] is not None:
-            self.values = owner._lms(name, int(data["capacity"]), owner.codec_of(path))
-        return self
-
-    @property
-    def unit_numel(self) -> int:
-        return math.prod(self.unit)
-
-    def _new_values(self, capacity: int) -> LazyMemmapStorage:
-        self.gen += 1
-        return self.owner._lms(f"ragged/{self.path}/values-{self.gen}", capacity,
-                               self.owner.codec_of(self.path))
-
-    def write(self, rows: torch.Tensor, tensors: list[torch.Tensor],
-              item_shapes: list[tuple[int, ...]] | None = None) -> None:
-        """Append the items' values and point ``rows`` at them."""
-        if self.unit and any(tuple(t.shape[1:]) != self.unit for t in tensors):
-            self.regrow(0, unit=())
-        units = [t.numel() // max(1, self.unit_numel) for t in tensors]
-        total = sum(units)
-        if self.values is None or self.used + total > self.values.max_size:
-            self.regrow(total)
-        flat = torch.cat([t.reshape(-1, *self.unit) for t in tensors]) if tensors else None
-        starts = self.used + torch.tensor([0, *units[:-1]], dtype=torch.int64).cumsum(0)
-        if total:
-            self.values.set(torch.arange(self.used, self.used + total), flat)
-        self.used += total
-        self.index.set(rows, self._index_td(starts, [tuple(t.shape) for t in tensors], item_shapes))
-
-    def _index_td(self, starts, shapes, item_shapes) -> TensorDict:
-        def padded(shape_list, nd):
-            out = torch.zeros(len(shape_list), max(1, nd), dtype=torch.int64)
-            if nd:
-                out[:] = torch.tensor(shape_list, dtype=torch.int64).reshape(len(shape_list), nd)
-            return out
-        data = {"start": starts, "shape": padded(shapes, self.ndim)}
-        if self.item_ndim is not None:
-            data["item_shape"] = padded(item_shapes, self.item_ndim)
-        return TensorDict(data, batch_size=[len(starts)])
-
-    def read(self, rows: torch.Tensor) -> tuple[list[torch.Tensor], list[tuple[int, ...]] | None]:
-        """The stored tensors of ``rows`` (and the item shapes, for custom codecs)."""
-        index = self._part_read(self.index, rows, "index")
-        starts, shapes = index["start"], index["shape"][:, : self.ndim]
-        lengths = shapes.prod(-1) // max(1, self.unit_numel)
-        if len(rows) and int(lengths.sum()):
-            take = torch.repeat_interleave(starts - lengths.cumsum(0) + lengths, lengths) \
-                + torch.arange(int(lengths.sum()))
-            flat = self._part_read(self.values, take, "values")[SINGLE_TENSOR_KEY]
-        else:
-            flat = torch.empty((0, *self.unit), dtype=self.dtype)
-        parts = torch.split(flat, lengths.tolist())
-        out = [p.reshape(s) for p, s in zip(parts, shapes.tolist())]
-        item_shapes = None
-        if self.item_ndim is not None:
-            item_shapes = [tuple(s[: self.item_ndim]) for s in index["item_shape"].tolist()]
-        return out, item_shapes
-
-    def _part_read(self, part: LazyMemmapStorage, rows: torch.Tensor, name: str) -> dict:
-        try:
-            return part.table.read(rows)
-        except CorruptChunkError as exc:  # name the user's key, not the inner array's
-            raise CorruptChunkError(f"key {self.path!r} ({name}): {exc}") from exc
-
-    def regrow(self, extra: int, unit: tuple[int, ...] | None = None) -> None:
-        """Copy the live items into a fresh ``values`` array (compacts; doubles the capacity)."""
-        n = len(self.owner)
-        live, item_shapes = self.read(torch.arange(n)) if n and self.values is not None else ([], [])
-        if unit is not None:
-            self.unit = unit
-        units = sum(t.numel() // max(1, self.unit_numel) for t in live)
-        old = self.values
-        self.values = self._new_values(max(2 * (units + extra), (1 << 20) // max(
-            1, self.unit_numel * self.dtype.itemsize), 64))
-        self.used = 0
-        if live:
-            self.write(torch.arange(n), live, item_shapes)
-        if old is not None:
-            old.cleanup()
-
-    def flush(self) -> None:
-        for part in (self.index, self.values):
-            if part is not None:
-                part.flush()
-
-    def cleanup(self) -> None:
-        for part in (self.index, self.values):
-            if part is not None:
-                part.cleanup()
-
-
-class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorage):
+class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, ListStorage):
     """TorchRL's CompressedListStorage on compressed, chunked Zarr arrays at any URL.
 
     Items (tensors, TensorDicts — nested, with their batch sizes — or
@@ -357,9 +238,7 @@ class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorag
         run_deferred()  # memory:// stores of collected storages: a safe point to delete them
         self._finalizer = weakref.finalize(self, _collect_store, spec) if owned else None
         self.lease_ttl = lease_ttl
-        self._lease = None if spec.read_only or lease_ttl is None else writer_lease(spec, lease_ttl)
-        if self._lease is not None:
-            weakref.finalize(self, self._lease.release_later)
+        self._open_lease(spec, lease_ttl)
 
     def _reset(self) -> None:
         self._mark_clean()
@@ -368,7 +247,7 @@ class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorag
         self._tensorclass: type | None = None
         self._dtypes: dict[str, torch.dtype] = {}
         self._fixed: dict[str, tuple[int, ...]] = {}   # key path -> item shape
-        self._ragged: dict[str, _Ragged] = {}
+        self._ragged: dict[str, RaggedKey] = {}
         self._nodes: dict[str, int] = {}                # TensorDict node -> batch ndim (> 0)
         self._table: LazyMemmapStorage | None = None
         self._table_gen = 0
@@ -378,15 +257,16 @@ class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorag
         """The codec preset of key ``path``."""
         return self.key_codecs.get(path, self.default_codec)
 
-    def _lms(self, name: str, capacity: int, codec: CodecSpec) -> LazyMemmapStorage:
-        """An inner LazyMemmapStorage at ``<url>/<name>`` (ragged parts: default chunking)."""
+    def inner_table(self, name: str, capacity: int, codec: CodecSpec) -> LazyMemmapStorage:
+        """A new inner LazyMemmapStorage at ``<url>/<name>`` (ragged parts: default chunking),
+        fenced by this storage's lease."""
         return LazyMemmapStorage(capacity, scratch_dir=f"{self.spec.url}/{name}",
                                  storage_options=self.spec.storage_options, codec=codec,
                                  cache_bytes=self.cache_bytes, auto_cleanup=False,
                                  lease_ttl=None)._with_store_lease(self._lease)
 
-    def _reopen(self, name: str) -> LazyMemmapStorage:
-        """The committed inner LazyMemmapStorage ``name``."""
+    def reopened_inner_table(self, name: str) -> LazyMemmapStorage:
+        """The committed inner LazyMemmapStorage ``<url>/<name>``, fenced by this storage's lease."""
         spec = StoreSpec.parse(f"{self.spec.url}/{name}", self.spec.storage_options,
                                self.spec.read_only)
         group, meta = open_group(spec)
@@ -411,18 +291,19 @@ class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorag
             cache_bytes=self.cache_bytes, auto_cleanup=False,
             lease_ttl=None)._with_store_lease(self._lease)
 
-    def _hold_lease(self) -> None:
-        """Hold the root's write lease before writing (the inner tables take none; it
-        fences their chunk stores). On taking it, continue from the committed root block
-        and fence it (as LazyMemmapStorage does)."""
-        if self._lease is None or not self._lease.ensure() or self._root is None:
-            return
-        self._lease.read_metadata()
+    # -- the single-writer lease (storages/leasing.py): the root's; the inner tables take
+    # none, it fences their chunk stores
+    def _has_commit(self) -> bool:
+        return self._root is not None
+
+    def _reload_committed(self) -> None:
         block = _root_block(self.spec)
         if block is not None:
             self._root = _open_root(self.spec)
             self._pid = os.getpid()
             self._restore(block)
+
+    def _fence(self) -> None:
         self._commit()
 
     # -- items <-> columns ------------------------------------------------------------------
@@ -494,11 +375,11 @@ class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorag
         shape = self._fixed.pop(path)
         n = self._len
         old = self._table
-        ragged = _Ragged(self, path, self._dtypes[path], shape[1:] if keep_trailing else (),
+        ragged = RaggedKey(self, path, self._dtypes[path], shape[1:] if keep_trailing else (),
                          len(shape), None)
         self._ragged[path] = ragged
         self._table = self._new_table()
-        ragged.values = ragged._new_values(max(64, 2 * n * math.prod(shape) // max(1, ragged.unit_numel)))
+        ragged.values = ragged.new_values(max(64, 2 * n * math.prod(shape) // max(1, ragged.unit_numel)))
         for start in range(0, n, _PIECE):
             rows = torch.arange(start, min(n, start + _PIECE))
             columns = old.table.read(rows)
@@ -533,7 +414,7 @@ class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorag
                 items = [self.compression_fn(t).reshape(-1) for t in items]
             ragged = self._ragged[path]
             if ragged is None:
-                ragged = self._ragged[path] = _Ragged(self, path, items[0].dtype, (), 1,
+                ragged = self._ragged[path] = RaggedKey(self, path, items[0].dtype, (), 1,
                                                       leaves[path].ndim - 1)
             ragged.write(rows, items, shapes)
         if self._table is not None:
@@ -771,8 +652,7 @@ class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorag
     def cleanup(self) -> None:
         """Delete every array of this storage and its metadata (the storage is then empty)."""
         self.spec.require_writable("delete the store")
-        if self._lease is not None:
-            self._lease.release()
+        self._release_lease()
         self._drop_arrays()
         self._reset()
         self._bump_mutation_revision()
@@ -855,8 +735,8 @@ class CompressedListStorage(autocommit.CommitClock, CompressionRatio, ListStorag
             self._nodes = {n: int(d) for n, d in block["nodes"].items()}
             if block["items"] is not None:
                 self._table_gen = int(block["items"])
-                self._table = self._reopen(f"items-{self._table_gen}")
-            self._ragged = {p: _Ragged.reopen(self, p, r) for p, r in block["ragged"].items()}
+                self._table = self.reopened_inner_table(f"items-{self._table_gen}")
+            self._ragged = {p: RaggedKey.reopen(self, p, r) for p, r in block["ragged"].items()}
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ZStoreError):
                 raise

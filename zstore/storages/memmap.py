@@ -30,11 +30,12 @@ from ..errors import MissingKeyError, ReadOnlyError, SchemaError, StoreExistsErr
 from ..display import KeyRow, Summary, dtype_name
 from ..group import commit, create_group, existing_meta, open_group
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta
-from ..lease import DEFAULT_TTL, LEASE_NAME, writer_lease
+from ..lease import DEFAULT_TTL, LEASE_NAME
 from ..store import StoreSpec, defer_memory_work, run_deferred
 from ..table import ChunkedTable, MmapTable, Table
 from .base import SCAN_ROWS, CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .checkpoint_contract import TensorExport
+from .leasing import LeasedWriter
 from .sealing import seal_storage
 from .tensor import LazyTensorStorage, TensorStorage, _is_int, map_leaves
 
@@ -136,7 +137,7 @@ def _rows_of(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...], bool]:
     return rows, shape, False
 
 
-class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStorage):
+class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, LazyTensorStorage):
     """A tensor storage on a Zarr store at any URL, created at the first write.
 
     Args:
@@ -234,11 +235,7 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
         self._committed = (0, -1)  # (length, last cursor) as last committed or opened
         self._cleaned = False
         self._finalizer = weakref.finalize(self, _collect_store, self.spec) if self.auto_cleanup else None
-        self._lease = None
-        self._lease_finalizer = None
-        if self.lease_ttl is not None and not self.spec.read_only:
-            self._lease = writer_lease(self.spec, self.lease_ttl)
-            self._lease_finalizer = weakref.finalize(self, self._lease.release_later)
+        self._open_lease(self.spec, self.lease_ttl)
         # the lease that fences the table's chunk stores: this storage's own, or the lease of
         # the container it is part of (CompressedListStorage's inner tables take none)
         self._store_lease = self._lease
@@ -321,26 +318,20 @@ class LazyMemmapStorage(autocommit.CommitClock, CompressionRatio, LazyTensorStor
                                "with zstore.open(url)")
         return self._table
 
-    # -- the single-writer lease (zstore.lease) ---------------------------------------------
-    def _hold_lease(self) -> None:
-        """Hold the write lease before writing. On taking it, continue from what is committed
-        (another writer may have committed since this storage was opened) and fence it."""
-        if self._lease is None or (self._meta is not None and self._meta.read_only):
-            return  # a read-only buffer refuses the write itself, and nothing is taken
-        if not self._lease.ensure() or self._meta is None:
-            return
-        self._lease.read_metadata()
+    # -- the single-writer lease (storages/leasing.py) -------------------------------------
+    def _refuses_writes(self) -> bool:
+        return self._meta is not None and self._meta.read_only
+
+    def _has_commit(self) -> bool:
+        return self._meta is not None
+
+    def _reload_committed(self) -> None:
         self._attach(*open_group(self.spec))
-        self._fence()
 
     def _fence(self) -> None:
         """Rewrite ``zarr.json`` naming this writer: a former holder's commit now fails."""
         if self._lease is not None and not self._meta.read_only:
             commit(self._group, self._meta, self._lease)
-
-    def _release_lease(self) -> None:
-        if self._lease is not None:
-            self._lease.release()
 
     def _init(self, example: Any) -> None:
         self.spec.require_writable("create a buffer")
