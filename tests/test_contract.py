@@ -143,3 +143,24 @@ def test_moto_enforces_conditional_writes_and_is_probed_once(s3_bucket, s3_optio
     assert objects.atomic is True
     assert _ENFORCES_CONDITIONS[objects._endpoint()] is True
     assert not [w for w in recwarn if "conditional" in str(w.message)]
+
+
+def test_a_probe_object_left_by_a_killed_process_does_not_block_a_new_buffer(s3_bucket, s3_options):
+    """A process killed between the probe's create and delete leaves its scratch object:
+    the location still counts as empty for a new buffer."""
+    import s3fs
+    import torch
+    from tensordict import TensorDict
+
+    from zstore.conditional import PROBE_PREFIX
+
+    url = f"s3://{s3_bucket}/probe-{uuid.uuid4().hex[:8]}"
+    fs = s3fs.S3FileSystem(**s3_options, skip_instance_cache=True)
+    fs.pipe_file(f"{url[5:]}/{PROBE_PREFIX}deadbeef", b"probe")
+    storage = zstore.LazyMemmapStorage(8, scratch_dir=url, storage_options=s3_options)
+    storage.set(torch.arange(3), TensorDict(obs=torch.arange(3.0), batch_size=[3]))
+    storage.close()
+    assert zstore.open(url, s3_options, mode="r").get(torch.arange(3))["obs"].tolist() == [0.0, 1.0, 2.0]
+    other = StoreSpec.parse(f"s3://{s3_bucket}/probe-other-{uuid.uuid4().hex[:8]}", s3_options)
+    fs.pipe_file(f"{other.url[5:]}/unrelated.bin", b"x")
+    assert not other.is_empty(ignore=(PROBE_PREFIX,))  # anything else still counts

@@ -30,6 +30,10 @@ from typing import Any
 
 from .store import StoreSpec
 
+#: Name prefix of the scratch objects of :meth:`S3Objects.atomic`'s probe (one left by a
+#: process killed between its requests does not make the location look taken).
+PROBE_PREFIX = "zstore-cas-probe-"
+
 Token = Any  # what identifies one version of an object: an ETag, or the bytes themselves
 
 
@@ -213,7 +217,7 @@ class S3Objects(ConditionalObjects):
                    or "aws")
 
     def _probe(self) -> bool:
-        name = f"zstore-cas-probe-{uuid.uuid4().hex}"
+        name = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
         try:
             if self._create(name, b"probe") is None:
                 return True  # a fresh name cannot exist: treat as enforced, nothing to learn

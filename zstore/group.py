@@ -164,6 +164,7 @@ def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None,
     (held by the caller) makes the final commit conditional. ``key_separator``:
     the arrays' chunk-key separator (``"/"`` or ``"."``, :data:`layout.KEY_SEPARATORS`).
     """
+    from .conditional import PROBE_PREFIX
     from .lease import LEASE_NAME
 
     spec.require_writable("create a buffer")
@@ -179,7 +180,7 @@ def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None,
                     f"{spec.redacted()} already holds a Zarr group that is not a zstore buffer; "
                     "choose an empty location")
         except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError):
-            if not spec.is_empty(ignore=(LEASE_NAME,)):
+            if not spec.is_empty(ignore=(LEASE_NAME, PROBE_PREFIX)):
                 raise NotAZStoreError(
                     f"{spec.redacted()} is not empty and holds no zstore buffer; choose an empty "
                     "location (zstore never writes among other files)") from None

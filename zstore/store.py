@@ -235,17 +235,18 @@ class StoreSpec:
         return int(sum(size for name, size in sizes.items() if name not in skip))
 
     def is_empty(self, ignore: tuple[str, ...] = ()) -> bool:
-        """Whether nothing is stored at (or below) this location, except top-level ``ignore`` names."""
+        """Whether nothing is stored at (or below) this location, except top-level names that
+        start with one of ``ignore``."""
         if self.is_local:
             path = Path(self.url)
             return not path.exists() or (path.is_dir() and
-                                         not any(p.name not in ignore for p in path.iterdir()))
+                                         not any(not p.name.startswith(ignore) for p in path.iterdir()))
         fs, path = self.filesystem()
         try:
             names = fs.ls(path, detail=False)
         except FileNotFoundError:
             return True
-        return not [name for name in names if name.rstrip("/").rsplit("/", 1)[-1] not in ignore]
+        return not [name for name in names if not name.rstrip("/").rsplit("/", 1)[-1].startswith(ignore)]
 
     def check_parent(self) -> None:
         """Raise :class:`StoreNotFoundError` when the bucket (or root) to write in is missing."""
