@@ -18,6 +18,7 @@ from test_torchrl_integration import BATCH, CAPACITY, assert_equal, assert_same_
 pytestmark = pytest.mark.torchrl
 T = pytest.importorskip("torchrl.data")
 zt = pytest.importorskip("zstore.torchrl")
+torchrl_envs = pytest.importorskip("torchrl.envs")
 
 SLICE_SAMPLERS = {
     "end_key": lambda: T.SliceSampler(slice_len=4, end_key=("next", "done")),
@@ -127,6 +128,47 @@ def test_dumps_loads_at_a_url_as_torchrl_does_locally(location, tmp_path):
     assert_same_samples(ours_again, theirs_again, rounds=3)  # the batch size is restored too
     fill(ours_again, theirs_again, batches=((69, 7),))  # the next writes land on the same rows
     assert_equal(ours_again[:], theirs_again[:])
+
+
+def test_no_pickle_is_stored_or_loaded(location, tmp_path):
+    """TorchRL pickles its prefetch queue and torch.saves stateful transforms: dumps stores
+    neither (and refuses the second), loads refuses a save that holds one."""
+    import fsspec
+
+    rb = T.TensorDictReplayBuffer(
+        storage=zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
+                                     storage_options=location.options), batch_size=BATCH)
+    rb.extend(transitions(20))
+    url = location.new("ckpt")
+    zt.dumps(rb, url, location.options)
+    fs, root = fsspec.core.url_to_fs(url, **location.options)
+    names = {path.rsplit("/", 1)[-1] for path in fs.find(root)}
+    assert "buffer_metadata.json" in names
+    assert not names & {"prefetch.pkl", "transform.t"}
+
+    stateful = T.TensorDictReplayBuffer(
+        storage=zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
+                                     storage_options=location.options),
+        transform=_StatefulTransform(), batch_size=BATCH)
+    stateful.extend(transitions(20))
+    with pytest.raises(ValueError, match="torch.save"):
+        zt.dumps(stateful, location.new("refused"), location.options)
+
+    fs.pipe_file(f"{root}/prefetch.pkl", b"not to be unpickled")
+    fresh = T.TensorDictReplayBuffer(
+        storage=zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
+                                     storage_options=location.options), batch_size=BATCH)
+    with pytest.raises(ValueError, match="prefetch.pkl"):
+        zt.loads(fresh, url, location.options)
+    assert len(fresh) == 0  # nothing was loaded
+
+
+class _StatefulTransform(torchrl_envs.Transform):
+    """A transform with a buffer in its state_dict (what TorchRL torch.saves)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
 
 
 def test_loads_names_the_url_without_a_checkpoint(location):

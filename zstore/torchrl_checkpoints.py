@@ -7,6 +7,11 @@ local path TorchRL hands it, and the buffer's other state files (sampler, writer
 transforms, metadata: small) go through a temporary local directory to and from ``url``
 by fsspec. The layout at ``url`` is the one ``rb.dumps`` writes; ``buffer_metadata.json``
 is written last, so a save cut short is never loaded.
+
+Nothing read from a store is ever unpickled: TorchRL pickles its prefetch queue
+(``prefetch.pkl``, transient: a buffer reloaded without it prefetches afresh) and
+``torch.save``-s a stateful transform's state (``transform.t``). :func:`dumps` leaves the
+first behind and refuses the second; :func:`loads` refuses a save holding either.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from .store import StoreSpec
 #: What TorchRL's ``rb.dumps`` writes last, and what :func:`loads` looks for first.
 METADATA = "buffer_metadata.json"
 STORAGE = "storage"
+#: TorchRL's pickled state files: never stored (the prefetch queue) or refused (transforms).
+PREFETCH, TRANSFORM = "prefetch.pkl", "transform.t"
 
 
 class _At:
@@ -80,6 +87,13 @@ def dumps(rb: Any, url: str | os.PathLike,
         rb.dumps(local)
         files = sorted(os.path.relpath(os.path.join(d, f), local)
                        for d, _, names in os.walk(local) for f in names)
+        if TRANSFORM in files:
+            raise ValueError(
+                f"cannot save this buffer at {spec.redacted()}: its transforms have state, which "
+                f"TorchRL saves with torch.save ({TRANSFORM}, a pickle), and zstore never stores "
+                "what it would have to unpickle. Save the transforms' state_dict() yourself "
+                "(e.g. as tensors), or use rb.dumps(local_path)")
+        files = [rel for rel in files if rel != PREFETCH]  # transient; a pickle
         for old in _state_files(fs, root):
             if old not in files:
                 fs.rm_file(f"{root}/{old}")  # of an earlier save (e.g. a transform since removed)
@@ -102,9 +116,16 @@ def loads(rb: Any, url: str | os.PathLike,
         raise FileNotFoundError(
             f"no replay-buffer checkpoint at {spec.redacted()}: {METADATA} is missing "
             "(zstore.torchrl.dumps writes it last; save there first)")
+    found = _state_files(fs, root)
+    pickled = sorted(set(found) & {PREFETCH, TRANSFORM})
+    if pickled:
+        raise ValueError(
+            f"refusing to load the replay buffer at {spec.redacted()}: it holds {pickled}, "
+            "pickles that TorchRL would unpickle (a pickle can run any code). "
+            "zstore.torchrl.dumps never writes them; remove them if this save is trusted")
     with tempfile.TemporaryDirectory(prefix="zstore-rb-") as local, \
             _storage_at(rb, StoreSpec(f"{spec.url}/{STORAGE}", dict(spec.storage_options))):
-        for rel in _state_files(fs, root):
+        for rel in found:
             os.makedirs(os.path.dirname(os.path.join(local, rel)), exist_ok=True)
             with open(os.path.join(local, rel), "wb") as file:
                 file.write(fs.cat_file(f"{root}/{rel}"))
