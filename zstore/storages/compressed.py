@@ -55,7 +55,8 @@ from ..store import StoreSpec, run_deferred
 from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .leasing import LeasedWriter
 from .list import ListStorage, _as_int
-from .memmap import LazyMemmapStorage, _collect_store, _delete_store
+from .lifecycle import collect_store, delete_store
+from .memmap import LazyMemmapStorage
 from .ragged import RaggedKey
 
 _BATCH = "__zstore__/batch"
@@ -236,7 +237,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         self._pid = os.getpid()  # the process that opened _root
         self.checkpoint_marks: dict[str, Any] = {}  # destination URL -> its last dump
         run_deferred()  # memory:// stores of collected storages: a safe point to delete them
-        self._finalizer = weakref.finalize(self, _collect_store, spec) if owned else None
+        self._finalizer = weakref.finalize(self, collect_store, spec) if owned else None
         self.lease_ttl = lease_ttl
         self._open_lease(spec, lease_ttl)
 
@@ -659,7 +660,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         self._root = None
         if self._finalizer is not None:
             self._finalizer.detach()
-        _delete_store(self.spec)
+        delete_store(self.spec)
 
     def flush(self) -> None:
         """Store every written chunk, then commit the root metadata (what ``zstore.open``,

@@ -10,7 +10,6 @@ sees exactly the committed rows.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import os
 from concurrent.futures import Future
@@ -19,7 +18,6 @@ import time
 import weakref
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 from tensordict import is_tensor_collection, is_tensorclass
 
@@ -31,110 +29,18 @@ from ..display import KeyRow, Summary, dtype_name
 from ..group import commit, create_group, existing_meta, open_group
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta
 from ..lease import DEFAULT_TTL, LEASE_NAME
-from ..store import StoreSpec, defer_memory_work, run_deferred
+from ..store import StoreSpec, run_deferred
 from ..table import ChunkedTable, MmapTable, Table
-from .base import SCAN_ROWS, CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
+from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .checkpoint_contract import TensorExport
 from .leasing import LeasedWriter
 from .sealing import seal_storage
-from .tensor import LazyTensorStorage, TensorStorage, _is_int, map_leaves
+from .lifecycle import collect_store, track, untrack
+from .row_index import as_index_tensor, is_int, is_negative, rows_of
+from .stored_rows import StoredRows
+from .tensor import LazyTensorStorage, TensorStorage, map_leaves
 
 _monotonic = time.monotonic  # the commit clock's due-check in set()
-_LIVE: "weakref.WeakSet[LazyMemmapStorage]" = weakref.WeakSet()
-
-
-@atexit.register
-def _flush_live_storages() -> None:
-    for storage in list(_LIVE):
-        try:
-            storage.close()
-        except Exception:  # noqa: BLE001 - exit must go on; nothing more can be done here
-            pass
-
-
-def _forget_parent_state() -> None:
-    """In a forked child: every storage falls back to what its parent last committed."""
-    for storage in list(_LIVE):
-        storage._len_value, storage._last_cursor_value = storage._committed
-        storage._uncommitted = False
-
-
-os.register_at_fork(after_in_child=_forget_parent_state)
-
-
-def _delete_store(spec: StoreSpec) -> None:
-    """Delete a scratch store, best effort."""
-    try:
-        spec.delete()
-    except Exception:  # noqa: BLE001 - best effort clean-up of a temporary store
-        pass
-
-
-def _collect_store(spec: StoreSpec) -> None:
-    """A finalizer's :func:`_delete_store`: a ``memory://`` store is deleted at the next safe
-    point, as a collection may run this mid-iteration (see :func:`zstore.store.defer_memory_work`)."""
-    if spec.is_memory:
-        defer_memory_work(lambda: _delete_store(spec))
-    else:
-        _delete_store(spec)
-
-
-def _arange(span: range) -> torch.Tensor:
-    """``span`` as an int64 tensor (empty when the range is)."""
-    if not len(span):
-        return torch.empty(0, dtype=torch.int64)
-    return torch.arange(span.start, span.stop, span.step)
-
-
-def _is_negative(cursor: Any) -> bool:
-    """Whether an int cursor (or the last element of a tensor cursor) is negative."""
-    if _is_int(cursor):
-        return int(cursor) < 0
-    if isinstance(cursor, torch.Tensor) and cursor.numel():
-        return int(cursor.reshape(-1)[-1]) < 0
-    return False
-
-
-def _as_index_tensor(index: Any) -> Any:
-    """Lists, ranges and arrays inside a tuple index become tensors (so they pair up)."""
-    if isinstance(index, (list, range, np.ndarray)):
-        return torch.as_tensor(list(index) if isinstance(index, range) else index,
-                               dtype=torch.int64 if len(index) == 0 else None)
-    return index
-
-
-def _rows_of(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...], bool]:
-    """Row indices (checked against ``n`` rows), the result's leading shape, and whether
-    the leading dim is dropped (int index)."""
-    if _is_int(index):
-        i = int(index)
-        if not -n <= i < n:
-            raise IndexError(f"index {i} is out of bounds for dimension 0 with size {n}")
-        return torch.tensor([i % n]), (), True
-    if isinstance(index, slice):
-        return _arange(range(*index.indices(n))), None, False
-    if index is Ellipsis or index is None:
-        return torch.arange(n), None, False
-    if isinstance(index, (list, range)) and len(index) == 0:
-        return torch.empty(0, dtype=torch.int64), (0,), False
-    rows = torch.as_tensor(index if not isinstance(index, range) else list(index))
-    if rows.dtype == torch.bool:
-        if rows.shape[0] != n:
-            raise IndexError(f"boolean index of length {rows.shape[0]} does not match {n} rows")
-        rows = torch.nonzero(rows).squeeze(-1)
-    if rows.is_floating_point():
-        raise IndexError(f"row indices must be integers, got {rows.dtype}")
-    rows = rows.to("cpu", torch.int64)
-    shape = tuple(rows.shape)
-    rows = rows.reshape(-1)
-    if rows.numel():
-        low, high = torch.aminmax(rows)
-        if int(high) >= n or int(low) < -n:
-            bad = rows[(rows >= n) | (rows < -n)][0]
-            raise IndexError(f"index {int(bad)} is out of bounds for dimension 0 with size {n}")
-        if int(low) < 0:
-            rows = torch.remainder(rows, n)
-    return rows, shape, False
 
 
 class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, LazyTensorStorage):
@@ -234,12 +140,12 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self._start_clock()
         self._committed = (0, -1)  # (length, last cursor) as last committed or opened
         self._cleaned = False
-        self._finalizer = weakref.finalize(self, _collect_store, self.spec) if self.auto_cleanup else None
+        self._finalizer = weakref.finalize(self, collect_store, self.spec) if self.auto_cleanup else None
         self._open_lease(self.spec, self.lease_ttl)
         # the lease that fences the table's chunk stores: this storage's own, or the lease of
         # the container it is part of (CompressedListStorage's inner tables take none)
         self._store_lease = self._lease
-        _LIVE.add(self)
+        track(self)
 
     # -- opening --------------------------------------------------------------------------
     @classmethod
@@ -270,6 +176,11 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             self._store_lease = store_lease
         self._attach(group, meta)
         return self
+
+    def _forget_uncommitted(self) -> None:
+        """In a forked child (:mod:`.lifecycle`): fall back to what the parent last committed."""
+        self._len_value, self._last_cursor_value = self._committed
+        self._uncommitted = False
 
     def _with_store_lease(self, lease: Any) -> "LazyMemmapStorage":
         """Fence this storage's chunk stores with a container's lease (for a storage that
@@ -309,7 +220,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
     def table(self) -> Table:
         """The column set (reopened transparently after a fork)."""
         if self._pid != os.getpid():
-            # a forked child (counters already reset by _forget_parent_state): the
+            # a forked child (counters already reset by _forget_uncommitted): the
             # parent's cache and file handles are not ours; reopen what is committed
             self._pid = os.getpid()
             self._attach(*open_group(self.spec))
@@ -468,9 +379,9 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         if isinstance(index, torch.Tensor) and index.dtype == torch.bool and index.ndim > 1:
             index = index.nonzero(as_tuple=True)  # a [rows, *lanes] mask selects cells
         if isinstance(index, tuple):
-            index = tuple(_as_index_tensor(i) for i in index)
+            index = tuple(as_index_tensor(i) for i in index)
         first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
-        rows, lead, squeeze = _rows_of(first, n)
+        rows, lead, squeeze = rows_of(first, n)
         if lead is None:
             lead = (len(rows),)
         lanes = self._schema.lane_shape
@@ -503,7 +414,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
 
     def _set_last_cursor(self, cursor: Any) -> None:
         super()._set_last_cursor(cursor)
-        if self._last_cursor_value < -1 or (self._last_cursor_value == -1 and _is_negative(cursor)):
+        if self._last_cursor_value < -1 or (self._last_cursor_value == -1 and is_negative(cursor)):
             self._last_cursor_value %= self._meta.rows  # a negative index counts from the end
 
     def get(self, index: Any) -> Any:
@@ -523,7 +434,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         if isinstance(cursor, tuple):
             self._write_cells(cursor, data)
             return
-        if _is_int(cursor):  # add(): the hot path, no tensor round trip
+        if is_int(cursor):  # add(): the hot path, no tensor round trip
             row = int(cursor)
             if not -self._meta.rows <= row < self._meta.rows:
                 raise IndexError(f"index {row} is out of bounds for dimension 0 with size "
@@ -536,7 +447,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             if probe.dtype == torch.bool and probe.ndim > 1:  # a [rows, *lanes] mask: cells
                 self._write_cells(probe.nonzero(as_tuple=True), data)
                 return
-        rows, shape, _ = _rows_of(cursor, self._meta.rows)
+        rows, shape, _ = rows_of(cursor, self._meta.rows)
         if rows.numel() == 0:
             return
         lead = 1 if shape is None else len(shape)
@@ -551,7 +462,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
 
     def _write_cells(self, cursor: tuple, data: Any) -> None:
         first = cursor[0]
-        rows, lead, squeeze = _rows_of(first, self._meta.rows)
+        rows, lead, squeeze = rows_of(first, self._meta.rows)
         urows = torch.unique(rows)
         block = self._build(self.table.read(urows), (len(urows),), self._schema.lane_shape)
         local = torch.searchsorted(urows, rows)
@@ -635,7 +546,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self._table = None
         self.initialized = False if self._meta is None else self.initialized
         self._release_lease()
-        _LIVE.discard(self)
+        untrack(self)
 
     def __enter__(self) -> "LazyMemmapStorage":
         return self
@@ -661,7 +572,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         if self._table is not None:
             self._table.close()
             self._table = None
-        _LIVE.discard(self)
+        untrack(self)
         if self._finalizer is not None:
             self._finalizer.detach()
         if not self.spec.exists():
@@ -695,7 +606,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         """
         future = None
         if self.initialized:
-            rows, _, _ = _rows_of(index, self._len_along_dim0)
+            rows, _, _ = rows_of(index, self._len_along_dim0)
             future = self.table.prefetch(rows, background=background)
         if background and future is None:  # nothing to load: the storage is empty
             future = Future()
@@ -798,8 +709,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self._len_value = state["len"]
         self._last_cursor_value = state["last_cursor"]
         self._revision = state["revision"]
-        _LIVE.add(self)
-        _LIVE.discard(other)
+        track(self)
+        untrack(other)
 
     # -- display ------------------------------------------------------------------------
     def summary(self) -> Summary:
@@ -839,80 +750,3 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
     def _summary_facts(self) -> tuple[tuple[str, str], ...]:
         return (("shape", str(list(self._total_shape))),) + \
             ((("ndim", str(self.ndim)),) if self.ndim > 1 else ())
-
-
-def _is_key(index: Any) -> bool:
-    """Whether ``index`` names a (nested) key rather than rows."""
-    return isinstance(index, str) or (isinstance(index, tuple) and bool(index)
-                                      and all(isinstance(k, str) for k in index))
-
-
-class StoredRows:
-    """``storage._storage`` of a :class:`LazyMemmapStorage` whose reads are copies (remote,
-    compressed, read-only, or not yet this writer's): every row of the buffer, as TorchRL's
-    container, read only where it is indexed.
-
-    ``rows[index]`` reads those rows (negative indices count from the last row of the
-    container, as TorchRL's); ``rows.get(key)`` reads one key of every row, ``SCAN_ROWS`` rows
-    at a time; ``rows[index] = data`` is ``storage.set(index, data, set_cursor=False)`` (a
-    read-only store refuses it). What a read returns is a copy: editing it stores nothing.
-    """
-
-    def __init__(self, storage: LazyMemmapStorage):
-        self.storage = storage
-
-    @property
-    def shape(self) -> torch.Size:
-        """``[rows, *lanes]`` of the whole container."""
-        return self.storage._total_shape
-
-    batch_size = shape
-
-    @property
-    def device(self) -> torch.device:
-        """Where the rows read are returned (the storage's device)."""
-        return self.storage.device
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def keys(self, include_nested: bool = False, leaves_only: bool = False, **kwargs: Any):
-        """The buffer's keys (TensorDict data only), read from its schema."""
-        return self[:0].keys(include_nested, leaves_only, **kwargs)
-
-    def get(self, key: Any, *default: Any) -> Any:
-        """Key ``key`` of every row (``default`` when the buffer lacks it)."""
-        if default and key not in self.keys(include_nested=True):
-            return default[0]
-
-        rows = len(self)
-        return torch.cat([self[lo:min(lo + SCAN_ROWS, rows)].get(key)
-                          for lo in range(0, rows, SCAN_ROWS)])
-
-    def __getitem__(self, index: Any) -> Any:
-        if _is_key(index):
-            return self.get(index)
-        storage = self.storage
-        first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
-        rows, lead, squeeze = _rows_of(_as_index_tensor(first), len(self))
-        with storage._commit_lock:
-            block = storage._build(storage.table.read(rows), (len(rows),), storage._schema.lane_shape)
-        # the rows read, in order: the block indexed by their positions is the container
-        # indexed by ``first``, and ``rest`` pairs with them as it would there
-        if squeeze:
-            local: Any = 0
-        elif lead is None:
-            local = slice(None)
-        else:
-            local = torch.arange(len(rows)).reshape(lead)
-        return block[(local, *rest)]
-
-    def __setitem__(self, index: Any, value: Any) -> None:
-        if _is_key(index):
-            raise TypeError(
-                f"storage._storage[{index!r}] = ... would rewrite a key of every row: write "
-                "the rows instead, storage.set(index, data, set_cursor=False)")
-        self.storage.set(index, value, set_cursor=False)
-
-    def __repr__(self) -> str:
-        return f"StoredRows(shape={list(self.shape)}, of={self.storage.spec.redacted()})"

@@ -28,6 +28,7 @@ from ..display import KeyRow, Summary, dtype_name, tensor_leaves
 from ..layout import Schema
 from .base import Storage
 from .checkpoint_contract import TensorExport
+from .row_index import is_int
 
 
 def _first_leaf(data: Any) -> torch.Tensor:
@@ -61,14 +62,6 @@ def _stack(data: list) -> Any:
             "Stacking the elements of the list resulted in an error. Storages expect items "
             "that can be stacked; to store a compact pytree, pass a tuple instead of a list."
         ) from exc
-
-
-def _is_int(cursor: Any) -> bool:
-    if isinstance(cursor, bool):
-        return False
-    if isinstance(cursor, (int, np.integer)):
-        return True
-    return isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0
 
 
 def _resolve_device(device: Any) -> Any:
@@ -215,7 +208,7 @@ class TensorStorage(Storage):
                    if k not in container.keys(include_nested=True, leaves_only=True)]
             for key in new:
                 value = data.get(key)
-                lead = 0 if _is_int(cursor) else 1
+                lead = 0 if is_int(cursor) else 1
                 container.set(key, torch.empty((*self._container_shape(), *value.shape[lead + self.ndim - 1:]),
                                                dtype=value.dtype, device=_first_leaf(container).device))
             if not isinstance(data, LazyStackedTensorDict):  # a lazy stack is written item-wise
@@ -234,7 +227,7 @@ class TensorStorage(Storage):
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         if isinstance(data, list):
             data = _stack(data)
-        single = _is_int(cursor)
+        single = is_int(cursor)
         if not self.initialized:
             self._init(data if single else map_leaves(data, lambda x: x[0]))
         self._write(cursor, data)
@@ -544,7 +537,7 @@ def _refuse_misfits(cursor: Any, pairs: list) -> None:
     for leaf, value, key in pairs:
         if not isinstance(value, torch.Tensor) or not isinstance(leaf, torch.Tensor):
             continue
-        target = leaf.shape[1:] if _is_int(cursor) else \
+        target = leaf.shape[1:] if is_int(cursor) else \
             torch.empty(leaf.shape, device="meta")[_on_cpu(cursor)].shape
         try:
             fits = torch.broadcast_shapes(value.shape, target) == target

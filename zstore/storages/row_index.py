@@ -1,0 +1,87 @@
+"""Row indices of a tensor storage: what an index a TorchRL user passes selects.
+
+An index (int, slice, list, range, array, tensor, boolean mask, or a tuple whose first
+element is one of those) is resolved against a number of rows into an int64 tensor of row
+positions, the leading shape of the result and whether its first dim is dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def is_int(cursor: Any) -> bool:
+    """Whether ``cursor`` is one integer (a Python or NumPy int, or a 0-d tensor or array),
+    not a bool."""
+    if isinstance(cursor, bool):
+        return False
+    if isinstance(cursor, (int, np.integer)):
+        return True
+    return isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0
+
+
+def span_tensor(span: range) -> torch.Tensor:
+    """``span`` as an int64 tensor (empty when the range is)."""
+    if not len(span):
+        return torch.empty(0, dtype=torch.int64)
+    return torch.arange(span.start, span.stop, span.step)
+
+
+def is_negative(cursor: Any) -> bool:
+    """Whether an int cursor (or the last element of a tensor cursor) is negative."""
+    if is_int(cursor):
+        return int(cursor) < 0
+    if isinstance(cursor, torch.Tensor) and cursor.numel():
+        return int(cursor.reshape(-1)[-1]) < 0
+    return False
+
+
+def as_index_tensor(index: Any) -> Any:
+    """Lists, ranges and arrays inside a tuple index become tensors (so they pair up)."""
+    if isinstance(index, (list, range, np.ndarray)):
+        return torch.as_tensor(list(index) if isinstance(index, range) else index,
+                               dtype=torch.int64 if len(index) == 0 else None)
+    return index
+
+
+def is_key(index: Any) -> bool:
+    """Whether ``index`` names a (nested) key rather than rows."""
+    return isinstance(index, str) or (isinstance(index, tuple) and bool(index)
+                                      and all(isinstance(k, str) for k in index))
+
+
+def rows_of(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...] | None, bool]:
+    """Row indices (checked against ``n`` rows), the result's leading shape (``None``: one
+    dim of ``len(rows)``), and whether the leading dim is dropped (an int index)."""
+    if is_int(index):
+        i = int(index)
+        if not -n <= i < n:
+            raise IndexError(f"index {i} is out of bounds for dimension 0 with size {n}")
+        return torch.tensor([i % n]), (), True
+    if isinstance(index, slice):
+        return span_tensor(range(*index.indices(n))), None, False
+    if index is Ellipsis or index is None:
+        return torch.arange(n), None, False
+    if isinstance(index, (list, range)) and len(index) == 0:
+        return torch.empty(0, dtype=torch.int64), (0,), False
+    rows = torch.as_tensor(index if not isinstance(index, range) else list(index))
+    if rows.dtype == torch.bool:
+        if rows.shape[0] != n:
+            raise IndexError(f"boolean index of length {rows.shape[0]} does not match {n} rows")
+        rows = torch.nonzero(rows).squeeze(-1)
+    if rows.is_floating_point():
+        raise IndexError(f"row indices must be integers, got {rows.dtype}")
+    rows = rows.to("cpu", torch.int64)
+    shape = tuple(rows.shape)
+    rows = rows.reshape(-1)
+    if rows.numel():
+        low, high = torch.aminmax(rows)
+        if int(high) >= n or int(low) < -n:
+            bad = rows[(rows >= n) | (rows < -n)][0]
+            raise IndexError(f"index {int(bad)} is out of bounds for dimension 0 with size {n}")
+        if int(low) < 0:
+            rows = torch.remainder(rows, n)
+    return rows, shape, False
