@@ -130,6 +130,20 @@ def test_only_group_py_writes_a_groups_zarr_json():
     assert found == [], "\n".join(found)
 
 
+def test_the_leases_conditional_commit_is_called_from_group_py_alone():
+    """A commit's fenced write of ``zarr.json`` (``Lease.write_metadata``) starts in
+    zstore/group.py (``put_attrs``) only: no storage or checkpointer commits around it."""
+    import ast
+
+    callers = []
+    for path in sorted([*(ROOT / "zstore").rglob("*.py"), *(ROOT / "checkpoint").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr == "write_metadata":
+                callers.append(str(path.relative_to(ROOT)))
+    assert callers == ["zstore/group.py"], callers
+
+
 def test_every_public_name_has_a_docstring(graph_tool, modules):
     """Every module, public function and class, and public method or property (its own, or
     the one it overrides) of zstore/ and checkpoint/ says what it does."""
