@@ -88,6 +88,21 @@ class Location:
         """A URL no buffer uses yet."""
         return f"{self.base}/{name}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
 
+    def memmap(self, capacity: int, **kwargs):
+        """A ``zstore.LazyMemmapStorage`` here: at a new URL unless ``scratch_dir`` is given,
+        with this location's storage options (its URL is then ``storage.scratch_dir``)."""
+        import zstore
+
+        kwargs.setdefault("scratch_dir", self.new())
+        return zstore.LazyMemmapStorage(capacity, storage_options=self.options, **kwargs)
+
+    def compressed(self, capacity: int, **kwargs):
+        """A ``zstore.CompressedListStorage`` here, as :meth:`memmap` builds its storage."""
+        import zstore
+
+        kwargs.setdefault("scratch_dir", self.new())
+        return zstore.CompressedListStorage(capacity, storage_options=self.options, **kwargs)
+
     def __repr__(self) -> str:
         return f"Location({self.kind})"
 

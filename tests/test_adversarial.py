@@ -45,9 +45,8 @@ def url(request, tmp_path) -> str:
 # -- a read-only reader caches shard indexes forever -------------------------------------------
 
 def test_reader_survives_writer_appending_into_the_same_shard(location):
-    url = location.new()
-    writer = LazyMemmapStorage(64, scratch_dir=url, storage_options=location.options,
-                               chunks=4, shards=16, codec="zstd")
+    writer = location.memmap(64, chunks=4, shards=16, codec="zstd")
+    url = writer.scratch_dir
     writer.set(torch.arange(6), ids(0, 6))  # block 1 half filled
     writer.flush()
     reader = zstore.open(url, location.options, mode="r")

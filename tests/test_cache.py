@@ -25,14 +25,6 @@ def transitions(n: int, start: int = 0) -> TensorDict:
     }, [n])
 
 
-def new_storage(location, capacity, **kwargs):
-    url = location.new()
-    kwargs.setdefault("chunks", 8)
-    kwargs.setdefault("codec", "zstd")
-    return url, zstore.LazyMemmapStorage(capacity, scratch_dir=url,
-                                         storage_options=location.options, **kwargs)
-
-
 # -- the slot table itself ---------------------------------------------------------------
 def make_cache(n_blocks=10, slots=3):
     return ChunkCache(n_blocks, 4, {"x": (torch.float32, (2,))}, budget_bytes=slots * 4 * 2 * 4)
@@ -87,7 +79,9 @@ def test_unknown_tier_is_refused():
 @pytest.mark.parametrize("budget_blocks", [3, 1000])
 def test_interleaved_writes_evictions_and_reopen_return_stored_rows(location, budget_blocks):
     capacity = 60
-    url, storage = new_storage(location, capacity, cache_bytes=budget_blocks * 8 * ROW_BYTES)
+    storage = location.memmap(capacity, chunks=8, codec="zstd",
+                              cache_bytes=budget_blocks * 8 * ROW_BYTES)
+    url = storage.scratch_dir
     reference = zstore.LazyTensorStorage(capacity)
     writer, ref_writer = zstore.RoundRobinWriter(), zstore.RoundRobinWriter()
     writer.register_storage(storage)
@@ -130,7 +124,8 @@ def test_interleaved_writes_evictions_and_reopen_return_stored_rows(location, bu
 def test_sampling_memory_stays_within_budget_for_a_store_ten_times_larger(location):
     capacity, chunk = 400, 8
     budget = 4 * chunk * ROW_BYTES  # 4 blocks of 50: the store is 12x the budget
-    url, storage = new_storage(location, capacity, chunks=chunk, cache_bytes=budget)
+    storage = location.memmap(capacity, codec="zstd", chunks=chunk, cache_bytes=budget)
+    url = storage.scratch_dir
     data = transitions(capacity)
     storage.set(torch.arange(capacity), data)
     storage.flush()
@@ -149,7 +144,8 @@ def test_sampling_memory_stays_within_budget_for_a_store_ten_times_larger(locati
 
 @pytest.mark.parametrize("background", [False, True])
 def test_prefetch_turns_the_next_read_into_hits(location, background):
-    url, storage = new_storage(location, 64)
+    storage = location.memmap(64, chunks=8, codec="zstd")
+    url = storage.scratch_dir
     storage.set(torch.arange(64), transitions(64))
     storage.flush()
     reader = zstore.open(url, location.options, mode="r")
@@ -165,7 +161,8 @@ def test_prefetch_turns_the_next_read_into_hits(location, background):
 
 
 def test_a_reader_sees_a_writer_rows_only_after_commit(location):
-    url, storage = new_storage(location, 64, autocommit_seconds=3600)
+    storage = location.memmap(64, chunks=8, codec="zstd", autocommit_seconds=3600)
+    url = storage.scratch_dir
     storage.set(torch.arange(8), transitions(8))  # fills one chunk: stored, not committed
     storage.set(torch.arange(8, 11), transitions(3, 8))
     assert len(zstore.open(url, location.options, mode="r")) == 0
@@ -177,14 +174,16 @@ def test_a_reader_sees_a_writer_rows_only_after_commit(location):
 
 # -- layouts -------------------------------------------------------------------------------
 def test_autocommit_commits_on_write_when_due(location):
-    url, storage = new_storage(location, 64, autocommit_seconds=0)
+    storage = location.memmap(64, chunks=8, codec="zstd", autocommit_seconds=0)
+    url = storage.scratch_dir
     storage.set(torch.arange(5), transitions(5))
     assert (zstore.open(url, location.options, mode="r")[:] == transitions(5)).all()
 
 
 @pytest.mark.parametrize("codec", [None, "zstd", "lz4", "blosc-zstd"])
 def test_sharded_layout_round_trips(location, codec):
-    url, storage = new_storage(location, 100, chunks=4, shards=16, codec=codec)
+    storage = location.memmap(100, chunks=4, shards=16, codec=codec)
+    url = storage.scratch_dir
     data = transitions(100)
     storage.set(torch.arange(100), data)
     storage.flush()
@@ -211,7 +210,8 @@ def test_object_stores_default_to_shards_sized_from_the_item(s3_bucket, s3_optio
 
 
 def test_zarr_fallback_reader_matches_direct_reader(location):
-    url, storage = new_storage(location, 50, chunks=5, shards=20)
+    storage = location.memmap(50, codec="zstd", chunks=5, shards=20)
+    url = storage.scratch_dir
     data = transitions(50)
     storage.set(torch.arange(50), data)
     storage.flush()
@@ -248,7 +248,8 @@ def test_gpu_tiers_return_stored_rows(location, tier):
     if not torch.cuda.is_available():
         pytest.skip(f"the {tier!r} tier needs CUDA, which this machine lacks")
     device = "cuda" if tier == "cuda" else "cpu"
-    url, storage = new_storage(location, 40, cache=tier, device=device)
+    storage = location.memmap(40, chunks=8, codec="zstd", cache=tier, device=device)
+    url = storage.scratch_dir
     data = transitions(40)
     storage.set(torch.arange(40), data.to(device))
     storage.flush()

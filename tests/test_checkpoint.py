@@ -86,13 +86,6 @@ def _bytes(x: torch.Tensor) -> torch.Tensor:
     return flat if flat.dtype == torch.bool else flat.view(torch.uint8)
 
 
-def make_storage(kind: str, capacity: int, ndim: int, location):
-    if kind == "lazy":
-        return LazyTensorStorage(capacity, ndim=ndim)
-    return LazyMemmapStorage(capacity, ndim=ndim, scratch_dir=location.new("lms"),
-                             storage_options=location.options, codec="zstd", chunks=8)
-
-
 def fill(storage, case: str, stream: TEDStream) -> None:
     writer = RoundRobinWriter()
     writer.register_storage(storage)
@@ -117,12 +110,18 @@ MATRIX = (
 @pytest.mark.parametrize(("location", "ckpt", "kind", "case"), MATRIX, indirect=["location"])
 def test_round_trip(location, ckpt, kind, case):
     ndim, lanes = (2, (3,)) if case == "ndim2" else (1, ())
-    source = make_storage(kind, 12 * math.prod(lanes), ndim, location)
+    capacity = 12 * math.prod(lanes)
+
+    def fresh():
+        return LazyTensorStorage(capacity, ndim=ndim) if kind == "lazy" else \
+            location.memmap(capacity, ndim=ndim, codec="zstd", chunks=8)
+
+    source = fresh()
     source.checkpointer = CHECKPOINTERS[ckpt]()
     fill(source, "full" if case == "ndim2" else case, TEDStream(lanes, seed=len(case)))
     dest = spec(location, f"ck-{ckpt}")
     source.dumps(dest)
-    target = make_storage(kind, 12 * math.prod(lanes), ndim, location)  # not initialised
+    target = fresh()  # not initialised
     target.checkpointer = CHECKPOINTERS[ckpt]()
     target.loads(dest)
     assert (len(target), target.max_size, target.shape) == (len(source), source.max_size, source.shape)
@@ -134,7 +133,7 @@ def test_round_trip(location, ckpt, kind, case):
     writer._cursor = (target._last_cursor_index + 1) % target._max_size_along_dim0()
     writer.extend(TEDStream(lanes, seed=99).batch(3))
     target.dumps(dest)
-    again = make_storage(kind, 12 * math.prod(lanes), ndim, location)
+    again = fresh()
     again.checkpointer = CHECKPOINTERS[ckpt]()
     again.loads(dest)
     assert len(again) == len(target) and again._last_cursor_index == target._last_cursor_index
@@ -257,7 +256,7 @@ def _record(dest):
 
 
 def test_incremental_dump_writes_only_changed_chunks(location):
-    source = LazyMemmapStorage(400, scratch_dir=location.new("lms"), storage_options=location.options)
+    source = location.memmap(400)
     source.checkpointer = TensorStorageCheckpointer(chunks=16)
     writer = RoundRobinWriter()
     writer.register_storage(source)
@@ -462,7 +461,7 @@ def test_compressed_checkpoint(location):
     source.dumps(dest)
     record = _record(dest)
     assert record["incremental"]
-    target = LazyMemmapStorage(100, scratch_dir=location.new("lms"), storage_options=location.options)
+    target = location.memmap(100)
     target.loads(dest)
     assert_same(target.get(slice(None)), source.get(slice(None)))
     opened = zstore.open(dest.url + "/" + record["generation"], location.options, mode="r")
@@ -504,7 +503,7 @@ def test_dumps_returns_what_it_wrote(location):
 
 def test_lazy_memmap_dumps_returns_what_the_checkpointer_did(location, tmp_path):
     """It returned None, dropping the DumpResult that LazyTensorStorage returns."""
-    storage = LazyMemmapStorage(50, scratch_dir=location.new(), storage_options=location.options)
+    storage = location.memmap(50)
     storage.set(torch.arange(20), TensorDict(obs=torch.arange(20.0), batch_size=[20]))
     result = storage.dumps(tmp_path / "ckpt")
     assert isinstance(result, checkpoint.DumpResult)

@@ -39,11 +39,6 @@ def make_items(n: int, seed: int, ragged: bool = True) -> list[TensorDict]:
     return out
 
 
-def storage_at(location, capacity: int) -> CompressedListStorage:
-    return CompressedListStorage(capacity, chunks=8, scratch_dir=location.new("cls"),
-                                 storage_options=location.options)
-
-
 def write(storage, model: list, positions, items) -> None:
     """``storage.set`` each item at its position, and the same on the list model."""
     for position, item in zip(positions, items, strict=True):
@@ -83,7 +78,7 @@ def test_second_dump_writes_only_the_changed_objects(location, monkeypatch):
     # on S3 a storage shards each key into ~32 MiB objects (one would hold every row here):
     # that storage stays in memory; the checkpoint still goes to S3
     storage = CompressedListStorage(256, chunks=8) if location.kind == "s3" else \
-        storage_at(location, 256)
+        location.compressed(256, chunks=8)
     model: list = []
     items = make_items(200, seed=0)
     write(storage, model, range(192), items[:192])
@@ -133,7 +128,7 @@ def test_dumps_loads_and_overwrites_match_a_list(location):
     fresh storages and another storage's dump to the same destination."""
     capacity = 40
     items = iter(make_items(200, seed=1, ragged=False) + make_items(200, seed=2))
-    a, model = storage_at(location, capacity), []
+    a, model = location.compressed(capacity, chunks=8), []
     dest = spec(location, "seq")
 
     def dump(storage, expected_model, incremental: bool) -> None:
@@ -160,7 +155,7 @@ def test_dumps_loads_and_overwrites_match_a_list(location):
     write(b, b_model, range(12, 20), take(8))
     dump(b, b_model, True)                                  # load -> write -> dump: incremental
 
-    c, c_model = storage_at(location, capacity), []
+    c, c_model = location.compressed(capacity, chunks=8), []
     write(c, c_model, range(25), take(25))
     dump(c, c_model, False)                                 # another storage: a full dump
     b.loads(dest)                                           # b again (it holds its lease)

@@ -24,11 +24,6 @@ from zstore.layout import SINGLE_TENSOR_KEY
 from test_interop import DTYPES, bits, random_bits
 
 
-def make_storage(location, n=64, **kwargs):
-    return CompressedListStorage(n, scratch_dir=location.new(), storage_options=location.options,
-                                 **kwargs)
-
-
 def assert_same(got, expected):
     if isinstance(expected, torch.Tensor):
         assert got.dtype == expected.dtype and got.shape == expected.shape
@@ -65,7 +60,7 @@ def check_against(storage, ref):
 
 def test_fixed_items_round_trip(location):
     g = torch.Generator().manual_seed(0)
-    storage, ref = make_storage(location, 40), []
+    storage, ref = location.compressed(40), []
     batch = torch.stack([transition(i, g) for i in range(25)])
     storage.set(torch.arange(25), batch)
     ref.extend(batch.unbind(0))
@@ -83,7 +78,7 @@ def test_fixed_items_round_trip(location):
 
 def test_ragged_items_round_trip(location):
     g = torch.Generator().manual_seed(1)
-    storage, ref = make_storage(location, 30), []
+    storage, ref = location.compressed(30), []
     for i in range(20):
         T = int(torch.randint(1, 9, (1,), generator=g))
         traj = TensorDict({"obs": torch.randn(T, 3, generator=g),
@@ -115,7 +110,7 @@ def test_trailing_shape_change_goes_flat():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_every_dtype(location, dtype):
     g = torch.Generator().manual_seed(2)
-    storage = make_storage(location, 8)
+    storage = location.compressed(8)
     ref = [random_bits(dtype, (3, 2), g) for _ in range(3)] + [random_bits(dtype, (5, 2), g)]
     for i, x in enumerate(ref):
         storage.set(i, TensorDict(x=x, batch_size=[]))
@@ -143,7 +138,7 @@ def zlib_pair(calls=None):
 def test_custom_codec_pair(location):
     calls = []
     compress, decompress = zlib_pair(calls)
-    storage = make_storage(location, 10, compression_fn=compress, decompression_fn=decompress)
+    storage = location.compressed(10, compression_fn=compress, decompression_fn=decompress)
     data = TensorDict(a=torch.randn(4, 5), b=torch.arange(4), batch_size=[4])
     storage.set(torch.arange(4), data)
     storage.set(4, TensorDict(a=torch.randn(7), b=torch.tensor(9)))  # another shape
@@ -316,8 +311,8 @@ def test_items_are_the_batch_rows():
 
 def test_reopen_with_zstore_open(location):
     g = torch.Generator().manual_seed(4)
-    url = location.new()
-    storage = CompressedListStorage(30, scratch_dir=url, storage_options=location.options)
+    storage = location.compressed(30)
+    url = storage.scratch_dir
     ref = [transition(i, g) for i in range(6)]
     storage.set(torch.arange(6), torch.stack(ref))
     for i in (6, 2):  # "next/reward" turns ragged: a new items table and ragged generations
@@ -337,7 +332,7 @@ def test_reopen_with_zstore_open(location):
     with pytest.raises(zstore.ReadOnlyError):
         reader.set(8, ref[0])
     with pytest.raises(zstore.StoreExistsError, match="zstore.open"):
-        CompressedListStorage(30, scratch_dir=url, storage_options=location.options)
+        location.compressed(30, scratch_dir=url)
     again.cleanup()
     with pytest.raises(zstore.StoreNotFoundError):
         zstore.open(url, location.options)

@@ -42,30 +42,24 @@ def keep(batch):
     return batch
 
 
-def make_storage(kind: str, url: str, options: dict):
+def filled(storage):
+    """``storage`` holding :func:`expected_rows` ``(N)``, committed."""
     rows = expected_rows(N)
-    if kind == "memmap":
-        storage = zstore.LazyMemmapStorage(N, scratch_dir=url, storage_options=options,
-                                           codec="zstd", chunks=8)
-        storage.set(torch.arange(N), rows)
-    else:
-        storage = zstore.CompressedListStorage(N, scratch_dir=url, storage_options=options, chunks=8)
+    if isinstance(storage, zstore.CompressedListStorage):
         storage.set(list(range(N)), list(rows.unbind(0)))
+    else:
+        storage.set(torch.arange(N), rows)
     storage.flush()
     return storage
 
 
-@pytest.mark.parametrize(("start", "where", "kind"), [
+@pytest.mark.parametrize(("start", "location", "kind"), [
     ("fork", "local", "memmap"), ("fork", "s3", "memmap"), ("fork", "local", "compressed"),
     ("fork", "s3", "compressed"), ("spawn", "local", "memmap"),
-    pytest.param("spawn", "s3", "memmap", marks=pytest.mark.campaign)])
-def test_two_workers_return_exactly_the_expected_rows(start, where, kind, tmp_path, request):
-    if where == "s3":
-        options = request.getfixturevalue("s3_options")
-        url = f"s3://{request.getfixturevalue('s3_bucket')}/loader-{start}-{kind}"
-    else:
-        options, url = {}, str(tmp_path / "rb")
-    storage = make_storage(kind, url, options)
+    pytest.param("spawn", "s3", "memmap", marks=pytest.mark.campaign)], indirect=["location"])
+def test_two_workers_return_exactly_the_expected_rows(start, location, kind):
+    storage = filled(location.memmap(N, codec="zstd", chunks=8) if kind == "memmap" else
+                     location.compressed(N, chunks=8))
     storage.get(torch.arange(N))  # the parent's caches and filesystem are warm before forking
     order = torch.randperm(N, generator=torch.Generator().manual_seed(0)).tolist()
     loader = DataLoader(Rows(storage), batch_size=None, collate_fn=keep, num_workers=2,

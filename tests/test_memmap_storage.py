@@ -198,14 +198,9 @@ def test_random_ops_match_model(location, config):
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
     n_ops = 24 if location.kind == "s3" else 60
-    url = location.new()
-
-    def new_storage():
-        return LazyMemmapStorage(max_size, scratch_dir=url, storage_options=location.options,
-                                 ndim=ndim, codec=codec, chunks=chunks, shards=shards,
-                                 cache_bytes=cache_bytes)
-
-    storage = new_storage()
+    storage = location.memmap(max_size, ndim=ndim, codec=codec, chunks=chunks, shards=shards,
+                              cache_bytes=cache_bytes)
+    url = storage.scratch_dir
     writer = RoundRobinWriter()
     writer.register_storage(storage)
     first = make_data(kind, (2, *lanes), g)
@@ -292,9 +287,8 @@ def td_rows(start: int, n: int) -> TensorDict:
 @pytest.mark.all_s3_servers
 @pytest.mark.parametrize("codec", [None, "zstd"])
 def test_ring_wraparound_survives_reopen(location, codec):
-    url = location.new()
-    storage = LazyMemmapStorage(10, scratch_dir=url, storage_options=location.options,
-                                codec=codec, chunks=3, shards=3)
+    storage = location.memmap(10, codec=codec, chunks=3, shards=3)
+    url = storage.scratch_dir
     writer = RoundRobinWriter()
     writer.register_storage(storage)
     written = 0
@@ -316,9 +310,8 @@ def test_ring_wraparound_survives_reopen(location, codec):
 
 
 def test_extend_larger_than_capacity_keeps_last(location):
-    url = location.new()
-    storage = LazyMemmapStorage(5, scratch_dir=url, storage_options=location.options, chunks=2,
-                                shards=2)
+    storage = location.memmap(5, chunks=2, shards=2)
+    url = storage.scratch_dir
     writer = RoundRobinWriter()
     writer.register_storage(storage)
     writer.extend(td_rows(0, 12))
@@ -330,10 +323,9 @@ def test_extend_larger_than_capacity_keeps_last(location):
 
 
 def test_ndim2_matches_lazy_tensor_storage(location):
-    url = location.new()
     g = torch.Generator().manual_seed(3)
-    storage = LazyMemmapStorage(10, scratch_dir=url, storage_options=location.options, ndim=2,
-                                chunks=2, shards=2, codec="zstd")
+    storage = location.memmap(10, ndim=2, chunks=2, shards=2, codec="zstd")
+    url = storage.scratch_dir
     ref = LazyTensorStorage(10, ndim=2)
     batch = make_data("td", (2, 4), g)
     for s in (storage, ref):
@@ -360,10 +352,9 @@ def test_ndim2_matches_lazy_tensor_storage(location):
 
 
 def test_small_cache_evicts_and_reads_back(location):
-    url = location.new()
     g = torch.Generator().manual_seed(5)
-    storage = LazyMemmapStorage(40, scratch_dir=url, storage_options=location.options, chunks=7,
-                                shards=7, cache_bytes=1)
+    storage = location.memmap(40, chunks=7, shards=7, cache_bytes=1)
+    url = storage.scratch_dir
     data = make_data("td", (40,), g)
     storage.set(torch.arange(40), data)
     perm = torch.randperm(40, generator=g)
@@ -379,11 +370,9 @@ def test_small_cache_evicts_and_reads_back(location):
 
 def buffer_with_rows(location, max_size: int, n: int, chunks: int):
     """A new buffer at a fresh URL holding rows 0..n-1 of :func:`td_rows` (not yet flushed)."""
-    url = location.new()
-    storage = LazyMemmapStorage(max_size, scratch_dir=url, storage_options=location.options,
-                                chunks=chunks, shards=chunks)
+    storage = location.memmap(max_size, chunks=chunks, shards=chunks)
     storage.set(torch.arange(n), td_rows(0, n))
-    return storage, url
+    return storage, storage.scratch_dir
 
 
 def test_reopen_shows_only_committed_state_after_flush(location):
@@ -399,15 +388,15 @@ def test_reopen_shows_only_committed_state_after_flush(location):
 
 
 def test_uninitialised_then_existsok_adopts(location):
-    url = location.new()
-    storage = LazyMemmapStorage(8, scratch_dir=url, storage_options=location.options)
+    storage = location.memmap(8)
+    url = storage.scratch_dir
     assert not storage.initialized and len(storage) == 0 and storage.shape is None
     assert storage.contains(0) is False
     with pytest.raises(RuntimeError, match="non-initialized"):
         storage.get(0)
     storage.set(torch.arange(3), td_rows(0, 3))
     storage.flush()
-    other = LazyMemmapStorage(8, scratch_dir=url, storage_options=location.options, existsok=True)
+    other = location.memmap(8, scratch_dir=url, existsok=True)
     other.set(3, td_rows(3, 1)[0])
     assert len(other) == 4
     assert other[:]["nested", "i"].tolist() == [0, 1, 2, 3]
@@ -425,7 +414,7 @@ def test_close_flushes_and_cleanup_deletes(location):
 
 
 def test_empty_slice_reads_zero_rows(location):
-    storage = LazyMemmapStorage(10, scratch_dir=location.new(), storage_options=location.options)
+    storage = location.memmap(10)
     storage.set(torch.arange(6), td_rows(0, 6))
     ref = LazyTensorStorage(10)
     ref.set(torch.arange(6), td_rows(0, 6))
