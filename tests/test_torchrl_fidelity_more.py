@@ -16,6 +16,9 @@ import pytest
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict, tensorclass
 
+import zstore
+from zstore.errors import SchemaError
+
 pytestmark = pytest.mark.torchrl
 T = pytest.importorskip("torchrl.data")
 zt = pytest.importorskip("zstore.torchrl")
@@ -209,3 +212,30 @@ def test_tensorclass_with_a_string_as_torchrl():
     assert torch.equal(got.tensor, want.tensor) and torch.equal(got.td["c"], want.td["c"])
     assert list(got.text) == list(want.text) == ["some text"] * 4  # one string per row
     assert list(ours.storage._storage.text) == list(theirs.storage._storage.text)
+
+
+def test_a_persistent_storage_refuses_a_string_it_could_not_store(location):
+    """A string field (a tensorclass's, or a TensorDict's non-tensor entry) was dropped by a
+    zstore LazyMemmapStorage (read back as None): now the write is refused, naming the key,
+    and the buffer keeps exactly what it held; a field left None is no value and is written."""
+    ours = zt.LazyMemmapStorage(10, scratch_dir=location.new(), storage_options=location.options)
+    rb = T.ReplayBuffer(storage=ours, writer=zt.RoundRobinWriter(), batch_size=2)
+    tagged = Tagged(tensor=torch.arange(3), td=TensorDict(c=torch.arange(3), batch_size=[3]),
+                    text="some text", batch_size=[3])
+    with pytest.raises(SchemaError, match=r"\['text'\].*nothing was written"):
+        rb.extend(tagged)
+    assert not ours.initialized and len(ours) == 0
+
+    plain = Tagged(tensor=torch.arange(3), td=TensorDict(c=torch.arange(3) * 10, batch_size=[3]),
+                   text=None, batch_size=[3])
+    rb.extend(plain)
+    later = TensorDict(tensor=torch.arange(3, 5), td=TensorDict(c=torch.zeros(2, dtype=torch.int64),
+                                                                 batch_size=[2]), batch_size=[2])
+    later.set_non_tensor("note", "kept nowhere")
+    with pytest.raises(SchemaError, match=r"\['note'\]"):
+        ours.set(torch.arange(3, 5), later)
+    ours.flush()
+    reopened = zstore.open(ours.scratch_dir, storage_options=location.options)
+    assert len(ours) == len(reopened) == 3
+    assert torch.equal(ours.get(torch.arange(3)).td["c"], torch.arange(3) * 10)
+    assert torch.equal(reopened.get(torch.arange(3))["td", "c"], torch.arange(3) * 10)

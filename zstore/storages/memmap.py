@@ -38,7 +38,7 @@ from .sealing import seal_storage
 from .lifecycle import collect_store, track, untrack
 from .row_index import as_index_tensor, is_int, is_negative, rows_of
 from .stored_rows import StoredRows
-from .tensor import LazyTensorStorage, TensorStorage, map_leaves
+from .tensor import LazyTensorStorage, TensorStorage, map_leaves, non_tensor_keys
 
 _monotonic = time.monotonic  # the commit clock's due-check in set()
 
@@ -246,6 +246,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
 
     def _init(self, example: Any) -> None:
         self.spec.require_writable("create a buffer")
+        self._refuse_non_tensors(example)
         self._hold_lease()
         schema = Schema.from_example(example, self.ndim)
         if is_tensorclass(example):
@@ -272,6 +273,16 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         meta = StoreMeta(type(self).__name__, self.max_size, self.ndim, rows, schema, self.codec,
                          layout, key_codecs=dict(self.key_codecs))
         self._attach(create_group(self.spec, meta, self._lease), meta)
+
+    def _refuse_non_tensors(self, data: Any) -> None:
+        """A non-tensor value (a string ...) would not be stored: refuse the write instead."""
+        keys = non_tensor_keys(data)
+        if keys:
+            raise SchemaError(
+                f"key(s) {keys} of this {type(data).__name__} hold non-tensor values (strings or "
+                f"objects), which {type(self).__name__} cannot store in {self.spec.redacted()}: "
+                "nothing was written. Store them as tensors (e.g. an index into a vocabulary), "
+                "or use LazyTensorStorage (in RAM), which keeps them as TorchRL does")
 
     @property
     def _all_raw(self) -> bool:
@@ -450,6 +461,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         rows, shape, _ = rows_of(cursor, self._meta.rows)
         if rows.numel() == 0:
             return
+        self._refuse_non_tensors(data)
         lead = 1 if shape is None else len(shape)
         columns = self._schema.columns(data, lead)
         if lead != 1:

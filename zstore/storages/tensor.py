@@ -508,6 +508,28 @@ def _has_non_tensors(data: Any) -> bool:
     return any(is_non_tensor(value) for value in td.values(include_nested=True))
 
 
+def non_tensor_keys(data: Any) -> list[Any]:
+    """Keys of a tensor collection's non-tensor leaves (a tensorclass's ``str`` field,
+    ``TensorDict.set_non_tensor``) that hold a value: ``None`` everywhere is no value."""
+    if not is_tensor_collection(data) or isinstance(data, LazyStackedTensorDict):
+        return []
+    td = data._tensordict if is_tensorclass(data) else data
+    found = []
+    for key, value in td.items(include_nested=True, leaves_only=False):
+        if is_non_tensor(value):
+            values = value.tolist() if hasattr(value, "tolist") else [value.data]
+            if any(v is not None for v in _flatten_values(values)):
+                found.append(key)
+    return found
+
+
+def _flatten_values(values: Any) -> list[Any]:
+    """The scalars of a nested list (``NonTensorStack.tolist()``)."""
+    if isinstance(values, list):
+        return [v for item in values for v in _flatten_values(item)]
+    return [values]
+
+
 def _leaves_per_key(container: Any) -> list[tuple[str, tuple[int, ...], torch.dtype, int]]:
     """``(key path, shape, dtype, bytes)`` of a container's leaves. In a lazy stack (items of
     different shapes) a key is one tensor per stacked TensorDict: its shape has ``-1``
