@@ -239,3 +239,38 @@ def test_a_persistent_storage_refuses_a_string_it_could_not_store(location):
     assert len(ours) == len(reopened) == 3
     assert torch.equal(ours.get(torch.arange(3)).td["c"], torch.arange(3) * 10)
     assert torch.equal(reopened.get(torch.arange(3))["td", "c"], torch.arange(3) * 10)
+
+
+_ROWS = [1, slice(0, 3), torch.tensor([0, 2, 3]), torch.tensor([[0, 1], [2, 3]])]
+_LANES = [2, slice(0, 2), torch.tensor([0, 2, 1]), torch.tensor([1, 0])]
+
+
+@pytest.mark.parametrize("kind", ["pytree", "tensordict"])
+def test_rows_and_lanes_index_a_two_dim_storage_as_torchrl(location, kind, tmp_path):
+    """``storage[rows, lanes]`` of an ``ndim=2`` storage, every pairing of an int, a slice
+    and 1-D / 2-D tensors: the same values as TorchRL's LazyMemmapStorage, and the same
+    IndexError where TorchRL's tensors cannot broadcast (zstore took every lane of every
+    row there, and paired only tensors of equal shape)."""
+    data = {"a": torch.arange(24.0).reshape(4, 3, 2), "b": (torch.arange(12).reshape(4, 3),)}
+    if kind == "tensordict":
+        data = TensorDict(a=data["a"], b=data["b"][0], batch_size=[4, 3])
+    ours = zt.LazyMemmapStorage(12, ndim=2, scratch_dir=location.new(),
+                                storage_options=location.options)
+    theirs = T.LazyMemmapStorage(12, ndim=2, scratch_dir=tmp_path / "torchrl")
+    for storage in (ours, theirs):
+        storage.set(torch.arange(4), data)
+
+    def leaves(x):
+        return [x["a"], x["b"]] if kind == "tensordict" else [x["a"], x["b"][0]]
+
+    for rows in _ROWS:
+        for lanes in _LANES:
+            try:
+                want = leaves(theirs[rows, lanes])
+            except (IndexError, RuntimeError):  # tensordict raises RuntimeError, torch IndexError
+                with pytest.raises(IndexError, match="shape mismatch"):
+                    ours[rows, lanes]
+                continue
+            got = leaves(ours[rows, lanes])
+            assert all(torch.equal(g, w) for g, w in zip(got, want)), (rows, lanes)
+    ours.close()

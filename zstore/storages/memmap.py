@@ -36,7 +36,7 @@ from .checkpoint_contract import TensorExport
 from .leasing import LeasedWriter
 from .sealing import seal_storage
 from .lifecycle import collect_store, track, untrack
-from .row_index import as_index_tensor, is_int, is_negative, rows_of
+from .row_index import as_index_tensor, broadcast_tensor_index, is_int, is_negative, rows_of
 from .stored_rows import StoredRows
 from .tensor import LazyTensorStorage, TensorStorage, map_leaves, non_tensor_keys
 
@@ -392,6 +392,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         if isinstance(index, tuple):
             index = tuple(as_index_tensor(i) for i in index)
         first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
+        if len(rest) == self.ndim - 1:  # row and lane tensors pair up, broadcast as torch's
+            first, rest = broadcast_tensor_index(first, rest)
         rows, lead, squeeze = rows_of(first, n)
         if lead is None:
             lead = (len(rows),)

@@ -85,3 +85,20 @@ def rows_of(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...] | None, b
         if int(low) < 0:
             rows = torch.remainder(rows, n)
     return rows, shape, False
+
+
+def broadcast_tensor_index(first: Any, rest: tuple) -> tuple[Any, tuple]:
+    """A tuple index of integer tensors indexes as torch does: its tensors are broadcast
+    together and pair up (``IndexError`` when they cannot be, as torch's). Any other index
+    is returned as it is (slices and ints combine with tensors as outer indexing)."""
+    parts = (first, *rest)
+    if not rest or not all(isinstance(p, torch.Tensor) and p.ndim and p.dtype != torch.bool
+                           and not p.is_floating_point() for p in parts):
+        return first, rest
+    try:
+        shape = torch.broadcast_shapes(*(p.shape for p in parts))
+    except RuntimeError:
+        raise IndexError("shape mismatch: indexing tensors could not be broadcast together "
+                         f"with shapes {', '.join(str(list(p.shape)) for p in parts)}") from None
+    first, *rest = (p.expand(shape) for p in parts)
+    return first, tuple(rest)
