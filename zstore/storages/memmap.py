@@ -392,7 +392,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         if isinstance(index, tuple):
             index = tuple(as_index_tensor(i) for i in index)
         first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
-        if len(rest) == self.ndim - 1:  # row and lane tensors pair up, broadcast as torch's
+        if rest and len(rest) == self.ndim - 1:  # row and lane tensors pair up, broadcast as torch's
             first, rest = broadcast_tensor_index(first, rest)
         rows, lead, squeeze = rows_of(first, n)
         if lead is None:

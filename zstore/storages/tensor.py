@@ -500,27 +500,28 @@ class TensorStorage(Storage):
         return int(done[: self._len_along_dim0].sum())
 
 
+def _non_tensor_leaves(data: Any):
+    """``(key, value)`` of a tensor collection's non-tensor leaves (``NonTensorData``:
+    strings...); none for a lazy stack or for data that is no tensor collection."""
+    if not is_tensor_collection(data) or isinstance(data, LazyStackedTensorDict):
+        return
+    td = data._tensordict if is_tensorclass(data) else data
+    for key, value in td.items(include_nested=True):
+        if is_non_tensor(value):
+            yield key, value
+
+
 def _has_non_tensors(data: Any) -> bool:
     """Whether a tensor collection holds non-tensor leaves (``NonTensorData``: strings...)."""
-    if not is_tensor_collection(data) or isinstance(data, LazyStackedTensorDict):
-        return False
-    td = data._tensordict if is_tensorclass(data) else data
-    return any(is_non_tensor(value) for value in td.values(include_nested=True))
+    return next(_non_tensor_leaves(data), None) is not None
 
 
 def non_tensor_keys(data: Any) -> list[Any]:
     """Keys of a tensor collection's non-tensor leaves (a tensorclass's ``str`` field,
     ``TensorDict.set_non_tensor``) that hold a value: ``None`` everywhere is no value."""
-    if not is_tensor_collection(data) or isinstance(data, LazyStackedTensorDict):
-        return []
-    td = data._tensordict if is_tensorclass(data) else data
-    found = []
-    for key, value in td.items(include_nested=True, leaves_only=False):
-        if is_non_tensor(value):
-            values = value.tolist() if hasattr(value, "tolist") else [value.data]
-            if any(v is not None for v in _flatten_values(values)):
-                found.append(key)
-    return found
+    return [key for key, value in _non_tensor_leaves(data)
+            if any(v is not None for v in _flatten_values(
+                value.tolist() if hasattr(value, "tolist") else [value.data]))]
 
 
 def _flatten_values(values: Any) -> list[Any]:
