@@ -135,6 +135,8 @@ BAD_BLOCKS = {
     "escaping-key": (lambda b: b["schema"]["leaves"][0].update(path="../../etc"), ".."),
     "cursor-past-rows": (lambda b: b.update(last_cursor=99), "last_cursor"),
     "schema-not-an-object": (lambda b: b.update(schema=[1, 2]), "schema"),
+    "item-batch-not-sizes": (lambda b: b["schema"].update(item_batch="3"), "item_batch"),
+    "item-batch-past-a-shape": (lambda b: b["schema"].update(item_batch=[10**6]), "item_batch"),
 }
 
 

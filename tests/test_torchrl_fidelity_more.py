@@ -274,3 +274,90 @@ def test_rows_and_lanes_index_a_two_dim_storage_as_torchrl(location, kind, tmp_p
             got = leaves(ours[rows, lanes])
             assert all(torch.equal(g, w) for g, w in zip(got, want)), (rows, lanes)
     ours.close()
+
+
+@tensorclass
+class Agents:
+    pos: torch.Tensor
+    team: TensorDict
+
+
+def _with_own_batch_dims(rows: int, ndim: int) -> TensorDict:
+    """Rows whose items have batch dims of their own (3 agents; in ``ndim=2``, 3 lanes of 2
+    agents), a nested TensorDict with them, and one with a further batch dim (2 arms)."""
+    lead = (rows, 3) if ndim == 1 else (rows, 3, 2)
+    n = torch.Size(lead).numel()
+    return TensorDict({
+        "obs": torch.arange(n * 5.0).reshape(*lead, 5),
+        "next": TensorDict(obs=-torch.arange(n * 5.0).reshape(*lead, 5), batch_size=lead),
+        "arms": TensorDict(x=torch.arange(n * 8).reshape(*lead, 2, 4), batch_size=(*lead, 2)),
+    }, batch_size=lead)
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_an_items_own_batch_dims_come_back_as_torchrl(location, ndim, tmp_path):
+    """A ``[N, 3]`` TensorDict in an ``ndim=1`` LazyMemmapStorage (and ``[N, 3, 2]`` in
+    ``ndim=2``) samples back with TorchRL's batch dims, nested ones included, from the
+    storage, from ``_storage`` and after a reopen; zstore returned ``[B]`` (the 3 kept only
+    as a feature dim of every key)."""
+    data = _with_own_batch_dims(4, ndim)
+    ours = zt.LazyMemmapStorage(12, ndim=ndim, scratch_dir=location.new(),
+                                storage_options=location.options)
+    theirs = T.LazyMemmapStorage(12, ndim=ndim, scratch_dir=tmp_path / "torchrl")
+    samples = []
+    for storage in (ours, theirs):
+        rb = T.ReplayBuffer(storage=storage, batch_size=5)
+        rb.extend(data)
+        torch.manual_seed(0)
+        samples.append(rb.sample())
+    got, want = samples
+    assert got.batch_size == want.batch_size and got["arms"].batch_size == want["arms"].batch_size
+    assert (got == want).all()
+    assert ours._storage.shape == theirs._storage.shape
+    index = 1 if ndim == 1 else (1, 0)
+    assert ours[index].batch_size == theirs[index].batch_size
+    assert (ours[index] == theirs[index]).all()
+    ours.flush()
+    reopened = zstore.open(ours.scratch_dir, storage_options=location.options)
+    rows = torch.tensor([2, 0])
+    assert reopened._storage.shape == theirs._storage.shape
+    assert (reopened.get(rows) == theirs[rows]).all()
+    assert reopened.get(rows)["arms"].batch_size == theirs[rows]["arms"].batch_size
+    ours.close()
+
+
+def test_a_tensorclass_keeps_its_own_batch_dims(location):
+    """A tensorclass of ``[N, 3]`` agents is read back with ``batch_size [B, 3]``, as from
+    TorchRL's LazyTensorStorage."""
+    data = Agents(pos=torch.arange(24.0).reshape(4, 3, 2),
+                  team=TensorDict(id=torch.arange(12).reshape(4, 3), batch_size=[4, 3]),
+                  batch_size=[4, 3])
+    ours = zt.LazyMemmapStorage(10, scratch_dir=location.new(), storage_options=location.options)
+    theirs = T.LazyTensorStorage(10)
+    for storage in (ours, theirs):
+        storage.set(torch.arange(4), data)
+    rows = torch.tensor([2, 0, 3])
+    got, want = ours.get(rows), theirs.get(rows)
+    assert type(got) is Agents and got.batch_size == want.batch_size == torch.Size([3, 3])
+    assert torch.equal(got.pos, want.pos) and got.team.batch_size == want.team.batch_size
+    assert torch.equal(got.team["id"], want.team["id"])
+    ours.close()
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_a_lazy_stack_of_equal_shapes_reads_back_as_torchrl(location, dim, tmp_path):
+    """Extending with a lazy stack of three ``[4]`` TensorDicts (stacked along dim 0 or 1):
+    the same rows, dense, with the same batch dims as TorchRL's memory-mapped storage."""
+    parts = [TensorDict(obs=torch.arange(20.0).reshape(4, 5) + 100 * i, batch_size=[4])
+             for i in range(3)]
+    data = LazyStackedTensorDict.lazy_stack(parts, dim=dim)
+    ours = zt.LazyMemmapStorage(20, scratch_dir=location.new(), storage_options=location.options)
+    theirs = T.LazyMemmapStorage(20, scratch_dir=tmp_path / "torchrl")
+    for storage in (ours, theirs):
+        T.ReplayBuffer(storage=storage, batch_size=2).extend(data)
+    rows = torch.tensor([2, 0])
+    got, want = ours[rows], theirs[rows]
+    assert len(ours) == len(theirs) and got.batch_size == want.batch_size
+    assert ours._storage.shape == theirs._storage.shape
+    assert torch.equal(got["obs"], want["obs"])
+    ours.close()

@@ -223,7 +223,7 @@ def _create_arrays(store, meta: StoreMeta, key_separator: str) -> zarr.Group:
     from .lease import METADATA_NAME
 
     lanes = list(meta.schema.lane_shape)
-    root_batch = [meta.rows, *lanes]
+    root_batch = [meta.rows, *lanes, *meta.schema.item_batch]
     draft = MemoryStore()
     group = zarr.create_group(draft, attributes={_INCOMPLETE_ATTR: True,
                                                  TENSORDICT_ATTR: _tensordict_attrs(root_batch)})
@@ -231,9 +231,9 @@ def _create_arrays(store, meta: StoreMeta, key_separator: str) -> zarr.Group:
     parent = group._async_group
 
     def subgroup(sub: str):
-        extra = meta.schema.group_batch.get(sub, lanes)[len(lanes):]
+        batch = meta.schema.group_batch.get(sub)
         return parent.create_group(sub, attributes={
-            TENSORDICT_ATTR: _tensordict_attrs([*root_batch, *extra])})
+            TENSORDICT_ATTR: _tensordict_attrs(root_batch if batch is None else [meta.rows, *batch])})
 
     def array(leaf):
         np_dtype = storage_numpy_dtype(leaf.dtype)

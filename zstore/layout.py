@@ -137,7 +137,9 @@ class Schema:
     """What a buffer holds: its leaves, the kind of container, and how to rebuild it.
 
     ``lane_shape`` holds the batch dims after the first (``ndim > 1``); every
-    leaf's ``shape`` starts with it.
+    leaf's ``shape`` starts with it. ``item_batch`` holds the batch dims an item of a
+    tensor collection has beyond its lanes (a ``[N, 3]`` TensorDict in an ``ndim=1``
+    buffer: ``(3,)``): they come back as batch dims, as TorchRL's storages keep them.
     """
 
     leaves: tuple[Leaf, ...]
@@ -146,6 +148,7 @@ class Schema:
     group_batch: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     treespec: str | None = None
     class_name: str | None = None
+    item_batch: tuple[int, ...] = ()
     tensorclass: type | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -176,7 +179,7 @@ class Schema:
                     f"ndim={ndim} needs items with at least {lanes} batch dims, "
                     f"got batch_size={tuple(td.batch_size)}"
                 )
-            lane_shape = tuple(td.batch_size[:lanes])
+            lane_shape, item_batch = tuple(td.batch_size[:lanes]), tuple(td.batch_size[lanes:])
             leaves, groups = [], {}
             for key in td.keys(include_nested=True, leaves_only=True):
                 key = (key,) if isinstance(key, str) else tuple(key)
@@ -194,9 +197,9 @@ class Schema:
                 raise SchemaError("cannot store an item without any tensor")
             if is_tensorclass(example):
                 name = f"{type(example).__module__}.{type(example).__qualname__}"
-                return cls(tuple(leaves), "tensorclass", lane_shape, groups,
-                           class_name=name, tensorclass=type(example))
-            return cls(tuple(leaves), "tensordict", lane_shape, groups)
+                return cls(tuple(leaves), "tensorclass", lane_shape, groups, class_name=name,
+                           item_batch=item_batch, tensorclass=type(example))
+            return cls(tuple(leaves), "tensordict", lane_shape, groups, item_batch=item_batch)
         if isinstance(example, torch.Tensor):
             if example.ndim < lanes:
                 raise SchemaError(f"ndim={ndim} needs tensors with at least {lanes} dims")
@@ -305,7 +308,8 @@ class Schema:
             for part in leaf.key[:-1]:
                 node = node.setdefault(part, {})
             node[leaf.key[-1]] = columns[leaf.path]
-        td = TensorDict._new_unsafe(nested, batch_size=torch.Size(batch_shape), device=device)
+        td = TensorDict._new_unsafe(nested, batch_size=torch.Size([*batch_shape, *self.item_batch]),
+                                    device=device)
         for path in sorted(self.group_batch, key=lambda p: -p.count("/")):
             extra = self.group_batch[path][len(self.lane_shape):]
             td.get(path_to_key(path)).batch_size = torch.Size([*batch_shape, *extra])
@@ -315,8 +319,9 @@ class Schema:
 
     # -- JSON ---------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        """JSON form stored in the ``zstore`` block."""
-        return {
+        """JSON form stored in the ``zstore`` block (``item_batch`` only where an item has
+        batch dims of its own, so every other store's metadata is as before)."""
+        out = {
             "kind": self.kind,
             "lane_shape": list(self.lane_shape),
             "leaves": [leaf.to_json() for leaf in self.leaves],
@@ -324,6 +329,9 @@ class Schema:
             "treespec": self.treespec,
             "class_name": self.class_name,
         }
+        if self.item_batch:
+            out["item_batch"] = list(self.item_batch)
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Schema":
@@ -338,7 +346,20 @@ class Schema:
             raise SchemaError("a schema needs at least one leaf")
         return cls(leaves, kind, tuple(int(s) for s in data.get("lane_shape", [])),
                    {str(k): [int(x) for x in v] for k, v in (data.get("group_batch") or {}).items()},
-                   data.get("treespec"), data.get("class_name"))
+                   data.get("treespec"), data.get("class_name"),
+                   _item_batch(data.get("item_batch", []), leaves, len(data.get("lane_shape", []))))
+
+
+def _item_batch(value: Any, leaves: tuple[Leaf, ...], lanes: int) -> tuple[int, ...]:
+    """A stored ``item_batch``, validated: sizes every leaf's shape has after its lanes."""
+    if not isinstance(value, list) or not all(isinstance(s, int) and s >= 0 for s in value):
+        raise SchemaError(f"invalid item_batch {value!r}: expected a list of sizes")
+    dims = tuple(value)
+    for leaf in leaves:
+        if leaf.shape[lanes:lanes + len(dims)] != dims:
+            raise SchemaError(f"item_batch {list(dims)} does not lead the shape "
+                              f"{list(leaf.shape)} of key {leaf.key!r} after its lanes")
+    return dims
 
 
 def _flat_leaves(td: TensorDictBase) -> dict[str, Any]:

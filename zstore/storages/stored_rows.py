@@ -30,8 +30,9 @@ class StoredRows:
 
     @property
     def shape(self) -> torch.Size:
-        """``[rows, *lanes]`` of the whole container."""
-        return self.storage._total_shape
+        """``[rows, *lanes]`` of the whole container, then an item's own batch dims (those of
+        a ``[N, 3]`` TensorDict in an ``ndim=1`` buffer), as TorchRL's ``_storage.shape``."""
+        return torch.Size([*self.storage._total_shape, *self.storage._schema.item_batch])
 
     batch_size = shape
 
