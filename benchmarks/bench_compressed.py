@@ -5,6 +5,7 @@ Run (from the repository root, in the project's virtual environment)::
     python benchmarks/bench_compressed.py              # 5000 transitions, ~2 min on 2 cores
     python benchmarks/bench_compressed.py --n 2000 --repeats 5
     python benchmarks/bench_compressed.py --checkpoint-only --proprio-n 1000000 --s3 200000 --repeats 5
+    python benchmarks/bench_compressed.py --cold-only --n 3000 --repeats 9
 
 Both storages use their defaults. Data: ``make_atari`` from ``bench_storage.py``
 (4-frame stacks of a scrolling textured background with a bouncing ball and
@@ -22,22 +23,31 @@ for the Atari transitions (which compress ~100x: a small checkpoint of many
 small objects) and ``--proprio-n`` proprioceptive ones (``make_proprio``: float
 observations that barely compress; with ``--s3 N``, N of them to moto's S3
 server on loopback too). ``--checkpoint-only`` runs just this (and writes
-benchmarks/results/compressed_checkpoint.json). Writes
-benchmarks/results/compressed.json.
+benchmarks/results/compressed_checkpoint.json). Cold sampling (``--cold-only`` runs just
+this): per round, the same 256 random transitions through TorchRL's ``get`` +
+``torch.stack``, and through zstore's ``get`` + ``stack_items`` *cold* (the first read
+after a fresh ``zstore.open``: every chunk touched fetched, checked and decoded) and
+*warm* (repeated); beside them the *decode limit*: crc32c + zstd of exactly the
+chunks that cold read touched, into resident buffers, on 1 and on 2 threads.
+Writes benchmarks/results/compressed.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
 import tempfile
 import time
+import uuid
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -115,6 +125,76 @@ def run(kind: str, data, repeats: int, seed: int) -> dict:
     return rows
 
 
+def _touched_chunks(reader) -> list[tuple[list, bytes, int]]:
+    """(decoders, stored payload, decoded bytes) of every chunk in ``reader``'s items cache."""
+    from zarr.core.sync import sync
+
+    from zstore.chunkio import _WHOLE, Throttle
+
+    chunks = []
+    for group in reader._table.table.groups:
+        blocks = group.cache.block_of[group.cache.block_of >= 0].tolist()
+        for col in group.readers.values():
+            for block in blocks:
+                payload = sync(col._get(group.store, col._key(block), _WHOLE, Throttle()))
+                chunks.append((col.decoders, bytes(payload), col.block_nbytes))
+    return chunks
+
+
+def _decode_all(chunks, outs: list[np.ndarray], pool) -> None:
+    """What the cold read had to decode: checksum, then zstd into a resident buffer."""
+    def one(i: int) -> None:
+        decoders, data, nbytes = chunks[i]
+        for decode in decoders[:-1]:
+            data = decode(data)
+        decoders[-1](data, out=outs[i][:nbytes])
+
+    list(pool.map(one, range(len(chunks)))) if pool else [one(i) for i in range(len(chunks))]
+
+
+def cold_rows(data, repeats: int, seed: int) -> dict:
+    """Cold and warm ``get`` + collate of 256, TorchRL's beside them, and the decode limit of
+    the chunks each cold read touched (1 and 2 threads); medians of ``repeats`` rounds."""
+    from torchrl.data import CompressedListStorage as TorchRLCompressed
+
+    url = f"memory://zstore-bench-compressed/{uuid.uuid4().hex}"
+    ours, theirs = zstore.CompressedListStorage(len(data), scratch_dir=url), TorchRLCompressed(len(data))
+    fill(ours, data)
+    fill(theirs, data)
+    ours.close()
+    gen = torch.Generator().manual_seed(seed)
+    pool = ThreadPoolExecutor(2)
+    outs: list[np.ndarray] = []  # resident destinations, one per touched chunk, reused
+    times = {k: [] for k in ("torchrl", "cold", "warm", "decode_1", "decode_2")}
+    touched = []
+    for r in range(repeats + 1):  # round 0 warms up
+        idx = torch.randint(0, len(data), (BATCH,), generator=gen)
+        t_torchrl = timed(lambda: torch.stack(theirs.get(idx)))
+        gc.collect()
+        reader = zstore.open(url, mode="r")
+        t_cold = timed(lambda: zstore.stack_items(reader.get(idx)))
+        t_warm = timed(lambda: zstore.stack_items(reader.get(idx)))
+        chunks = _touched_chunks(reader)
+        width = max(n for _, _, n in chunks)
+        if len(outs) < len(chunks) or outs[0].nbytes < width:
+            outs[:] = [np.ones(width, np.uint8) for _ in chunks]
+        t_1 = timed(lambda: _decode_all(chunks, outs, None))
+        t_2 = timed(lambda: _decode_all(chunks, outs, pool))
+        reader.close()
+        if r:
+            for name, t in zip(times, (t_torchrl, t_cold, t_warm, t_1, t_2)):
+                times[name].append(t)
+            touched.append((len(chunks), sum(n for _, _, n in chunks)))
+    pool.shutdown()
+    out = {f"{k}_s": statistics.median(v) for k, v in times.items()}
+    out["chunks_touched"], out["decoded_bytes"] = touched[len(touched) // 2]
+    out["torchrl_vs_cold"] = out["torchrl_s"] / out["cold_s"]
+    out["torchrl_vs_warm"] = out["torchrl_s"] / out["warm_s"]
+    out["cold_vs_decode_2"] = out["cold_s"] / out["decode_2_s"]
+    out["decode_1_vs_2"] = out["decode_1_s"] / out["decode_2_s"]
+    return out
+
+
 def dump_rows(data, repeats: int, base: str | None = None, options: dict | None = None) -> dict:
     """Full dump vs a second dump after 1% new items (both after a flush, so they time the
     checkpoint only), below ``base`` (default: a local temporary directory); medians of
@@ -154,6 +234,7 @@ def main(argv=None) -> int:
                         help="default: results/compressed.json (compressed_checkpoint.json "
                              "with --checkpoint-only)")
     parser.add_argument("--checkpoint-only", action="store_true", help="only the dumps")
+    parser.add_argument("--cold-only", action="store_true", help="only the cold sampling rows")
     parser.add_argument("--proprio-n", type=int, default=100_000,
                         help="proprioceptive transitions for the dumps")
     parser.add_argument("--s3", type=int, default=0, metavar="N",
@@ -161,14 +242,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     td = make_atari(args.n, args.seed)
-    results = {"n": args.n, "repeats": args.repeats, "torch": torch.__version__, "workloads": {}}
+    results = {"n": args.n, "repeats": args.repeats, "torch": torch.__version__, "workloads": {},
+               "checkpoint": {}}
     if not args.checkpoint_only:
+        results["cold_sampling"] = cold_rows(td, args.repeats, args.seed)
+    if not (args.checkpoint_only or args.cold_only):
         results["workloads"] = {
             "transitions (TensorDict)": run("td", td, args.repeats, args.seed),
             "flat pixels (tensor)": run("flat", td["pixels"], args.repeats, args.seed)}
-    results["checkpoint"] = {"atari": dump_rows(td, args.repeats),
-                             "proprio": dump_rows(make_proprio(args.proprio_n, args.seed), args.repeats)}
-    if args.s3:
+    if not args.cold_only:
+        results["checkpoint"] = {"atari": dump_rows(td, args.repeats),
+                                 "proprio": dump_rows(make_proprio(args.proprio_n, args.seed),
+                                                      args.repeats)}
+    if args.s3 and not args.cold_only:
         from zstore.demo import loopback_s3
 
         with loopback_s3() as (bucket, options):
@@ -186,6 +272,19 @@ def main(argv=None) -> int:
         ratio = rows["zstore_vs_torchrl"]
         print(f"{workload:26} zstore/torchrl: {ratio['size']:.1f}x smaller, sample {ratio['sample']:.1f}x, "
               f"get {ratio['get']:.1f}x, extend {ratio['extend']:.1f}x faster")
+    cold = results.get("cold_sampling")
+    if cold:
+        print(f"cold sampling of 256 ({cold['chunks_touched']} chunks, "
+              f"{cold['decoded_bytes'] / 2**20:.0f} MiB decoded):")
+        for label, key in (("TorchRL get + torch.stack", "torchrl_s"),
+                           ("zstore get + stack_items, cold", "cold_s"),
+                           ("zstore get + stack_items, warm", "warm_s"),
+                           ("decode limit, 1 thread", "decode_1_s"),
+                           ("decode limit, 2 threads", "decode_2_s")):
+            print(f"  {label:32} {cold[key] * 1e3:8.2f} ms")
+        print(f"  TorchRL / zstore: cold {cold['torchrl_vs_cold']:.2f}x, warm "
+              f"{cold['torchrl_vs_warm']:.1f}x; cold / decode limit (2 threads) "
+              f"{cold['cold_vs_decode_2']:.2f}x; decode 1 thread / 2 threads {cold['decode_1_vs_2']:.2f}x")
     for workload, ck in results["checkpoint"].items():
         print(f"dumps of {ck['items']} {workload} transitions: full {ck['full_dump']['s']:.3f} s "
               f"({ck['full_dump']['bytes'] / 2**20:.1f} MiB); after {ck['new_items']} new items "
@@ -193,7 +292,8 @@ def main(argv=None) -> int:
               f"{100 * ck['second_vs_full']['bytes']:.1f}% of the bytes in "
               f"{100 * ck['second_vs_full']['time']:.0f}% of the time")
     if args.json is None:
-        name = "compressed_checkpoint.json" if args.checkpoint_only else "compressed.json"
+        name = ("compressed_checkpoint.json" if args.checkpoint_only
+                else "compressed_cold.json" if args.cold_only else "compressed.json")
         args.json = str(HERE / "results" / name)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2))

@@ -25,7 +25,7 @@ from zarr.storage import LocalStore
 
 from . import _faults
 from .cache import ChunkCache
-from .chunkio import MAX_IN_FLIGHT, ColumnReader, Throttle
+from .chunkio import MAX_IN_FLIGHT, PARALLEL_BYTES, ColumnReader, Throttle
 from .dtypes import compute_dtype, from_numpy, from_storage, storage_numpy_dtype, to_storage
 from .errors import CorruptChunkError
 from .layout import Leaf
@@ -114,8 +114,12 @@ class BlockGroup:
         start = block * self.R
         return start, min(start + self.R, self.rows)
 
-    def _fetch(self, blocks: list[int]) -> dict[str, list[np.ndarray | None]]:
+    def _fetch(self, blocks: list[int], into: dict[str, list[np.ndarray]] | None = None
+               ) -> dict[str, list[np.ndarray | None]]:
         """Decoded ``blocks`` of every key, all requests in flight at once (None: never stored).
+
+        ``into[path][i]``: a host cache slot block ``i`` of key ``path`` may be decoded
+        straight into (see :meth:`ColumnReader.read`).
 
         Uploads in flight land first (read what was written, never what was there
         before). On a remote store, and for a reader, a payload that fails to
@@ -126,9 +130,9 @@ class BlockGroup:
         self.writes.drain()
         for _ in range(3):
             if self.keep_indexes and not self.remote:  # a local writer owns its store
-                out = self._fetch_once(blocks)
+                out = self._fetch_once(blocks, into)
             else:
-                out = with_retries(lambda: self._fetch_once(blocks), (CorruptChunkError,))
+                out = with_retries(lambda: self._fetch_once(blocks, into), (CorruptChunkError,))
             if self._overlay(blocks, out):
                 return out
         raise CorruptChunkError(f"the log segments of {self.where} keep changing under this "
@@ -270,11 +274,18 @@ class BlockGroup:
 
         sync(delete())  # a failure leaves an unlisted object: garbage, never read
 
-    def _fetch_once(self, blocks: list[int]) -> dict[str, list[np.ndarray | None]]:
+    def _fetch_once(self, blocks: list[int], into: dict[str, list[np.ndarray]] | None = None
+                    ) -> dict[str, list[np.ndarray | None]]:
+        readers = [r for r in self.readers.values() if r is not None]
+        # decoding on the shared pool pays a thread hand-off per chunk: only for larger reads
+        parallel = (len(blocks) * len(readers) > 1
+                    and len(blocks) * sum(r.block_nbytes for r in readers) >= PARALLEL_BYTES)
+
         async def column(leaf, limit):
             reader = self.readers[leaf.path]
             if reader is not None:
-                return await reader.read(self.store, blocks, limit)
+                return await reader.read(self.store, blocks, limit,
+                                         None if into is None else into[leaf.path], parallel)
             return await asyncio.gather(*[self.arrays[leaf.path].getitem(slice(*self._span(b)))
                                           for b in blocks])
 
@@ -341,7 +352,7 @@ class BlockGroup:
             target = self.host[leaf.path][slot]
             if array is None:
                 target.fill(0)
-            else:
+            elif not np.may_share_memory(target, array):  # (else decoded into the slot)
                 np.copyto(target[: len(array)], array)
         elif array is None:
             self.cache.slabs[leaf.path][slot].zero_()
@@ -360,13 +371,16 @@ class BlockGroup:
                 self._copy_in(leaf, slot, None)
         wanted = blocks[stored].tolist()
         if wanted:
+            targets = slots[stored].tolist()
+            into = None if self.host is None else \
+                {leaf.path: [self.host[leaf.path][slot] for slot in targets] for leaf in self.leaves}
             try:
-                fetched = self._fetch(wanted)
+                fetched = self._fetch(wanted, into)
             except BaseException:
                 self.cache.invalidate(blocks)  # the slots hold nothing of these blocks
                 raise
             for leaf in self.leaves:
-                for slot, array in zip(slots[stored].tolist(), fetched[leaf.path]):
+                for slot, array in zip(targets, fetched[leaf.path]):
                     self._copy_in(leaf, slot, array)
         return slots
 

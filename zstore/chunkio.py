@@ -7,6 +7,11 @@ cached, the byte ranges of the wanted inner chunks are coalesced (neighbours
 within :data:`COALESCE_GAP` become one request), all requests of a batch are in
 flight at once, and chunks are decoded with the codecs the array's own
 metadata names. Arrays whose codecs it does not know fall back to zarr.
+
+A read that decodes more than one chunk (and :data:`PARALLEL_BYTES` or more in all)
+decodes them on a shared pool of ``os.cpu_count()`` threads (zstd and crc32c release
+the GIL); a zstd chunk is decoded straight into the caller's destination (a cache
+slot) when it has one.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import google_crc32c
@@ -30,9 +38,49 @@ from .layout import chunk_key, key_separator
 COALESCE_GAP = 1 << 20
 #: Most requests in flight at once per batch.
 MAX_IN_FLIGHT = 64
+#: A read decoding fewer bytes than this (or one chunk) decodes them on the calling thread.
+PARALLEL_BYTES = 1 << 20
 _EMPTY = np.uint64(2**64 - 1)
 _PROTOTYPE = default_buffer_prototype()
 _WHOLE = OffsetByteRequest(0)
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def decode_pool() -> ThreadPoolExecutor | None:
+    """The process's shared chunk-decoding pool (``os.cpu_count()`` threads; None on one core)."""
+    global _pool
+    workers = os.cpu_count() or 1
+    if _pool is None and workers > 1:
+        with _pool_lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(workers, thread_name_prefix="zstore-decode")
+    return _pool
+
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's pool threads do not exist there."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def zstd_content_size(frame) -> int | None:
+    """The decompressed size a zstd frame's header declares (None: not declared, or no frame)."""
+    head = bytes(frame[:18])
+    if len(head) < 6 or head[:4] != _ZSTD_MAGIC:
+        return None
+    descriptor = head[4]
+    single_segment = (descriptor >> 5) & 1
+    at = 5 + (not single_segment) + (0, 1, 2, 4)[descriptor & 3]
+    size = (single_segment, 2, 4, 8)[descriptor >> 6]
+    if not size or len(head) < at + size:
+        return None
+    value = int.from_bytes(head[at:at + size], "little")
+    return value + 256 if size == 2 else value
 
 
 class Throttle:
@@ -95,7 +143,8 @@ class ColumnReader:
     """
 
     def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype, chunk_rows: int,
-                 per_shard: int, sharded: bool, decoders: list, where: str, separator: str = "/"):
+                 per_shard: int, sharded: bool, decoders: list, where: str, separator: str = "/",
+                 zstd_last: bool = False):
         self.path = path
         self.ndim = len(shape)
         self.separator = separator
@@ -106,6 +155,9 @@ class ColumnReader:
         self.per_shard = per_shard
         self.sharded = sharded
         self.decoders = decoders
+        # the last decoder is zstd's and the values native: it can decode into a destination
+        self.decodes_into = zstd_last and dtype.isnative
+        self.block_nbytes = self.block_numel * dtype.itemsize
         self.where = where
         self.indexes: dict[int, np.ndarray | None] = {}
 
@@ -141,13 +193,19 @@ class ColumnReader:
         if decoders is None:
             return None
         return cls(array.path, shape, dtype, chunk_rows, per_shard, sharded, decoders, label,
-                   separator)
+                   separator, zstd_last=len(codecs) > 1 and codecs[1]["name"] == "zstd")
 
     # -- decoding ---------------------------------------------------------------------------
-    def _decode(self, payload: bytes, block: int) -> np.ndarray:
+    def _decode(self, payload: bytes, block: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The values of ``block``; decoded straight into ``out`` (a writable native array of
+        one block) when the last codec is zstd and the frame declares exactly its size."""
         data = payload
+        last = len(self.decoders) - 1
         try:
-            for decode in self.decoders:
+            for step, decode in enumerate(self.decoders):
+                if step == last and out is not None and self.decodes_into \
+                        and zstd_content_size(data) == out.nbytes == self.block_nbytes:
+                    return decode(data, out=out)
                 data = decode(data)
         except CorruptChunkError as exc:
             raise CorruptChunkError(f"key {self.path!r}, chunk {block}: {exc}") from None
@@ -190,23 +248,47 @@ class ColumnReader:
             self.indexes[shard] = index
         return self.indexes[shard]
 
-    async def read(self, store: Store, blocks: list[int], limit: "Throttle") -> list:
-        """Decoded ``[chunk_rows, ...]`` arrays for ``blocks`` (None where never written)."""
+    async def read(self, store: Store, blocks: list[int], limit: "Throttle",
+                   into: list[np.ndarray | None] | None = None, parallel: bool = False) -> list:
+        """Decoded ``[chunk_rows, ...]`` arrays for ``blocks`` (None where never written).
+
+        ``into[i]``: where block ``i`` may be decoded to (the result is then that array);
+        ``parallel``: decode on :func:`decode_pool`. Every decode has ended when this returns
+        or raises (the first error, in block order).
+        """
+        into = into or [None] * len(blocks)
+        pool = decode_pool() if parallel else None
         if not self.sharded:
             # a ranged read of the whole object: s3fs sends a plain GET after a HEAD, a
             # ranged one alone (measured: twice the throughput on the loopback server)
-            payloads = await asyncio.gather(*[self._get(store, self._key(b), _WHOLE, limit)
-                                              for b in blocks])
-            return [None if p is None else self._decode(p, b) for p, b in zip(payloads, blocks)]
+            payloads = await _settled([self._get(store, self._key(b), _WHOLE, limit)
+                                       for b in blocks])
+            return await _settled([self._decoded(p, b, o, pool)
+                                   for p, b, o in zip(payloads, blocks, into)])
         by_shard: dict[int, list[int]] = {}
         for position, block in enumerate(blocks):
             by_shard.setdefault(block // self.per_shard, []).append(position)
         out: list = [None] * len(blocks)
-        await asyncio.gather(*[self._read_shard(store, shard, positions, blocks, out, limit)
-                               for shard, positions in by_shard.items()])
+        await _settled([self._read_shard(store, shard, positions, blocks, out, limit, into, pool)
+                        for shard, positions in by_shard.items()])
         return out
 
-    async def _read_shard(self, store, shard, positions, blocks, out, limit) -> None:
+    async def _decoded(self, payload, block: int, out: np.ndarray | None,
+                       pool: ThreadPoolExecutor | None) -> np.ndarray | None:
+        """:meth:`_decode` of ``payload`` (None stays None), on ``pool`` when given."""
+        if payload is None:
+            return None
+        if pool is not None:
+            try:
+                future = asyncio.get_running_loop().run_in_executor(
+                    pool, self._decode, payload, block, out)
+            except RuntimeError:  # the pool is shut down (interpreter exit): decode here
+                pass
+            else:
+                return await future
+        return self._decode(payload, block, out)
+
+    async def _read_shard(self, store, shard, positions, blocks, out, limit, into, pool) -> None:
         index = await self._shard_index(store, shard, limit)
         if index is None:
             return
@@ -229,12 +311,25 @@ class ColumnReader:
             if raw is None or len(raw) < stop - start:
                 raise CorruptChunkError(f"{self.where}: key {self.path!r}, shard {shard} is "
                                         "shorter than its index says (truncated object)")
-            for begin, end, position in group:
-                out[position] = self._decode(raw[begin - start: end - start], blocks[position])
+            decoded = await _settled([self._decoded(raw[begin - start: end - start],
+                                                    blocks[position], into[position], pool)
+                                      for begin, end, position in group])
+            for (_, _, position), array in zip(group, decoded):
+                out[position] = array
 
-        await asyncio.gather(*[fetch(group) for group in groups])
+        await _settled([fetch(group) for group in groups])
 
     def forget(self, blocks: list[int]) -> None:
         """Drop cached shard indexes of ``blocks`` (their shards were rewritten)."""
         for block in blocks:
             self.indexes.pop(block // self.per_shard, None)
+
+
+async def _settled(aws: list) -> list:
+    """``asyncio.gather(*aws)``, but every awaitable has ended before the first error (in
+    order) is raised: no decode still writes into a destination the caller reuses."""
+    results = await asyncio.gather(*aws, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results

@@ -1,0 +1,176 @@
+"""Cold reads decode their chunks on the shared pool (zstore.chunkio.decode_pool).
+
+Behaviour, not timing: a cold multi-chunk ``get`` equals a list model on memory://,
+local and S3; a corrupt chunk among several decoded at once still raises
+CorruptChunkError naming key and chunk (and leaves no half-loaded slot); several
+chunks decode on more than one thread, one chunk on none of the pool's; a forked
+child and a shut-down pool still read.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+import zstore
+import zstore.blocks
+import zstore.chunkio
+from conftest import Location
+from zstore import CorruptChunkError, StoreSpec
+from zstore.chunkio import ColumnReader
+
+N, PER_CHUNK = 48, 4
+
+
+@pytest.fixture(autouse=True)
+def parallel_small_reads(monkeypatch):
+    """These stores are small: let every read of more than one chunk decode in parallel."""
+    monkeypatch.setattr(zstore.blocks, "PARALLEL_BYTES", 0, raising=False)
+
+
+def item(i: int) -> TensorDict:
+    g = torch.Generator().manual_seed(i)
+    return TensorDict(obs=torch.randint(0, 255, (4, 8, 8), dtype=torch.uint8, generator=g),
+                      tokens=torch.arange(i % 5 + 1) * i,  # ragged: its length varies
+                      a=torch.tensor(i), batch_size=[])
+
+
+def written(location) -> tuple[str, list[TensorDict]]:
+    """A committed CompressedListStorage of N items, ``PER_CHUNK`` a chunk; its URL and model."""
+    url = location.new()
+    storage = location.compressed(N, scratch_dir=url, chunks=PER_CHUNK)
+    model = [item(i) for i in range(N)]
+    for i, x in enumerate(model):
+        storage.set(i, x)
+    storage.close()
+    return url, model
+
+
+def local(tmp_path) -> Location:
+    """A local directory as a Location (the tests that need one place only)."""
+    return Location("local", str(tmp_path), {})
+
+
+def cold(url, location):
+    return zstore.open(url, location.options, mode="r")
+
+
+def test_a_multi_chunk_cold_get_equals_the_list_model(location):
+    url, model = written(location)
+    idx = torch.tensor([45, 3, 3, 17, 0, 46, 29, 8, 40, 17, 22, 11])  # unsorted, repeated
+    got = cold(url, location).get(idx)
+    assert len(got) == len(idx)
+    for k, x in zip(idx.tolist(), got):
+        assert (x == model[k]).all(), k
+    reader = cold(url, location)
+    batch = zstore.stack_items(reader.get(torch.arange(N)))
+    assert (batch["obs"] == torch.stack([x["obs"] for x in model])).all()
+    assert batch["a"].tolist() == list(range(N))
+    assert reader.cache_stats.loads >= N // PER_CHUNK  # every chunk of obs loaded once
+
+
+def corrupt_chunk(url, location, chunk: int) -> tuple:
+    """Flip a byte of the stored obs chunk ``chunk`` (its own object, or inside its shard:
+    remote stores shard); returns (fs, path, original bytes)."""
+    fs, root = StoreSpec.parse(url, location.options).filesystem()
+    reader = cold(url, location)._table.table.readers["obs"]
+    shard = chunk // reader.per_shard
+    path = next(p for p in fs.find(root) if f"/obs/c/{shard}/" in p)
+    original = fs.cat_file(path)
+    at = 7
+    if reader.sharded:
+        index = np.frombuffer(original[-(16 * reader.per_shard + 4):-4], dtype="<u8")
+        at += int(index.reshape(-1, 2)[chunk % reader.per_shard, 0])
+    fs.pipe_file(path, original[:at] + bytes([original[at] ^ 0x40]) + original[at + 1:])
+    return fs, path, original
+
+
+def test_a_corrupt_chunk_among_parallel_decodes_names_key_and_chunk(location):
+    url, model = written(location)
+    fs, path, original = corrupt_chunk(url, location, 5)
+    reader = cold(url, location)
+    with pytest.raises(CorruptChunkError, match=r"'obs', chunk 5"):
+        reader.get(torch.arange(N))  # 12 chunks of obs, decoded at once
+    fs.pipe_file(path, original)
+    got = zstore.stack_items(reader.get(torch.arange(N)))  # no slot kept half-loaded
+    assert (got["obs"] == torch.stack([x["obs"] for x in model])).all()
+
+
+def recording_decodes(monkeypatch) -> list[str]:
+    """Names of the threads each chunk decode runs on. The pool's first two decodes wait for
+    each other (a barrier, not a sleep): they pass only when two threads decode at once, and
+    time out into an error when one thread would decode them in turn."""
+    names: list[str] = []
+    lock, met = threading.Lock(), threading.Barrier(2, timeout=30)
+    decode = ColumnReader._decode
+
+    def recorded(self, *args, **kwargs):
+        name = threading.current_thread().name
+        with lock:
+            names.append(name)
+            waits = name.startswith("zstore-decode") and len(names) <= 2
+        if waits:
+            met.wait()
+        return decode(self, *args, **kwargs)
+
+    monkeypatch.setattr(ColumnReader, "_decode", recorded)
+    return names
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: decodes stay on the caller")
+def test_several_chunks_decode_on_more_than_one_thread_one_chunk_on_the_caller(
+        tmp_path, monkeypatch):
+    url, model = written(local(tmp_path))
+    tensors = zstore.CompressedListStorage(N, scratch_dir=str(tmp_path / "tensors"), chunks=4)
+    tensors.set(range(N), torch.stack([x["obs"] for x in model]))
+    tensors.close()
+    names = recording_decodes(monkeypatch)
+    one = zstore.open(str(tmp_path / "tensors"), mode="r").get(5)  # one key, one chunk
+    assert (one == model[5]["obs"]).all()
+    assert names and not any(n.startswith("zstore-decode") for n in names)
+    names.clear()
+    zstore.open(url, mode="r").get(torch.arange(N))
+    workers = {n for n in names if n.startswith("zstore-decode")}
+    assert len(workers) > 1, names
+
+
+def _sum_all(url: str, queue) -> None:
+    queue.put(int(zstore.stack_items(zstore.open(url, mode="r").get(torch.arange(N))).sum()))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_decodes_on_a_pool_of_its_own(tmp_path):
+    """The parent's pool threads do not exist in a forked child (it would wait forever)."""
+    url = str(tmp_path / "tensors")
+    storage = zstore.CompressedListStorage(N, scratch_dir=url, chunks=PER_CHUNK)
+    data = torch.arange(N * 64).reshape(N, 64)
+    storage.set(range(N), data)
+    storage.close()
+    zstore.open(url, mode="r").get(torch.arange(N))  # the parent's pool is started
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_sum_all, args=(url, queue))
+    child.start()
+    try:
+        assert queue.get(timeout=60) == int(data.sum())
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+
+
+def test_a_shut_down_pool_decodes_on_the_caller(tmp_path, monkeypatch):
+    """At interpreter exit the pool refuses work: a last commit's reads still decode."""
+    url, model = written(local(tmp_path))
+    gone = ThreadPoolExecutor(2)
+    gone.shutdown()
+    monkeypatch.setattr(zstore.chunkio, "_pool", gone, raising=False)
+    got = zstore.stack_items(zstore.open(url, mode="r").get(torch.arange(N)))
+    assert (got["obs"] == torch.stack([x["obs"] for x in model])).all()
