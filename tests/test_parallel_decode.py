@@ -3,8 +3,8 @@
 Behaviour, not timing: a cold multi-chunk ``get`` equals a list model on memory://,
 local and S3; a corrupt chunk among several decoded at once still raises
 CorruptChunkError naming key and chunk (and leaves no half-loaded slot); several
-chunks decode on more than one thread, one chunk on none of the pool's; a forked
-child and a shut-down pool still read.
+chunks decode on more than one thread, one chunk and uncompressed chunks on none of
+the pool's; a forked child and a shut-down pool still read.
 """
 
 from __future__ import annotations
@@ -174,3 +174,19 @@ def test_a_shut_down_pool_decodes_on_the_caller(tmp_path, monkeypatch):
     monkeypatch.setattr(zstore.chunkio, "_pool", gone, raising=False)
     got = zstore.stack_items(zstore.open(url, mode="r").get(torch.arange(N)))
     assert (got["obs"] == torch.stack([x["obs"] for x in model])).all()
+
+
+def test_uncompressed_chunks_are_checked_on_the_caller(monkeypatch):
+    """A raw buffer's chunks (bytes + crc32c) are checked where they are read: a checksum
+    costs less than a thread hand-off, so the pool never sees them."""
+    url = f"memory://zstore-test-parallel/{os.getpid()}-raw"
+    storage = zstore.LazyMemmapStorage(N, scratch_dir=url, codec=None, chunks=PER_CHUNK)
+    data = TensorDict(obs=torch.arange(N * 64.0).reshape(N, 64), batch_size=[N])
+    storage.set(torch.arange(N), data)
+    storage.close()
+    names = recording_decodes(monkeypatch)
+    got = zstore.open(url, mode="r").get(torch.arange(N))
+    assert torch.equal(got["obs"], data["obs"])
+    assert len(names) == N // PER_CHUNK  # every chunk was read and checked ...
+    assert not any(n.startswith("zstore-decode") for n in names)  # ... off the pool
+    StoreSpec.parse(url).delete()
