@@ -26,7 +26,7 @@ from ..cache import DEFAULT_CACHE_BYTES, CacheStats, cache_tier
 from ..codecs import choose_layout, is_remote, parse_codecs
 from ..errors import MissingKeyError, ReadOnlyError, SchemaError, StoreExistsError
 from ..display import KeyRow, Summary, dtype_name
-from ..group import commit, create_group, existing_meta, open_group
+from ..group import commit, commit_consolidated, create_group, existing_meta, open_group
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta
 from ..lease import DEFAULT_TTL, LEASE_NAME
 from ..store import StoreSpec, run_deferred
@@ -139,6 +139,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self._pid = os.getpid()
         self._start_clock()
         self._committed = (0, -1)  # (length, last cursor) as last committed or opened
+        self._committed_here = False  # whether this process committed (close then publishes)
         self._cleaned = False
         self._finalizer = weakref.finalize(self, collect_store, self.spec) if self.auto_cleanup else None
         self._open_lease(self.spec, self.lease_ttl)
@@ -534,6 +535,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         meta.high_water = self.table.high_water
         meta.tail = self.table.tail_record()
         commit(self._group, meta, self._lease, self.spec.redacted())
+        self._committed_here = True
         self.table.committed()
         self._committed = (meta.length, meta.last_cursor)
         self._mark_clean()
@@ -556,11 +558,24 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             if self._uncommitted or self._table.tail_record():
                 with self._commit_lock:  # closed, the store holds no log segments (format.md §6)
                     self._flush(consolidate=True)
+            if self._publishes_nodes_at_close:
+                with self._commit_lock:
+                    commit_consolidated(self._group, self._meta, self._lease, self.spec.redacted())
             self._table.close()
         self._table = None
         self.initialized = False if self._meta is None else self.initialized
         self._release_lease()
         untrack(self)
+
+    @property
+    def _publishes_nodes_at_close(self) -> bool:
+        """Whether :meth:`close` copies the nodes' metadata into the root ``zarr.json``: a
+        remote store this storage committed to and still holds (a local or ``memory://``
+        open saves no round trip with it)."""
+        return (self._committed_here and not self.spec.read_only
+                and not (self.spec.is_local or self.spec.is_memory) and self._meta is not None
+                and not self._meta.read_only
+                and (self._lease is None or (self._lease.active and self._lease.held)))
 
     def __enter__(self) -> "LazyMemmapStorage":
         return self
