@@ -127,3 +127,30 @@ def test_a_local_or_memory_buffer_closes_without_the_copy(location):
     storage.close()
     root = _root(storage.scratch_dir, location.options)
     assert ("consolidated_metadata" in root) == (location.kind == "s3")
+
+
+def test_a_failed_closing_copy_still_closes(s3_bucket, s3_options, monkeypatch):
+    """The closing copy is an optimisation over committed rows: when its write fails, close
+    warns, still releases the lease and closes, and the buffer opens as before."""
+    from conftest import Location
+
+    import zstore.group
+
+    location = Location("s3", f"s3://{s3_bucket}/failed-copy", s3_options)
+    data = _rows(8)
+    storage = location.memmap(16, chunks=4)
+    storage.set(torch.arange(8), data)
+    storage.flush()
+
+    def refused(*args, **kwargs):
+        raise OSError("connection reset by the test")
+
+    monkeypatch.setattr(zstore.group, "commit", refused)
+    with pytest.warns(RuntimeWarning, match="rows are committed.*two round trips"):
+        storage.close()
+    monkeypatch.undo()
+    assert storage._table is None and "consolidated_metadata" not in _root(storage.scratch_dir,
+                                                                            location.options)
+    fs, root = StoreSpec.parse(storage.scratch_dir, location.options).filesystem()
+    assert not fs.exists(f"{root}/zstore-lease.json")  # the lease was given back
+    _same_rows(zstore.open(storage.scratch_dir, location.options, mode="r"), data)

@@ -15,6 +15,7 @@ import os
 from concurrent.futures import Future
 import tempfile
 import time
+import warnings
 import weakref
 from typing import Any, Mapping
 
@@ -24,7 +25,7 @@ from tensordict import is_tensor_collection, is_tensorclass
 from .. import autocommit
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats, cache_tier
 from ..codecs import choose_layout, is_remote, parse_codecs
-from ..errors import MissingKeyError, ReadOnlyError, SchemaError, StoreExistsError
+from ..errors import MissingKeyError, ReadOnlyError, SchemaError, StoreExistsError, ZStoreError
 from ..display import KeyRow, Summary, dtype_name
 from ..group import commit, commit_consolidated, create_group, existing_meta, open_group
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta
@@ -559,13 +560,24 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                 with self._commit_lock:  # closed, the store holds no log segments (format.md §6)
                     self._flush(consolidate=True)
             if self._publishes_nodes_at_close:
-                with self._commit_lock:
-                    commit_consolidated(self._group, self._meta, self._lease, self.spec.redacted())
+                self._publish_nodes()
             self._table.close()
         self._table = None
         self.initialized = False if self._meta is None else self.initialized
         self._release_lease()
         untrack(self)
+
+    def _publish_nodes(self) -> None:
+        """The closing commit with the nodes' metadata (format.md §6). The rows are already
+        committed: a failure here only costs readers a round trip, so it is reported and the
+        close goes on (the lease is released, the table closed)."""
+        try:
+            with self._commit_lock:
+                commit_consolidated(self._group, self._meta, self._lease, self.spec.redacted())
+        except (OSError, ZStoreError) as exc:
+            warnings.warn(f"closing {self.spec.redacted()}: its rows are committed, but the copy "
+                          f"of its arrays' metadata was not written ({type(exc).__name__}: {exc}); "
+                          "readers open it in two round trips", RuntimeWarning, stacklevel=3)
 
     @property
     def _publishes_nodes_at_close(self) -> bool:
