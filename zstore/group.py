@@ -366,12 +366,12 @@ def commit(group: zarr.Group, meta: StoreMeta, lease: "Lease | None" = None,
 
 
 def commit_consolidated(group: zarr.Group, meta: StoreMeta, lease: "Lease | None" = None,
-                        where: str = "the buffer") -> bool:
+                        where: str = "the buffer") -> None:
     """:func:`commit`, with a copy of every other node's ``zarr.json`` in the root's (Zarr's
     consolidated metadata), so that a reader opens the buffer with one request
     (docs/format.md §6). The nodes' documents are fetched concurrently, in one round trip.
-    A writer opens without the copy, so its next commit drops it. Returns ``False``, having
-    written nothing, when a node's document cannot be read: the plain commit stands."""
+    A writer opens without the copy, so its next commit drops it. Nothing is written when a
+    node's document cannot be read: the plain commit stands."""
     paths = [*meta.schema.group_paths, *(leaf.path for leaf in meta.schema.leaves)]
     store = group.store
 
@@ -386,11 +386,10 @@ def commit_consolidated(group: zarr.Group, meta: StoreMeta, lease: "Lease | None
             "kind": "inline", "must_understand": False,
             "metadata": {path: json.loads(doc.to_bytes()) for path, doc in zip(paths, documents)}})
     except Exception:  # noqa: BLE001 - a missing or unreadable node: no copy, readers read them
-        return False
+        return
     whole = AsyncGroup(dataclasses.replace(group.metadata, consolidated_metadata=nodes),
                        group._async_group.store_path)
     commit(zarr.Group(whole), meta, lease, where)
-    return True
 
 
 def put_attrs(group: zarr.Group, attrs: dict[str, Any], lease: "Lease | None" = None) -> None:

@@ -675,7 +675,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         if self.spec.read_only:
             return
         if self._lease is not None:
-            if not (self._lease.active and self._lease.held):
+            if not self._holds_lease:
                 return  # this storage wrote nothing, or lost the lease
             self._lease.renew()
         if self._table is not None:

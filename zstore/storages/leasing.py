@@ -49,6 +49,12 @@ class LeasedWriter:
         self._reload_committed()
         self._fence()
 
+    @property
+    def _holds_lease(self) -> bool:
+        """Whether this storage commits as its store's writer: it takes no lease, or its lease
+        is active and held."""
+        return self._lease is None or (self._lease.active and self._lease.held)
+
     def _release_lease(self) -> None:
         """Give the lease back (the last storage of the process using it deletes it)."""
         if self._lease is not None:

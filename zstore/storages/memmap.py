@@ -360,7 +360,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         in-place writes into the views are this writer's. Elsewhere every read is a copy."""
         table = self.table
         return (isinstance(table, MmapTable) and not table.read_only
-                and (self._lease is None or (self._lease.active and self._lease.held)))
+                and self._holds_lease)
 
     @property
     def _storage(self) -> Any:
@@ -526,7 +526,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                 or self._meta.read_only:
             return
         if self._lease is not None:
-            if not (self._uncommitted or (self._lease.active and self._lease.held)):
+            if not (self._uncommitted or self._holds_lease):
                 return  # nothing of this storage's to commit, or it lost the lease
             self._lease.renew()  # a writer that lost the lease stops before storing anything
         self.table.flush(consolidate)
@@ -585,9 +585,9 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         remote store this storage committed to and still holds (a local or ``memory://``
         open saves no round trip with it)."""
         return (self._committed_here and not self.spec.read_only
-                and not (self.spec.is_local or self.spec.is_memory) and self._meta is not None
+                and self.spec.is_remote and self._meta is not None
                 and not self._meta.read_only
-                and (self._lease is None or (self._lease.active and self._lease.held)))
+                and self._holds_lease)
 
     def __enter__(self) -> "LazyMemmapStorage":
         return self
