@@ -189,3 +189,61 @@ def test_in_ram_updates_reach_incremental_checkpoints(kind, tmp_path):
     fresh = new_storage()
     fresh.loads(dest)
     assert_equal(fresh.get(slice(None)), model)
+
+
+#: Index assignments as TorchRL's ``test_storage_inplace_writing_ndim`` makes them: into
+#: ``rb[:]`` of an ``ndim=2`` buffer extended along time (``dim_extend=1``), which TorchRL
+#: reads as ``storage[:, :]`` transposed to ``[lanes, time]``.
+def index_assignments(rb) -> None:
+    def cells(n: int, lanes: int = 0) -> TensorDict:
+        out = TensorDict({"obs": torch.full((n, 3), -1.0), "action": torch.zeros(n).long(),
+                          ("next", "reward"): torch.full((n, 1), 0.5).double(),
+                          ("next", "done"): torch.ones(n, 1, dtype=torch.bool)}, [n])
+        return out.expand(lanes, n) if lanes else out
+
+    rb[0, 3:4] = cells(1)
+    rb[1, 5:6] = cells(1)
+    rb[:, 7:8] = cells(1, 2)
+    rb[:, 10:20] = cells(10)  # broadcast over the lanes
+    rb[:][1, 21:23].set_("action", torch.full((2,), 9))  # an in-place update of a view
+    rb[:][0].set_at_("obs", torch.full((3,), 4.0), 40)
+
+
+@pytest.mark.parametrize("codec", [None, "zstd"])
+def test_index_assignments_of_a_2d_buffer_are_stored(location, codec, tmp_path):
+    """``rb[lane, t0:t1] = td`` (and an update of such a view) lands, as in TorchRL's memmap:
+    it was lost on every store before (the view was a copy)."""
+    url = location.new()
+    storage = zt.LazyMemmapStorage(CAPACITY, scratch_dir=url, storage_options=location.options,
+                                   codec=codec, ndim=2)
+    rb = T.ReplayBuffer(storage=storage)
+    reference = T.ReplayBuffer(storage=T.LazyMemmapStorage(
+        CAPACITY, ndim=2, scratch_dir=str(tmp_path / "torchrl")))
+    data = rows(2 * 50).reshape(2, 50)  # two lanes of 50 steps
+    for buffer in (rb, reference):
+        buffer.extend(data.clone())
+        index_assignments(buffer)
+    want = reference[:].to_tensordict()
+    assert not torch.equal(want["action"], data["action"])  # the updates changed the rows
+    assert_equal(rb[:], want)
+    assert len(rb) == len(reference) and rb._writer._cursor == reference._writer._cursor
+    storage.flush()
+    again = zstore.open(url, location.options, mode="r")
+    assert_equal(again.get(slice(None)).transpose(0, 1), want)
+
+
+def test_index_assignments_of_an_in_ram_2d_buffer_reach_incremental_checkpoints(tmp_path):
+    storage = zt.LazyTensorStorage(CAPACITY, ndim=2)
+    rb = T.ReplayBuffer(storage=storage)
+    reference = T.ReplayBuffer(storage=T.LazyTensorStorage(CAPACITY, ndim=2))
+    data = rows(2 * 50).reshape(2, 50)
+    rb.extend(data.clone())
+    reference.extend(data.clone())
+    dest = tmp_path / "checkpoint"
+    storage.dumps(dest)
+    index_assignments(rb)
+    index_assignments(reference)
+    storage.dumps(dest)  # incremental: only the rows marked as written since the first dump
+    fresh = zt.LazyTensorStorage(CAPACITY, ndim=2)
+    fresh.loads(dest)
+    assert_equal(fresh.get(slice(None)).transpose(0, 1), reference[:])

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from tensordict import TensorDict, is_tensorclass
+from tensordict import TensorDict, is_tensor_collection, is_tensorclass
 from tensordict.utils import _unravel_key_to_tuple
 
 try:
@@ -155,19 +155,66 @@ class _WriteThrough(TensorDict):
     ``update_at_`` and item assignment here write the rows they change back with
     ``storage.set(rows, ..., set_cursor=False)``: it takes the lease, marks the rows for
     commits and incremental checkpoints, and refuses a read-only store. A key assigned is
-    updated in place (a buffer's keys are fixed). TensorDicts derived from this one (an
-    index, a clone, a nested TensorDict) store nothing themselves.
+    updated in place (a buffer's keys are fixed).
+
+    A view of it (a ``transpose``, which TorchRL's buffers apply to the rows of an
+    ``ndim=2`` storage, or an index of ints and slices) shares its tensors and stores its
+    updates the same way: it finds, for each of its cells, the row of the slice it came from
+    (``_cell_rows``), and stores those rows of the slice (``_rows``). Other derived TensorDicts
+    (a tensor index, a clone, a nested TensorDict) store nothing themselves.
     """
 
     _source: tuple[Any, int, int] | None = None  # (storage, start, step)
+    _rows: "_WriteThrough | None" = None  # the slice a view was derived from; None: itself
+    # a view's derivation: (what it was derived from, how), applied to that one's _cell_rows
+    _derived: tuple["_WriteThrough", Any] | None = None
 
     @classmethod
     def of(cls, td: TensorDict, storage: Any, start: int, step: int) -> "_WriteThrough":
         """``td`` (the same tensors) as the rows ``start::step`` of ``storage``."""
-        out = cls._new_unsafe(dict(td.items()), batch_size=td.batch_size, device=td.device,
-                              names=td.names if td._has_names() else None)
+        out = cls._wrap(td)
         out._source = (storage, start, step)
         return out
+
+    @staticmethod
+    def _wrap(td: TensorDict) -> "_WriteThrough":
+        """``td``'s tensors (not copied) in a new instance that stores nothing yet."""
+        return _WriteThrough._new_unsafe(dict(td.items()), batch_size=td.batch_size,
+                                         device=td.device,
+                                         names=td.names if td._has_names() else None)
+
+    def _cell_rows(self) -> torch.Tensor:
+        """For each cell of the batch, its row in the slice this was derived from (computed
+        when a view stores an update, not when it is made)."""
+        if self._derived is not None:
+            parent, derive = self._derived
+            return derive(parent._cell_rows())
+        n = self.batch_size[0]
+        return torch.arange(n).view(n, *(1,) * (self.batch_dims - 1)).expand(self.batch_size)
+
+    def _view(self, td: TensorDict, derive: Any) -> "_WriteThrough":
+        """``td``, a view of these tensors, storing its updates into the rows its cells came
+        from: ``derive`` maps this one's cell rows to ``td``'s."""
+        out = self._wrap(td)
+        out._source, out._rows, out._derived = self._source, self._whole(), (self, derive)
+        return out
+
+    def _whole(self) -> "_WriteThrough":
+        """The slice this is a view of (itself, unless it is a view)."""
+        return self if self._rows is None else self._rows
+
+    def transpose(self, dim0: int, dim1: int) -> Any:
+        out = super().transpose(dim0, dim1)
+        if self._source is None or out is self or not isinstance(out, TensorDict):
+            return out
+        return self._view(out, lambda rows: rows.transpose(dim0, dim1))
+
+    def __getitem__(self, index: Any) -> Any:
+        out = super().__getitem__(index)
+        if self._source is None or out is self or not isinstance(out, TensorDict) \
+                or not _is_basic(index):
+            return out
+        return self._view(out, lambda rows: rows[index])
 
     def set_at_(self, key: Any, value: Any, index: Any, **kwargs: Any) -> "_WriteThrough":
         with self._stored(index):
@@ -208,9 +255,10 @@ class _WriteThrough(TensorDict):
             self._source = source
         if source is not None:
             storage, start, step = source
-            rows = _rows_written(index, self.batch_size[0])
+            rows = self._cell_rows()[index].reshape(-1).unique()
             if len(rows):
-                storage.set(start + step * rows, self[rows], set_cursor=False)
+                storage.set(start + step * rows, TensorDict.__getitem__(self._whole(), rows),
+                            set_cursor=False)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -290,14 +338,19 @@ def _key_of(index: Any) -> tuple[str, ...]:
     return _unravel_key_to_tuple(index) if isinstance(index, (str, tuple)) else ()
 
 
-def _rows_written(index: Any, n: int) -> torch.Tensor:
-    """The rows (sorted, unique) of an ``n``-row TensorDict that a write at ``index`` reaches."""
-    first = (index[0] if index else slice(None)) if isinstance(index, tuple) else index
-    if not isinstance(first, (slice, type(Ellipsis), type(None))):
-        first = torch.as_tensor(first, device="cpu")
-        if first.dtype == torch.bool and first.ndim > 1:  # a mask over rows and lanes
-            first = first.flatten(1).any(1)
-    return torch.arange(n)[first].reshape(-1).unique()
+def _slice_then_basic(index: Any) -> bool:
+    """Whether ``index`` is ``(rows, *rest)``: ``rows`` a slice of positive step, ``rest``
+    basic (:func:`_is_basic`)."""
+    return (isinstance(index, tuple) and len(index) > 1 and isinstance(index[0], slice)
+            and (index[0].step is None or index[0].step > 0) and _is_basic(index[1:]))
+
+
+def _is_basic(index: Any) -> bool:
+    """Whether ``index`` indexes by ints, slices, ``...`` and ``None`` only (its result is a
+    view of what it indexes)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    return all(isinstance(part, (int, slice, type(Ellipsis), type(None)))
+               and not isinstance(part, bool) for part in parts)
 
 
 @_outside_compiled_code
@@ -309,6 +362,10 @@ class TensorStorage(_z.TensorStorage, Storage, _trl.TensorStorage):
     """
 
     def get(self, index: Any) -> Any:
+        if _slice_then_basic(index) and self.initialized and self._rows_are_collections():
+            # storage[a:b, lanes] (TorchRL's rb[:] of an ndim=2 storage reads [:, :]): a view
+            # of the slice's rows, which stores its in-place updates as the slice does
+            return self.get(index[0])[(slice(None), *index[1:])]
         out = super().get(index)
         if not isinstance(index, slice):
             return out
@@ -318,6 +375,10 @@ class TensorStorage(_z.TensorStorage, Storage, _trl.TensorStorage):
         if is_tensorclass(out) and type(out._tensordict) is TensorDict:
             return type(out).from_tensordict(_WriteThrough.of(out._tensordict, self, start, step))
         return out
+
+    def _rows_are_collections(self) -> bool:
+        """Whether the rows are TensorDicts or tensorclasses (an initialised storage)."""
+        return is_tensor_collection(self._storage)
 
 
 class LazyTensorStorage(_z.LazyTensorStorage, TensorStorage, _trl.LazyTensorStorage):
@@ -351,6 +412,9 @@ class LazyMemmapStorage(_z.LazyMemmapStorage, LazyTensorStorage, _trl.LazyMemmap
             if step > 0 and template is not None:
                 return _ReadOnDemand.rows(self, slice(start, max(start, stop), step), template)
         return super().get(index)
+
+    def _rows_are_collections(self) -> bool:
+        return self._schema.kind in ("tensordict", "tensorclass")
 
     def _read_rows(self, index: Any) -> Any:
         """``get(index)``, reading the rows now."""
