@@ -349,8 +349,9 @@ def _map_columns(storage: Any, schema, spec, layout, targets: dict[str, np.ndarr
 
 
 def _in_memory_columns(storage: Any, schema) -> dict[str, np.ndarray] | None:
-    """NumPy views of an in-RAM CPU container's columns (None for other storages)."""
-    if not storage.initialized or storage.checkpoint_export().columns is None:
+    """NumPy views of an in-RAM CPU container's columns (None for other storages, and for
+    string leaves, which an in-RAM container keeps as strings)."""
+    if not storage.initialized or schema.texts or storage.checkpoint_export().columns is None:
         return None
     columns = schema.columns(storage._storage, 1)  # checked against the checkpoint's schema
     if any(c.device.type != "cpu" or not c.is_contiguous() for c in columns.values()):

@@ -94,7 +94,9 @@ def prepare(storage: TensorCheckpointable, example: Any, schema: Schema | None, 
                 f"{where} holds a storage of {rows} rows (max_size={max_size}); this storage "
                 f"has max_size={storage.max_size}: the capacities must match")
         storage.max_size = max_size
-        storage.checkpoint_allocate(example)
+        storage.checkpoint_allocate(example, max(
+            (schema.by_path[path].shape[-1] for path in schema.texts), default=0)
+            if schema is not None else 0)
     shape = storage.checkpoint_shape()
     lanes = tuple(schema.lane_shape) if schema is not None else shape[1:]
     if shape != (rows, *lanes):
@@ -103,8 +105,8 @@ def prepare(storage: TensorCheckpointable, example: Any, schema: Schema | None, 
             f"storage has shape {list(shape)} (max_size={storage.max_size}): the capacities "
             "must match")
     if schema is not None:
-        mine = {leaf.path: leaf for leaf in storage.checkpoint_export().schema.leaves}
-        theirs = {leaf.path: leaf for leaf in schema.leaves}
+        mine = _columns_of(storage.checkpoint_export().schema)
+        theirs = _columns_of(schema)
         if mine != theirs:
             missing = sorted(set(theirs) - set(mine))
             extra = sorted(set(mine) - set(theirs))
@@ -112,6 +114,13 @@ def prepare(storage: TensorCheckpointable, example: Any, schema: Schema | None, 
             raise CheckpointError(
                 f"{where}: the checkpoint's keys do not match the storage's (only in the "
                 f"checkpoint: {missing}; only in the storage: {extra}; other dtype/shape: {changed})")
+
+
+def _columns_of(schema: Schema) -> dict[str, tuple]:
+    """``{path: (dtype, shape)}`` of a schema's leaves; a text leaf's width is left out (the
+    strings are written into the storage's own text cells, and a longer one is refused)."""
+    return {leaf.path: (leaf.dtype, leaf.shape[:-1] if leaf.path in schema.texts else leaf.shape,
+                        leaf.path in schema.texts) for leaf in schema.leaves}
 
 
 def restore(storage: TensorCheckpointable, data: Any, record: Any, schema: Schema | None,

@@ -152,6 +152,9 @@ BAD_BLOCKS = {
     "schema-not-an-object": (lambda b: b.update(schema=[1, 2]), "schema"),
     "item-batch-not-sizes": (lambda b: b["schema"].update(item_batch="3"), "item_batch"),
     "item-batch-past-a-shape": (lambda b: b["schema"].update(item_batch=[10**6]), "item_batch"),
+    "texts-not-paths": (lambda b: b["schema"].update(texts="obs"), "texts"),
+    "texts-of-a-float-leaf": (lambda b: b["schema"].update(
+        texts=[b["schema"]["leaves"][0]["path"]]), "texts"),
 }
 
 

@@ -16,11 +16,13 @@ from typing import Any, Mapping
 
 import torch
 import torch.utils._pytree as pytree
-from tensordict import TensorDict, TensorDictBase, is_tensor_collection, is_tensorclass
+from tensordict import TensorDict, TensorDictBase, is_non_tensor, is_tensor_collection
+from tensordict import is_tensorclass
 
 from .codecs import CodecSpec
 from .dtypes import torch_dtype_from_name, torch_dtype_name
 from .errors import (
+    CorruptChunkError,
     InvalidKeyError,
     MissingKeyError,
     NotAZStoreError,
@@ -28,6 +30,7 @@ from .errors import (
 )
 from .format_version import FORMAT_VERSION, TAIL_FORMAT_VERSION, check_format_version
 from .tail import Segment, record_from_json, record_to_json
+from .text import TEXT_BYTES, decode, encode, holds_value, is_text, non_tensor_leaves, width_for
 
 #: Name of the array that holds a storage of plain tensors (TorchRL's file name).
 SINGLE_TENSOR_KEY = "_-single-tensor-_"
@@ -140,6 +143,8 @@ class Schema:
     leaf's ``shape`` starts with it. ``item_batch`` holds the batch dims an item of a
     tensor collection has beyond its lanes (a ``[N, 3]`` TensorDict in an ``ndim=1``
     buffer: ``(3,)``): they come back as batch dims, as TorchRL's storages keep them.
+    ``texts`` holds the paths of string leaves, stored as text cells (``uint8`` leaves whose
+    last dim is the cell width: :mod:`zstore.text`).
     """
 
     leaves: tuple[Leaf, ...]
@@ -149,6 +154,7 @@ class Schema:
     treespec: str | None = None
     class_name: str | None = None
     item_batch: tuple[int, ...] = ()
+    texts: tuple[str, ...] = ()
     tensorclass: type | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -169,8 +175,9 @@ class Schema:
 
     # -- construction ---------------------------------------------------------------
     @classmethod
-    def from_example(cls, example: Any, ndim: int = 1) -> "Schema":
-        """Infer the schema from one example item (no leading buffer dim)."""
+    def from_example(cls, example: Any, ndim: int = 1, text_bytes: int = TEXT_BYTES) -> "Schema":
+        """Infer the schema from one example item (no leading buffer dim); its string
+        leaves get text cells of ``text_bytes`` (or as many as its longest string needs)."""
         lanes = ndim - 1
         if is_tensor_collection(example):
             td = example._tensordict if is_tensorclass(example) else example
@@ -188,6 +195,16 @@ class Schema:
                     raise SchemaError(f"key {key!r}: only tensors can be stored, got {type(value).__name__}")
                 key_to_path(key)
                 leaves.append(Leaf(key, value.dtype, tuple(value.shape)))
+            texts = []
+            for key, value in non_tensor_leaves(td):
+                key = (key,) if isinstance(key, str) else tuple(key)
+                if not holds_value(value):
+                    continue  # None everywhere: no value, as before
+                if not is_text(value):
+                    encode(value, 0, key)  # raises, naming the key and the value's type
+                texts.append(key_to_path(key))
+                leaves.append(Leaf(key, torch.uint8,
+                                   (*td.batch_size, width_for(value, text_bytes))))
             for key in td.keys(include_nested=True):
                 key = (key,) if isinstance(key, str) else tuple(key)
                 sub = td.get(key)
@@ -198,8 +215,9 @@ class Schema:
             if is_tensorclass(example):
                 name = f"{type(example).__module__}.{type(example).__qualname__}"
                 return cls(tuple(leaves), "tensorclass", lane_shape, groups, class_name=name,
-                           item_batch=item_batch, tensorclass=type(example))
-            return cls(tuple(leaves), "tensordict", lane_shape, groups, item_batch=item_batch)
+                           item_batch=item_batch, texts=tuple(texts), tensorclass=type(example))
+            return cls(tuple(leaves), "tensordict", lane_shape, groups, item_batch=item_batch,
+                       texts=tuple(texts))
         if isinstance(example, torch.Tensor):
             if example.ndim < lanes:
                 raise SchemaError(f"ndim={ndim} needs tensors with at least {lanes} dims")
@@ -236,6 +254,7 @@ class Schema:
             out = _flat_leaves(td)
             if lead == 0 and self._is_item(out):  # add()'s hot path
                 return out
+            self._encode_texts(out)
             extra = [path for path in out if path not in self.by_path]
             if extra:
                 raise MissingKeyError(
@@ -279,6 +298,18 @@ class Schema:
                 )
         return out
 
+    def _encode_texts(self, out: dict[str, Any]) -> None:
+        """Replace the non-tensor leaves of ``out`` by text cells where the buffer stores
+        them (``texts``); drop those that hold no value; the others stay, to be reported."""
+        for path, value in list(out.items()):
+            if not is_non_tensor(value):
+                continue
+            if path in self.texts:
+                leaf = self.by_path[path]
+                out[path] = encode(value, leaf.shape[-1], leaf.key)
+            elif not holds_value(value):
+                del out[path]  # None everywhere is no value (a tensorclass field left None)
+
     def _is_item(self, out: Mapping[str, Any]) -> bool:
         """Whether ``out`` holds exactly one valid item (the fast check; the full one says
         what is wrong)."""
@@ -307,7 +338,8 @@ class Schema:
             node = nested
             for part in leaf.key[:-1]:
                 node = node.setdefault(part, {})
-            node[leaf.key[-1]] = columns[leaf.path]
+            node[leaf.key[-1]] = (self._strings(leaf, columns[leaf.path]) if leaf.path in self.texts
+                                  else columns[leaf.path])
         td = TensorDict._new_unsafe(nested, batch_size=torch.Size([*batch_shape, *self.item_batch]),
                                     device=device)
         for path in sorted(self.group_batch, key=lambda p: -p.count("/")):
@@ -316,6 +348,15 @@ class Schema:
         if self.kind == "tensorclass" and self.tensorclass is not None:
             return self.tensorclass.from_tensordict(td)
         return td
+
+    @staticmethod
+    def _strings(leaf: Leaf, cells: torch.Tensor) -> Any:
+        """The strings of text cells read from key ``leaf``."""
+        try:
+            return decode(cells)
+        except UnicodeDecodeError as exc:
+            raise CorruptChunkError(f"key {leaf.key!r}: its text cells are not UTF-8 "
+                                    f"({exc.reason} at byte {exc.start})") from None
 
     # -- JSON ---------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -331,6 +372,8 @@ class Schema:
         }
         if self.item_batch:
             out["item_batch"] = list(self.item_batch)
+        if self.texts:
+            out["texts"] = list(self.texts)
         return out
 
     @classmethod
@@ -347,7 +390,8 @@ class Schema:
         return cls(leaves, kind, tuple(int(s) for s in data.get("lane_shape", [])),
                    {str(k): [int(x) for x in v] for k, v in (data.get("group_batch") or {}).items()},
                    data.get("treespec"), data.get("class_name"),
-                   _item_batch(data.get("item_batch", []), leaves, len(data.get("lane_shape", []))))
+                   _item_batch(data.get("item_batch", []), leaves, len(data.get("lane_shape", []))),
+                   _texts(data.get("texts", []), leaves, kind))
 
 
 def _item_batch(value: Any, leaves: tuple[Leaf, ...], lanes: int) -> tuple[int, ...]:
@@ -362,6 +406,20 @@ def _item_batch(value: Any, leaves: tuple[Leaf, ...], lanes: int) -> tuple[int, 
     return dims
 
 
+def _texts(value: Any, leaves: tuple[Leaf, ...], kind: str) -> tuple[str, ...]:
+    """A stored ``texts``, validated: paths of ``uint8`` leaves of a tensor collection."""
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise SchemaError(f"invalid texts {value!r}: expected a list of key paths")
+    by_path = {leaf.path: leaf for leaf in leaves}
+    for path in value:
+        leaf = by_path.get(path)
+        if kind not in ("tensordict", "tensorclass") or leaf is None \
+                or leaf.dtype != torch.uint8 or not leaf.shape:
+            raise SchemaError(f"texts names {path!r}, which is no uint8 leaf of this "
+                              f"{kind} buffer's schema")
+    return tuple(value)
+
+
 def _flat_leaves(td: TensorDictBase) -> dict[str, Any]:
     """``{path: leaf}`` of a tensor collection (fast walk over plain TensorDicts)."""
     out: dict[str, Any] = {}
@@ -374,7 +432,7 @@ def _flat_leaves(td: TensorDictBase) -> dict[str, Any]:
                 out[prefix + "/".join(key)] = node.get(key)
             continue
         for key, value in node._tensordict.items():
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor) or is_non_tensor(value):
                 out[prefix + key] = value
             elif is_tensor_collection(value):
                 stack.append((f"{prefix}{key}/", value))

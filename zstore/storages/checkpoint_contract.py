@@ -58,8 +58,9 @@ class TensorCheckpointable(Checkpointable, Protocol):
     def checkpoint_export(self) -> TensorExport:
         """Its rows and counters as a dump reads them (an initialised storage)."""
 
-    def checkpoint_allocate(self, example: Any) -> None:
-        """Allocate the container for rows like ``example`` (before a load)."""
+    def checkpoint_allocate(self, example: Any, text_bytes: int = 0) -> None:
+        """Allocate the container for rows like ``example`` (before a load), with text
+        cells of at least ``text_bytes`` where it stores strings as such."""
 
     def checkpoint_shape(self) -> tuple[int, ...]:
         """The allocated container's ``(rows, *lanes)``."""

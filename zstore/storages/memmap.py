@@ -31,6 +31,7 @@ from ..group import commit, commit_consolidated, create_group, existing_meta, op
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta
 from ..lease import DEFAULT_TTL, LEASE_NAME
 from ..store import StoreSpec, run_deferred
+from ..text import TEXT_BYTES, widest
 from ..table import ChunkedTable, MmapTable, Table
 from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .checkpoint_contract import TensorExport
@@ -39,7 +40,7 @@ from .sealing import seal_storage
 from .lifecycle import collect_store, track, untrack
 from .row_index import as_index_tensor, broadcast_tensor_index, is_int, is_negative, rows_of
 from .stored_rows import StoredRows
-from .tensor import LazyTensorStorage, TensorStorage, map_leaves, non_tensor_keys
+from .tensor import LazyTensorStorage, TensorStorage, map_leaves, non_text_keys
 
 _monotonic = time.monotonic  # the commit clock's due-check in set()
 
@@ -91,6 +92,10 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             releases it, and a lease older than its ttl is taken over by the
             next writer (docs/scaling.md). ``None``: no lease (the caller
             guarantees a single writer).
+        text_bytes: bytes of UTF-8 a string leaf (a tensorclass's ``str`` field, a
+            ``set_non_tensor`` string) keeps per cell: its column is ``uint8`` of that
+            width, set at the first write (wider if that write holds a longer string); a
+            longer string later raises :class:`~zstore.SchemaError` (:mod:`zstore.text`).
 
     >>> s = LazyMemmapStorage(100, scratch_dir="memory://doc-rb")
     >>> s.set(torch.arange(4), TensorDict(obs=torch.arange(4.0), batch_size=[4]))
@@ -106,7 +111,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                  shards: int | Mapping[str, int] | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host",
                  read_only: bool = False, autocommit_seconds: float = 5.0,
-                 tail_log: bool | None = None, lease_ttl: float | None = DEFAULT_TTL):
+                 tail_log: bool | None = None, lease_ttl: float | None = DEFAULT_TTL,
+                 text_bytes: int = TEXT_BYTES):
         tier = cache_tier(cache, device if device not in (None, "auto") else None)
         device = "cpu" if device in (None, "auto") else device
         if torch.device(device).type != tier.device.type:
@@ -129,6 +135,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self.autocommit_seconds = autocommit_seconds
         self.tail_log = self.spec.is_remote if tail_log is None else bool(tail_log)
         self.lease_ttl = lease_ttl
+        self.text_bytes = int(text_bytes)
         self.auto_cleanup = temporary if auto_cleanup is None else auto_cleanup
         self._setup_runtime()
 
@@ -172,6 +179,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self.autocommit_seconds = autocommit_seconds
         self.tail_log = spec.is_remote if tail_log is None else bool(tail_log)
         self.lease_ttl = lease_ttl
+        self.text_bytes = TEXT_BYTES
         self.auto_cleanup = False
         self._setup_runtime()
         if store_lease is not None:
@@ -246,11 +254,11 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         if self._lease is not None and not self._meta.read_only:
             commit(self._group, self._meta, self._lease)
 
-    def _init(self, example: Any) -> None:
+    def _init(self, example: Any, text_bytes: int = 0) -> None:
         self.spec.require_writable("create a buffer")
         self._refuse_non_tensors(example)
         self._hold_lease()
-        schema = Schema.from_example(example, self.ndim)
+        schema = Schema.from_example(example, self.ndim, max(self.text_bytes, text_bytes))
         if is_tensorclass(example):
             schema.tensorclass = type(example)
         found = existing_meta(self.spec)
@@ -277,14 +285,16 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self._attach(create_group(self.spec, meta, self._lease), meta)
 
     def _refuse_non_tensors(self, data: Any) -> None:
-        """A non-tensor value (a string ...) would not be stored: refuse the write instead."""
-        keys = non_tensor_keys(data)
+        """A non-tensor value other than strings (an object...) cannot be stored (it would
+        have to be pickled): refuse the write instead."""
+        keys = non_text_keys(data)
         if keys:
             raise SchemaError(
-                f"key(s) {keys} of this {type(data).__name__} hold non-tensor values (strings or "
-                f"objects), which {type(self).__name__} cannot store in {self.spec.redacted()}: "
-                "nothing was written. Store them as tensors (e.g. an index into a vocabulary), "
-                "or use LazyTensorStorage (in RAM), which keeps them as TorchRL does")
+                f"key(s) {keys} of this {type(data).__name__} hold non-tensor values other than "
+                f"strings, which {type(self).__name__} cannot store in {self.spec.redacted()} "
+                "(nothing is pickled): nothing was written. Store them as tensors (e.g. an index "
+                "into a vocabulary), or use LazyTensorStorage (in RAM), which keeps them as "
+                "TorchRL does")
 
     @property
     def _all_raw(self) -> bool:
@@ -695,7 +705,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                             f"{type(self).__name__}.load_state_dict")
         if state_dict.get("initialized") and data is not None and len(data):
             if not self.initialized:
-                self._init(data[0])
+                self._init(data[0], widest(data))
             n = min(len(data), self._meta.rows)
             self._write(torch.arange(n), data[:n])
             self._mark_rows(slice(0, n))
@@ -715,7 +725,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             "chunks": self.chunks, "shards": self.shards, "cache_bytes": self.cache_bytes,
             "cache": self.cache, "autocommit_seconds": self.autocommit_seconds,
             "lease_ttl": self.lease_ttl, "tail_log": self.tail_log,
-            "initialized": self.initialized, "len": self._len_value,
+            "text_bytes": self.text_bytes, "initialized": self.initialized, "len": self._len_value,
             "last_cursor": self._last_cursor_value, "revision": self._revision,
         }
 
@@ -738,7 +748,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                                read_only=spec.read_only, auto_cleanup=False,
                                autocommit_seconds=state["autocommit_seconds"],
                                tail_log=state.get("tail_log"),
-                               lease_ttl=state.get("lease_ttl", DEFAULT_TTL))
+                               lease_ttl=state.get("lease_ttl", DEFAULT_TTL),
+                               text_bytes=state.get("text_bytes", TEXT_BYTES))
         self.__dict__.update(other.__dict__)
         if other._finalizer is not None:
             other._finalizer.detach()

@@ -18,7 +18,6 @@ import torch
 from tensordict import (
     LazyStackedTensorDict,
     TensorDict,
-    is_non_tensor,
     is_tensor_collection,
     is_tensorclass,
 )
@@ -26,6 +25,7 @@ from torch.utils import _pytree as pytree
 
 from ..display import KeyRow, Summary, dtype_name, tensor_leaves
 from ..layout import Schema
+from ..text import TEXT_BYTES, holds_value, is_text, non_tensor_leaves, widest
 from .base import Storage
 from .checkpoint_contract import TensorExport
 from .row_index import is_int
@@ -184,7 +184,9 @@ class TensorStorage(Storage):
         return rows
 
     # -- hooks for subclasses -------------------------------------------------------------
-    def _init(self, example: Any) -> None:
+    def _init(self, example: Any, text_bytes: int = 0) -> None:
+        """Allocate for rows like ``example``; ``text_bytes``: the text cells the rows to
+        come need (:mod:`zstore.text`; a storage that keeps strings as they are ignores it)."""
         raise TypeError(
             f"{type(self).__name__} must be initialized during construction: pass a container, "
             "or use LazyTensorStorage / LazyMemmapStorage"
@@ -229,7 +231,7 @@ class TensorStorage(Storage):
             data = _stack(data)
         single = is_int(cursor)
         if not self.initialized:
-            self._init(data if single else map_leaves(data, lambda x: x[0]))
+            self._init(data if single else map_leaves(data, lambda x: x[0]), widest(data))
         self._write(cursor, data)
         self._mark_rows(cursor)
         if set_cursor:
@@ -278,7 +280,8 @@ class TensorStorage(Storage):
     def checkpoint_export(self) -> TensorExport:
         """The rows and counters a dump reads: the in-RAM container's columns."""
         container = self._storage
-        schema = Schema.from_example(map_leaves(container, lambda x: x[0]), self.ndim)
+        schema = Schema.from_example(map_leaves(container, lambda x: x[0]), self.ndim,
+                                     max(TEXT_BYTES, widest(container)))
         columns = schema.columns(container, 1)
         rows = self._container_shape()[0]
         written = rows if self._row_rev is None else _last_written(self._row_rev) + 1
@@ -286,9 +289,9 @@ class TensorStorage(Storage):
                             lambda lo, hi: {path: value[lo:hi] for path, value in columns.items()},
                             columns)
 
-    def checkpoint_allocate(self, example: Any) -> None:
+    def checkpoint_allocate(self, example: Any, text_bytes: int = 0) -> None:
         """Allocate the container for rows like ``example`` (the lazy first-write init)."""
-        self._init(example)
+        self._init(example, text_bytes)
 
     def checkpoint_shape(self) -> tuple[int, ...]:
         """The allocated container's ``(rows, *lanes)``."""
@@ -500,35 +503,16 @@ class TensorStorage(Storage):
         return int(done[: self._len_along_dim0].sum())
 
 
-def _non_tensor_leaves(data: Any):
-    """``(key, value)`` of a tensor collection's non-tensor leaves (``NonTensorData``:
-    strings...); none for a lazy stack or for data that is no tensor collection."""
-    if not is_tensor_collection(data) or isinstance(data, LazyStackedTensorDict):
-        return
-    td = data._tensordict if is_tensorclass(data) else data
-    for key, value in td.items(include_nested=True):
-        if is_non_tensor(value):
-            yield key, value
-
-
 def _has_non_tensors(data: Any) -> bool:
     """Whether a tensor collection holds non-tensor leaves (``NonTensorData``: strings...)."""
-    return next(_non_tensor_leaves(data), None) is not None
+    return next(non_tensor_leaves(data), None) is not None
 
 
-def non_tensor_keys(data: Any) -> list[Any]:
-    """Keys of a tensor collection's non-tensor leaves (a tensorclass's ``str`` field,
-    ``TensorDict.set_non_tensor``) that hold a value: ``None`` everywhere is no value."""
-    return [key for key, value in _non_tensor_leaves(data)
-            if any(v is not None for v in _flatten_values(
-                value.tolist() if hasattr(value, "tolist") else [value.data]))]
-
-
-def _flatten_values(values: Any) -> list[Any]:
-    """The scalars of a nested list (``NonTensorStack.tolist()``)."""
-    if isinstance(values, list):
-        return [v for item in values for v in _flatten_values(item)]
-    return [values]
+def non_text_keys(data: Any) -> list[Any]:
+    """Keys of a tensor collection's non-tensor leaves that hold a value other than strings
+    (a buffer stores strings as text cells, and nothing else that is no tensor)."""
+    return [key for key, value in non_tensor_leaves(data)
+            if holds_value(value) and not is_text(value)]
 
 
 def _leaves_per_key(container: Any) -> list[tuple[str, tuple[int, ...], torch.dtype, int]]:
@@ -626,7 +610,7 @@ class LazyTensorStorage(TensorStorage):
         super().__init__(None, max_size, device=device, ndim=ndim, compilable=compilable)
         self.consolidated = consolidated
 
-    def _init(self, example: Any) -> None:
+    def _init(self, example: Any, text_bytes: int = 0) -> None:
         if self.device == "auto":
             self.device = _first_leaf(example).device if not is_tensor_collection(example) \
                 else example.device
