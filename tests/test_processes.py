@@ -98,3 +98,30 @@ def test_forked_child_never_reuses_the_parents_filesystem(s3_options, s3_bucket)
         [[0, 1, 2], [0, 1, 2, 3]]
     assert storage.spec.filesystem()[0] is parent_fs  # the parent keeps its own
     storage.close()
+
+
+def _never_runs(storage) -> None:  # the spawn is refused before a child starts
+    raise AssertionError("a refused storage reached a spawned process")
+
+
+@pytest.mark.parametrize("make", [
+    lambda url: zstore.ListStorage(8),
+    lambda url: zstore.LazyStackStorage(8),
+], ids=["ListStorage", "LazyStackStorage"])
+def test_spawning_a_process_with_an_in_ram_list_storage_is_refused(make, tmp_path):
+    """As TorchRL's: the child would write into a copy of the list, silently lost."""
+    storage = make(str(tmp_path / "rb"))
+    storage.set(0, rows(0, 1))
+    process = mp.get_context("spawn").Process(target=_never_runs, args=(storage,))
+    with pytest.raises(RuntimeError, match="Cannot share a storage of type .*LazyMemmapStorage"):
+        process.start()
+    pickle.loads(pickle.dumps(storage))  # plain pickling (a copy, asked for) still works
+
+
+@pytest.mark.parametrize("kind", ["LazyTensorStorage", "LazyMemmapStorage"])
+def test_spawning_a_process_with_a_storage_not_initialized_is_refused(kind, tmp_path):
+    storage = zstore.LazyTensorStorage(8) if kind == "LazyTensorStorage" else \
+        zstore.LazyMemmapStorage(8, scratch_dir=str(tmp_path / "rb"))
+    process = mp.get_context("spawn").Process(target=_never_runs, args=(storage,))
+    with pytest.raises(RuntimeError, match="it has not been initialized yet.*Write its first rows"):
+        process.start()

@@ -10,6 +10,7 @@ abstract methods raise ``NotImplementedError`` instead of silently returning ``N
 from __future__ import annotations
 
 import math
+from multiprocessing.context import get_spawning_popen
 from typing import Any, Iterator
 
 import torch
@@ -215,6 +216,13 @@ class Storage:
         state = self.__dict__.copy()
         state.pop("_rng", None)
         return state
+
+
+def refuse_spawn_sharing(storage: Storage, why: str, fix: str) -> None:
+    """Raise (as TorchRL's storages do) when ``storage`` is being pickled for a process that
+    multiprocessing spawns, which would get a copy that shares nothing with this one."""
+    if get_spawning_popen() is not None:
+        raise RuntimeError(f"{why.format(cls=type(storage))} {fix}")
 
 
 class CompressionRatio:

@@ -11,7 +11,7 @@ from tensordict import TensorDict, TensorDictBase, is_tensor_collection, lazy_st
 from torch.utils._pytree import tree_map
 
 from ..display import KeyRow, Summary, dtype_name, item_note, tensor_leaves
-from .base import Storage
+from .base import Storage, refuse_spawn_sharing
 
 _INT_TYPES = (int, np.integer)
 
@@ -45,6 +45,13 @@ class ListStorage(Storage):
         super().__init__(max_size, compilable=compilable)
         self._storage: list = []
         self.device = torch.device(device) if device is not None and device != "auto" else device
+
+    def __getstate__(self) -> dict[str, Any]:
+        refuse_spawn_sharing(self, "Cannot share a storage of type {cls} between processes.",
+                             "Its items live in this process's memory, so the new process would "
+                             "write into a copy: give both processes a LazyMemmapStorage at one "
+                             "URL, or write through a zstore.ray actor.")
+        return super().__getstate__()
 
     def _move(self, item: Any) -> Any:
         if self.device is None or self.device == "auto":

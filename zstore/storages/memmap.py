@@ -716,6 +716,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
 
     # -- pickling: a spec, never live objects ---------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
+        self._refuse_sharing_uninitialized()
         if self._uncommitted:
             self.flush()
         return {

@@ -26,7 +26,7 @@ from torch.utils import _pytree as pytree
 from ..display import KeyRow, Summary, dtype_name, tensor_leaves
 from ..layout import Schema
 from ..text import TEXT_BYTES, holds_value, is_text, non_tensor_leaves, widest
-from .base import Storage
+from .base import Storage, refuse_spawn_sharing
 from .checkpoint_contract import TensorExport
 from .row_index import is_int
 
@@ -250,9 +250,18 @@ class TensorStorage(Storage):
         return self._read(index)
 
     def __getstate__(self) -> dict[str, Any]:
+        self._refuse_sharing_uninitialized()
         state = super().__getstate__()
         state["_row_rev_array"] = None  # a view of _row_rev: a copy takes a view of its own
         return state
+
+    def _refuse_sharing_uninitialized(self) -> None:
+        """A spawned process cannot share a storage that has no rows yet (as in TorchRL)."""
+        if not self.initialized:
+            refuse_spawn_sharing(
+                self, "Cowardly refusing to share a storage of type {cls} between processes if "
+                "it has not been initialized yet.", "Write its first rows before starting the "
+                "process: the new process then shares them (a URL storage reopens its store).")
 
     def _mark_rows(self, cursor: Any) -> None:
         """Stamp the rows ``cursor`` wrote with a new write revision (read by checkpoints)."""
