@@ -17,7 +17,7 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict, tensorclass
 
 import zstore
-from zstore.errors import MissingKeyError
+from zstore.errors import MissingKeyError, SchemaError
 
 pytestmark = pytest.mark.torchrl
 T = pytest.importorskip("torchrl.data")
@@ -143,6 +143,23 @@ def test_extend_lazy_stack_as_torchrl():
     for index in (0, 4, slice(None), torch.tensor([5, 0, 3])):
         assert_same_lazy_stacks(ours.storage[index], theirs.storage[index])
     assert "[2, -1, 8]" in repr(ours.storage)  # the summary names the ragged dim
+
+
+def test_a_memmap_storage_refuses_a_ragged_lazy_stack_naming_the_key(location):
+    """A Zarr column has one shape: a lazy stack whose TensorDicts differ in shape is refused
+    with a SchemaError naming the key and the fix (it was tensordict's "Failed to stack"),
+    before anything is written; a later dense write still lands."""
+    storage = zt.LazyMemmapStorage(6, scratch_dir=location.new(), storage_options=location.options)
+    rb = T.ReplayBuffer(storage=storage, writer=zt.RoundRobinWriter(), batch_size=2)
+    with pytest.raises(SchemaError, match=r"\['a'\].*differ in shape.*nothing was written.*"
+                                          r"LazyTensorStorage"):
+        rb.extend(ragged_lazy_stack(5))
+    assert not storage.initialized
+    dense = TensorDict(a=torch.ones(5, 2, 3), batch_size=[5, 2])
+    rb.extend(dense)
+    with pytest.raises(SchemaError, match=r"\['a'\]"):
+        rb.extend(ragged_lazy_stack(2))
+    assert len(rb) == 5 and torch.equal(storage.get(torch.arange(5))["a"], dense["a"])
 
 
 def test_update_at_on_a_lazy_stack_as_torchrl():
@@ -364,3 +381,27 @@ def test_a_lazy_stack_of_equal_shapes_reads_back_as_torchrl(location, dim, tmp_p
     assert ours._storage.shape == theirs._storage.shape
     assert torch.equal(got["obs"], want["obs"])
     ours.close()
+
+
+@pytest.mark.parametrize("kind", ["LazyTensorStorage", "LazyMemmapStorage"])
+@pytest.mark.parametrize("data_type", ["tensor", "pytree"])
+def test_a_zstore_dump_of_tensors_fills_a_storage_never_written(kind, data_type, tmp_path):
+    """Where TorchRL refuses ("Cannot fill a non-initialized pytree-based TensorStorage":
+    its dump does not record the structure), a zstore dump records its schema, so a new
+    storage loads it (TorchRL's test_storage_dumps_loads expects the error)."""
+    def new(name):
+        return zt.LazyTensorStorage(10) if kind == "LazyTensorStorage" else \
+            zt.LazyMemmapStorage(10, scratch_dir=str(tmp_path / name))
+
+    data = torch.randint(10, (3,)) if data_type == "tensor" else \
+        {"a": torch.randint(10, (3,)), "b": {"c": [torch.ones(3), (-torch.ones(3, 2),)]},
+         30: -torch.ones(3, 1)}
+    storage = new("rb")
+    storage.set(range(3), data)
+    storage.dumps(tmp_path / "dump")
+    recovered = new("recovered")
+    recovered.loads(tmp_path / "dump")
+    assert len(recovered) == 3
+    for got, want in zip(torch.utils._pytree.tree_leaves(recovered[:]),
+                         torch.utils._pytree.tree_leaves(storage[:]), strict=True):
+        assert torch.equal(got, want)

@@ -40,7 +40,7 @@ from .sealing import seal_storage
 from .lifecycle import collect_store, track, untrack
 from .row_index import as_index_tensor, broadcast_tensor_index, is_int, is_negative, rows_of
 from .stored_rows import StoredRows
-from .tensor import LazyTensorStorage, TensorStorage, map_leaves, non_text_keys
+from .tensor import LazyTensorStorage, TensorStorage, map_leaves, non_text_keys, ragged_keys
 
 _monotonic = time.monotonic  # the commit clock's due-check in set()
 
@@ -286,7 +286,16 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
 
     def _refuse_non_tensors(self, data: Any) -> None:
         """A non-tensor value other than strings (an object...) cannot be stored (it would
-        have to be pickled): refuse the write instead."""
+        have to be pickled), nor a lazy stack of TensorDicts of different shapes (a column
+        has one shape): refuse the write instead."""
+        ragged = ragged_keys(data)
+        if ragged:
+            raise SchemaError(
+                f"key(s) {ragged} of this lazy stack differ in shape (or exist in some stacked "
+                f"TensorDicts only): {type(self).__name__} keeps one shape per key, so "
+                f"{self.spec.redacted()} cannot store it: nothing was written. Use "
+                "LazyTensorStorage (in RAM), which keeps the lazy stack as TorchRL does, pad "
+                "the items to one shape, or give each stacked TensorDict a storage of its own")
         keys = non_text_keys(data)
         if keys:
             raise SchemaError(
