@@ -153,6 +153,8 @@ BAD_BLOCKS = {
     "item-batch-not-sizes": (lambda b: b["schema"].update(item_batch="3"), "item_batch"),
     "item-batch-past-a-shape": (lambda b: b["schema"].update(item_batch=[10**6]), "item_batch"),
     "texts-not-paths": (lambda b: b["schema"].update(texts="obs"), "texts"),
+    "stack-past-the-item-dims": (lambda b: b["schema"].update(stack={"dim": 0, "count": 2}),
+                                 "stack"),
     "texts-of-a-float-leaf": (lambda b: b["schema"].update(
         texts=[b["schema"]["leaves"][0]["path"]]), "texts"),
 }

@@ -145,21 +145,70 @@ def test_extend_lazy_stack_as_torchrl():
     assert "[2, -1, 8]" in repr(ours.storage)  # the summary names the ragged dim
 
 
-def test_a_memmap_storage_refuses_a_ragged_lazy_stack_naming_the_key(location):
-    """A Zarr column has one shape: a lazy stack whose TensorDicts differ in shape is refused
-    with a SchemaError naming the key and the fix (it was tensordict's "Failed to stack"),
-    before anything is written; a later dense write still lands."""
+def assert_same_stacks_of_members(got, want) -> None:
+    """Both lazy stacks along the same dim, with equal members (every key of each)."""
+    assert type(got) is type(want) is LazyStackedTensorDict
+    assert got.batch_size == want.batch_size and got.stack_dim == want.stack_dim
+    for ours, theirs in zip(got.tensordicts, want.tensordicts, strict=True):
+        assert ours.batch_size == theirs.batch_size
+        assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
+        for key in theirs.keys(True, True):
+            assert torch.equal(ours[key], theirs[key]), key
+
+
+def test_a_memmap_storage_keeps_a_ragged_lazy_stack_as_torchrl(location, tmp_path):
+    """TorchRL's test_extend_lazystack on LazyMemmapStorage: each stacked TensorDict's keys
+    get arrays of their own (``0/a``, ``1/a``), and reads are lazy stacks again; it was
+    refused before (tensordict's "Failed to stack tensors"). Compared with TorchRL's own
+    memory-mapped storage, through a wrap-around and a reopen."""
     storage = zt.LazyMemmapStorage(6, scratch_dir=location.new(), storage_options=location.options)
-    rb = T.ReplayBuffer(storage=storage, writer=zt.RoundRobinWriter(), batch_size=2)
-    with pytest.raises(SchemaError, match=r"\['a'\].*differ in shape.*nothing was written.*"
-                                          r"LazyTensorStorage"):
+    ours = T.ReplayBuffer(storage=storage, batch_size=2)
+    theirs = T.ReplayBuffer(storage=T.LazyMemmapStorage(6, scratch_dir=str(tmp_path / "t")),
+                            batch_size=2)
+    for rb in (ours, theirs):
         rb.extend(ragged_lazy_stack(5))
-    assert not storage.initialized
-    dense = TensorDict(a=torch.ones(5, 2, 3), batch_size=[5, 2])
-    rb.extend(dense)
-    with pytest.raises(SchemaError, match=r"\['a'\]"):
+        rb.extend(ragged_lazy_stack(4, offset=100.0))  # wraps around: rows 5, 0, 1, 2
+    assert len(ours) == len(theirs) == 6
+    assert storage._storage.shape == theirs.storage._storage.shape == torch.Size([6, 2])
+    for seed in range(3):
+        torch.manual_seed(seed)
+        want = theirs.sample()
+        torch.manual_seed(seed)
+        assert_same_stacks_of_members(ours.sample(), want)
+    for index in (0, 4, slice(None), torch.tensor([5, 0, 3])):
+        got, want = storage[index], theirs.storage[index]
+        if isinstance(index, int):
+            assert torch.equal(got.tensordicts[1]["a"], want.tensordicts[1]["a"])
+        else:
+            assert_same_stacks_of_members(got, want)
+    storage.flush()
+    again = zstore.open(storage.scratch_dir, location.options, mode="r")
+    assert_same_stacks_of_members(again.get(torch.tensor([1, 4])),
+                                  theirs.storage[torch.tensor([1, 4])])
+
+
+def test_a_ragged_lazy_stack_that_cannot_be_columns_is_refused(location):
+    """Refused with a SchemaError naming the keys, before anything is written: ragged items
+    stacked along the rows, into a buffer of dense items, or a dense write into a buffer of
+    stacks; a later write that fits still lands."""
+    dense = zt.LazyMemmapStorage(6, scratch_dir=location.new(), storage_options=location.options)
+    rb = T.ReplayBuffer(storage=dense, writer=zt.RoundRobinWriter(), batch_size=2)
+    rb.extend(TensorDict(a=torch.ones(5, 2, 3), batch_size=[5, 2]))
+    with pytest.raises(SchemaError, match=r"\['a'\].*differ in shape.*nothing was written"):
         rb.extend(ragged_lazy_stack(2))
-    assert len(rb) == 5 and torch.equal(storage.get(torch.arange(5))["a"], dense["a"])
+    assert len(rb) == 5 and torch.equal(dense.get(torch.arange(5))["a"], torch.ones(5, 2, 3))
+
+    stacked = zt.LazyMemmapStorage(6, scratch_dir=location.new(), storage_options=location.options)
+    stacked.set(torch.arange(3), ragged_lazy_stack(3))
+    with pytest.raises(SchemaError, match="lazy stacks of 2 TensorDicts along dim 1"):
+        stacked.set(torch.arange(3, 5), TensorDict(a=torch.ones(2, 2, 3), batch_size=[2, 2]))
+    assert len(stacked) == 3
+
+    along_rows = LazyStackedTensorDict.lazy_stack([TensorDict(a=torch.ones(4)),
+                                                   TensorDict(a=torch.ones(3))])
+    rows = zt.LazyMemmapStorage(6, scratch_dir=location.new(), storage_options=location.options)
+    with pytest.raises(SchemaError, match=r"\['a'\]"):
+        rows.set(torch.arange(2), along_rows)
 
 
 def test_update_at_on_a_lazy_stack_as_torchrl():

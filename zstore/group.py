@@ -225,7 +225,7 @@ def _create_arrays(store, meta: StoreMeta, key_separator: str) -> zarr.Group:
     from .lease import METADATA_NAME
 
     lanes = list(meta.schema.lane_shape)
-    root_batch = [meta.rows, *lanes, *meta.schema.item_batch]
+    root_batch = [meta.rows, *lanes, *meta.schema.array_batch]
     draft = MemoryStore()
     group = zarr.create_group(draft, attributes={_INCOMPLETE_ATTR: True,
                                                  TENSORDICT_ATTR: _tensordict_attrs(root_batch)})

@@ -16,8 +16,8 @@ from typing import Any, Mapping
 
 import torch
 import torch.utils._pytree as pytree
-from tensordict import TensorDict, TensorDictBase, is_non_tensor, is_tensor_collection
-from tensordict import is_tensorclass
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_non_tensor
+from tensordict import is_tensor_collection, is_tensorclass
 
 from .codecs import CodecSpec
 from .dtypes import torch_dtype_from_name, torch_dtype_name
@@ -144,7 +144,10 @@ class Schema:
     tensor collection has beyond its lanes (a ``[N, 3]`` TensorDict in an ``ndim=1``
     buffer: ``(3,)``): they come back as batch dims, as TorchRL's storages keep them.
     ``texts`` holds the paths of string leaves, stored as text cells (``uint8`` leaves whose
-    last dim is the cell width: :mod:`zstore.text`).
+    last dim is the cell width: :mod:`zstore.text`). ``stack`` is ``(dim, count)`` when an
+    item is a lazy stack of ``count`` TensorDicts of different shapes along its item dim
+    ``dim`` (an index of ``item_batch``): member ``i``'s leaves are under ``<i>/``, and
+    reads are lazy stacks again, as TorchRL's storages keep them.
     """
 
     leaves: tuple[Leaf, ...]
@@ -155,6 +158,7 @@ class Schema:
     class_name: str | None = None
     item_batch: tuple[int, ...] = ()
     texts: tuple[str, ...] = ()
+    stack: tuple[int, int] | None = None
     tensorclass: type | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -166,6 +170,15 @@ class Schema:
     def row_bytes(self) -> int:
         """Bytes of one row over all columns."""
         return sum(leaf.row_bytes for leaf in self.leaves)
+
+    @property
+    def array_batch(self) -> tuple[int, ...]:
+        """The item batch dims every array has after its lanes (``item_batch`` but the
+        dim of a lazy stack's members)."""
+        if self.stack is None:
+            return self.item_batch
+        dim = self.stack[0]
+        return self.item_batch[:dim] + self.item_batch[dim + 1:]
 
     @property
     def group_paths(self) -> list[str]:
@@ -187,6 +200,8 @@ class Schema:
                     f"got batch_size={tuple(td.batch_size)}"
                 )
             lane_shape, item_batch = tuple(td.batch_size[:lanes]), tuple(td.batch_size[lanes:])
+            if ragged_keys(td):
+                return cls._stacked(td, ndim, text_bytes)
             leaves, groups = [], {}
             for key in td.keys(include_nested=True, leaves_only=True):
                 key = (key,) if isinstance(key, str) else tuple(key)
@@ -240,6 +255,45 @@ class Schema:
         return cls(leaves, "pytree", tuple(flat[0][1].shape[:lanes]),
                    treespec=pytree.treespec_dumps(spec))
 
+    @classmethod
+    def _stacked(cls, td: LazyStackedTensorDict, ndim: int, text_bytes: int) -> "Schema":
+        """The schema of items that are lazy stacks of TensorDicts of different shapes: each
+        member's leaves under ``<i>/``, stacked again at read."""
+        lanes = ndim - 1
+        dim = td.stack_dim - lanes
+        if dim < 0:
+            raise SchemaError(
+                f"key(s) {ragged_keys(td)} differ in shape between the TensorDicts of a lazy "
+                f"stack along a lane dim (dim {td.stack_dim} of ndim={ndim} items): only a "
+                "stack along an item's own batch dims can be stored; pad the items to one shape, "
+                "or use LazyTensorStorage (in RAM)")
+        members = [cls.from_example(member, ndim, text_bytes) for member in td.tensordicts]
+        if any(member.stack is not None or member.kind != "tensordict" for member in members):
+            raise SchemaError("a lazy stack of lazy stacks (or of tensorclasses) of different "
+                              "shapes cannot be stored; use LazyTensorStorage (in RAM)")
+        leaves = tuple(Leaf((str(i), *leaf.key), leaf.dtype, leaf.shape)
+                       for i, member in enumerate(members) for leaf in member.leaves)
+        groups = {str(i): [*member.lane_shape, *member.item_batch]
+                  for i, member in enumerate(members)}
+        for i, member in enumerate(members):
+            groups.update({f"{i}/{path}": batch for path, batch in member.group_batch.items()})
+        texts = tuple(f"{i}/{path}" for i, member in enumerate(members) for path in member.texts)
+        return cls(leaves, "tensordict", tuple(td.batch_size[:lanes]), groups,
+                   item_batch=tuple(td.batch_size[lanes:]), texts=texts, stack=(dim, len(members)))
+
+    def _stacked_leaves(self, data: Any, lead: int) -> dict[str, Any]:
+        """``{path: leaf}`` of a lazy stack written to a buffer of stacked items."""
+        dim, count = self.stack
+        want = lead + len(self.lane_shape) + dim
+        if not isinstance(data, LazyStackedTensorDict) or data.stack_dim != want \
+                or len(data.tensordicts) != count:
+            got = (f"a lazy stack of {len(data.tensordicts)} along dim {data.stack_dim}"
+                   if isinstance(data, LazyStackedTensorDict) else type(data).__name__)
+            raise SchemaError(f"this buffer stores lazy stacks of {count} TensorDicts along "
+                              f"dim {want} of the data written, got {got}")
+        return {f"{i}/{path}": value for i, member in enumerate(data.tensordicts)
+                for path, value in _flat_leaves(member).items()}
+
     # -- data <-> columns -----------------------------------------------------------
     def columns(self, data: Any, lead: int) -> dict[str, torch.Tensor]:
         """Flatten ``data`` into ``{path: tensor}``, checking keys, dtypes and shapes.
@@ -251,7 +305,7 @@ class Schema:
             if not is_tensor_collection(data):
                 raise SchemaError(f"this buffer stores TensorDicts, got {type(data).__name__}")
             td = data._tensordict if is_tensorclass(data) else data
-            out = _flat_leaves(td)
+            out = _flat_leaves(td) if self.stack is None else self._stacked_leaves(td, lead)
             if lead == 0 and self._is_item(out):  # add()'s hot path
                 return out
             self._encode_texts(out)
@@ -340,11 +394,15 @@ class Schema:
                 node = node.setdefault(part, {})
             node[leaf.key[-1]] = (self._strings(leaf, columns[leaf.path]) if leaf.path in self.texts
                                   else columns[leaf.path])
-        td = TensorDict._new_unsafe(nested, batch_size=torch.Size([*batch_shape, *self.item_batch]),
+        td = TensorDict._new_unsafe(nested, batch_size=torch.Size([*batch_shape, *self.array_batch]),
                                     device=device)
         for path in sorted(self.group_batch, key=lambda p: -p.count("/")):
             extra = self.group_batch[path][len(self.lane_shape):]
             td.get(path_to_key(path)).batch_size = torch.Size([*batch_shape, *extra])
+        if self.stack is not None:
+            dim, count = self.stack
+            return LazyStackedTensorDict(*(td.get(str(i)) for i in range(count)),
+                                         stack_dim=len(batch_shape) + dim)
         if self.kind == "tensorclass" and self.tensorclass is not None:
             return self.tensorclass.from_tensordict(td)
         return td
@@ -374,6 +432,8 @@ class Schema:
             out["item_batch"] = list(self.item_batch)
         if self.texts:
             out["texts"] = list(self.texts)
+        if self.stack is not None:
+            out["stack"] = {"dim": self.stack[0], "count": self.stack[1]}
         return out
 
     @classmethod
@@ -387,23 +447,50 @@ class Schema:
         leaves = tuple(Leaf.from_json(leaf) for leaf in data["leaves"])
         if not leaves:
             raise SchemaError("a schema needs at least one leaf")
+        lanes = len(data.get("lane_shape", []))
+        item_batch = data.get("item_batch", [])
+        stack = _stack(data.get("stack"), item_batch, leaves, kind)
         return cls(leaves, kind, tuple(int(s) for s in data.get("lane_shape", [])),
                    {str(k): [int(x) for x in v] for k, v in (data.get("group_batch") or {}).items()},
                    data.get("treespec"), data.get("class_name"),
-                   _item_batch(data.get("item_batch", []), leaves, len(data.get("lane_shape", []))),
-                   _texts(data.get("texts", []), leaves, kind))
+                   _item_batch(item_batch, leaves, lanes, None if stack is None else stack[0]),
+                   _texts(data.get("texts", []), leaves, kind), stack)
 
 
-def _item_batch(value: Any, leaves: tuple[Leaf, ...], lanes: int) -> tuple[int, ...]:
-    """A stored ``item_batch``, validated: sizes every leaf's shape has after its lanes."""
+def _stack(value: Any, item_batch: Any, leaves: tuple[Leaf, ...],
+           kind: str) -> tuple[int, int] | None:
+    """A stored ``stack``, validated: an item dim whose size is the number of members, and
+    leaves each under a member's index."""
+    if value is None:
+        return None
+    if kind != "tensordict" or not isinstance(value, Mapping) \
+            or not all(isinstance(value.get(k), int) for k in ("dim", "count")) \
+            or not isinstance(item_batch, list) or not 0 <= value["dim"] < len(item_batch) \
+            or item_batch[value["dim"]] != value["count"] or value["count"] < 1:
+        raise SchemaError(f"invalid stack {value!r}: expected {{'dim': an item dim, 'count': "
+                          f"its size}} of a tensordict schema (item_batch {item_batch!r})")
+    members = {str(i) for i in range(value["count"])}
+    strays = sorted(leaf.path for leaf in leaves if leaf.key[0] not in members or len(leaf.key) < 2)
+    if strays or {leaf.key[0] for leaf in leaves} != members:
+        raise SchemaError(f"stack of {value['count']} members: leaves {strays} are under no "
+                          "member, or a member has no leaf")
+    return value["dim"], value["count"]
+
+
+def _item_batch(value: Any, leaves: tuple[Leaf, ...], lanes: int,
+                stack_dim: int | None = None) -> tuple[int, ...]:
+    """A stored ``item_batch``, validated: sizes every leaf's shape has after its lanes (but
+    the dim of a lazy stack's members, ``stack_dim``)."""
     if not isinstance(value, list) or not all(isinstance(s, int) and s >= 0 for s in value):
         raise SchemaError(f"invalid item_batch {value!r}: expected a list of sizes")
     dims = tuple(value)
+    if stack_dim is not None:
+        dims = dims[:stack_dim] + dims[stack_dim + 1:]
     for leaf in leaves:
         if leaf.shape[lanes:lanes + len(dims)] != dims:
             raise SchemaError(f"item_batch {list(dims)} does not lead the shape "
                               f"{list(leaf.shape)} of key {leaf.key!r} after its lanes")
-    return dims
+    return tuple(value)
 
 
 def _texts(value: Any, leaves: tuple[Leaf, ...], kind: str) -> tuple[str, ...]:
@@ -418,6 +505,18 @@ def _texts(value: Any, leaves: tuple[Leaf, ...], kind: str) -> tuple[str, ...]:
             raise SchemaError(f"texts names {path!r}, which is no uint8 leaf of this "
                               f"{kind} buffer's schema")
     return tuple(value)
+
+
+def ragged_keys(data: Any) -> list[str]:
+    """Paths of a lazy stack's keys that cannot be one dense column: their shapes (or
+    dtypes) differ between the stacked TensorDicts, or some of them lack the key (none for
+    other data)."""
+    if not isinstance(data, LazyStackedTensorDict):
+        return []
+    per_td = [{path: (value.dtype, tuple(value.shape)) for path, value in _flat_leaves(td).items()
+               if isinstance(value, torch.Tensor)} for td in data.tensordicts]
+    paths = sorted({path for part in per_td for path in part})
+    return [path for path in paths if len({part.get(path) for part in per_td}) > 1]
 
 
 def _flat_leaves(td: TensorDictBase) -> dict[str, Any]:

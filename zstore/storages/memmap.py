@@ -28,7 +28,7 @@ from ..codecs import choose_layout, is_remote, parse_codecs
 from ..errors import MissingKeyError, ReadOnlyError, SchemaError, StoreExistsError, ZStoreError
 from ..display import KeyRow, Summary, dtype_name
 from ..group import commit, commit_consolidated, create_group, existing_meta, open_group
-from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta
+from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta, ragged_keys
 from ..lease import DEFAULT_TTL, LEASE_NAME
 from ..store import StoreSpec, run_deferred
 from ..text import TEXT_BYTES, widest
@@ -40,7 +40,7 @@ from .sealing import seal_storage
 from .lifecycle import collect_store, track, untrack
 from .row_index import as_index_tensor, broadcast_tensor_index, is_int, is_negative, rows_of
 from .stored_rows import StoredRows
-from .tensor import LazyTensorStorage, TensorStorage, map_leaves, non_text_keys, ragged_keys
+from .tensor import LazyTensorStorage, TensorStorage, map_leaves, non_text_keys
 
 _monotonic = time.monotonic  # the commit clock's due-check in set()
 
@@ -286,9 +286,10 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
 
     def _refuse_non_tensors(self, data: Any) -> None:
         """A non-tensor value other than strings (an object...) cannot be stored (it would
-        have to be pickled), nor a lazy stack of TensorDicts of different shapes (a column
-        has one shape): refuse the write instead."""
-        ragged = ragged_keys(data)
+        have to be pickled), nor a lazy stack of TensorDicts of different shapes into a
+        buffer whose items are no such stacks (a column has one shape): refuse the write."""
+        ragged = ragged_keys(data) if self._meta is not None and self._meta.schema.stack is None \
+            else []  # a first write decides: items that are lazy stacks are stored as such
         if ragged:
             raise SchemaError(
                 f"key(s) {ragged} of this lazy stack differ in shape (or exist in some stacked "

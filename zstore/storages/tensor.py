@@ -524,16 +524,6 @@ def non_text_keys(data: Any) -> list[Any]:
             if holds_value(value) and not is_text(value)]
 
 
-def ragged_keys(data: Any) -> list[str]:
-    """Keys of a lazy stack that cannot be one dense column: their shapes differ between the
-    stacked TensorDicts, or some of them lack the key (none for other data)."""
-    if not isinstance(data, LazyStackedTensorDict):
-        return []
-    per_td = [{key: tuple(v.shape) for key, v in tensor_leaves(td)} for td in data.tensordicts]
-    keys = sorted({key for part in per_td for key in part}, key=str)
-    return [key for key in keys if len({part.get(key) for part in per_td}) > 1]
-
-
 def _leaves_per_key(container: Any) -> list[tuple[str, tuple[int, ...], torch.dtype, int]]:
     """``(key path, shape, dtype, bytes)`` of a container's leaves. In a lazy stack (items of
     different shapes) a key is one tensor per stacked TensorDict: its shape has ``-1``
