@@ -125,3 +125,40 @@ def test_spawning_a_process_with_a_storage_not_initialized_is_refused(kind, tmp_
     process = mp.get_context("spawn").Process(target=_never_runs, args=(storage,))
     with pytest.raises(RuntimeError, match="it has not been initialized yet.*Write its first rows"):
         process.start()
+
+
+def extend_buffer(rb, value: float, n: int, done) -> None:
+    """Run in a spawned process: the buffer (storage and writer) arrives pickled."""
+    try:
+        rb.extend(rows(0, n).apply(lambda x: torch.full_like(x, value)))
+        done.put("finish")
+    except BaseException as exc:  # reported, so the parent fails with the reason
+        done.put(f"{type(exc).__name__}: {exc}")
+
+
+@pytest.mark.parametrize("kind", ["memmap-local", "tensor-in-ram"])
+def test_processes_handed_a_buffer_write_rows_of_their_own(kind, tmp_path):
+    """zstore's own buffer and writer, in the parent and two spawned processes writing at
+    once: every write takes rows of its own (a shared cursor), none overwrites another's."""
+    storage = (zstore.LazyMemmapStorage(40, scratch_dir=str(tmp_path / "rb"))
+               if kind == "memmap-local" else zstore.LazyTensorStorage(40))
+    rb = zstore.ReplayBuffer(storage, writer=zstore.TensorDictRoundRobinWriter())
+    rb.extend(rows(0, 8).apply(lambda x: torch.zeros_like(x)))
+    ctx = mp.get_context("spawn")
+    done = ctx.Queue()
+    children = [ctx.Process(target=extend_buffer, args=(rb, value, 8, done)) for value in (1, 2)]
+    for child in children:
+        child.start()
+    for _ in children:
+        assert done.get(timeout=120) == "finish"
+    for child in children:
+        child.join(120)
+        assert child.exitcode == 0
+    rb.extend(rows(0, 8).apply(lambda x: torch.full_like(x, 3.0)))
+    assert len(rb) == 32 and rb.writer._cursor == 32
+    stored = rb[:32]
+    assert sorted(stored["x"].tolist()) == [0.0] * 8 + [1.0] * 8 + [2.0] * 8 + [3.0] * 8
+    assert stored["index"].tolist() == list(range(32))  # each row knows where it was written
+    if kind == "memmap-local":
+        storage.flush()
+        assert len(zstore.open(storage.scratch_dir, mode="r")) == 32

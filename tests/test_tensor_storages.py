@@ -363,9 +363,3 @@ def test_random_ops_match_torchrl(seed):
         if theirs.initialized:
             assert ours.shape == (theirs._total_shape if length == cap else torch.Size([length]))
 
-
-@pytest.mark.parametrize("make", [lambda: LazyTensorStorage(4, shared_init=True),
-                                  lambda: zstore.LazyMemmapStorage(4, shared_init=True)])
-def test_shared_init_names_the_one_writer_alternative(make):
-    with pytest.raises(NotImplementedError, match="StorageEnsemble.*zstore.open"):
-        make()

@@ -235,8 +235,3 @@ def test_custom_compression_functions_keep_the_item_shape():
         storage.set(0, item)
     assert torch.equal(ours.get(0), theirs.get(0))
 
-
-def test_shared_init_is_refused_with_the_alternative(location):
-    with pytest.raises(NotImplementedError, match="StorageEnsemble"):
-        zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(), shared_init=True,
-                             storage_options=location.options)

@@ -90,6 +90,11 @@ class CommitClock:
     def _mark_clean(self) -> None:
         self._uncommitted = False
 
+    def _has_uncommitted(self) -> bool:
+        """Whether anything written is not committed yet (a storage whose writes other
+        processes share says so for them too)."""
+        return self._uncommitted
+
     def _commit_due(self) -> bool:
         """Whether the oldest uncommitted write is ``autocommit_seconds`` old (the writer's
         own next write then commits at once). A storage's ``set`` inlines this test."""
@@ -110,7 +115,7 @@ class CommitClock:
             lease = self._lease
             if lease is not None and not (lease.active and lease.held):
                 return True  # released or lost: only the writer's own next write may act
-            if self._uncommitted and self._committable():
+            if self._has_uncommitted() and self._committable():
                 self.flush()
             return True
         finally:

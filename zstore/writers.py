@@ -8,12 +8,15 @@ never wrapping). :class:`ImmutableDatasetWriter` refuses every write.
 from __future__ import annotations
 
 import json
+from multiprocessing.context import get_spawning_popen
 from pathlib import Path
 from typing import Any
 
 import torch
 from tensordict import is_tensor_collection, is_tensorclass
 from torch.utils import _pytree as pytree
+
+from .sharing import WriterCounters, counter
 
 
 def _batch_len(data: Any) -> int:
@@ -96,7 +99,9 @@ class RoundRobinWriter(Writer):
     """Writes items in a ring: index = cursor, cursor advances modulo the capacity.
 
     A write the storage refuses moves nothing: the cursor and the write count
-    are those before it, so the next write fills the same rows.
+    are those before it, so the next write fills the same rows. Handed to processes that
+    multiprocessing spawns, the writer shares its cursor with them (:mod:`zstore.sharing`):
+    each write takes rows of its own, as TorchRL's writers do.
 
     >>> from zstore import LazyTensorStorage
     >>> w = RoundRobinWriter(); w.register_storage(LazyTensorStorage(3))
@@ -104,11 +109,18 @@ class RoundRobinWriter(Writer):
     [0, 1, 2, 0]
     """
 
+    _cursor = counter("cursor", "_ints")
+    _write_count = counter("write_count", "_ints")
+
     def __init__(self, compilable: bool = False, *, track_generations: bool = False) -> None:
         super().__init__(compilable)
-        self._cursor = 0
-        self._write_count = 0
+        self._ints = WriterCounters()
         self.track_generations = track_generations
+
+    def __getstate__(self) -> dict[str, Any]:
+        if get_spawning_popen() is not None:  # handed to a new process: share the cursor
+            self._ints = self._ints.to_shared()
+        return self.__dict__.copy()
 
     def register_storage(self, storage: Any) -> None:
         super().register_storage(storage)
@@ -132,14 +144,16 @@ class RoundRobinWriter(Writer):
     def add(self, data: Any) -> Any:
         storage = self._storage
         rows = storage._max_size_along_dim0(single_data=data)
-        index, count = self._cursor, self._write_count
-        self._cursor = (index + 1) % rows
-        self._write_count = count + 1
-        try:  # rolled_back_on_error, inlined: the one-row hot path
-            storage.set(index, data)
-        except BaseException:
-            self._cursor, self._write_count = index, count
-            raise
+        ints = self._ints
+        with ints.lock:  # shared with other processes: the row is this write's
+            index, count = ints.cursor, ints.write_count
+            ints.cursor = (index + 1) % rows
+            ints.write_count = count + 1
+            try:  # rolled_back_on_error, inlined: the one-row hot path
+                storage.set(index, data)
+            except BaseException:
+                ints.cursor, ints.write_count = index, count
+                raise
         if storage.ndim != 1:
             index = self._replicate_index(index)
         self._mark_update_entities(index)
@@ -151,8 +165,8 @@ class RoundRobinWriter(Writer):
             raise RuntimeError(f"Expected at least one element in extend. Got data={data}")
         rows = self._storage._max_size_along_dim0(batched_data=data)
         device = data.device if hasattr(data, "device") and data.device is not None else None
-        index = torch.arange(self._cursor, self._cursor + n, device=device) % rows
-        with rolled_back_on_error(self):
+        with self._ints.lock, rolled_back_on_error(self):  # the rows are this write's
+            index = torch.arange(self._cursor, self._cursor + n, device=device) % rows
             self._cursor = (self._cursor + n) % rows
             self._write_count += n
             self._storage.set(index, data)
@@ -211,14 +225,16 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
         return data
 
     def add(self, data: Any) -> Any:
-        return super().add(self._with_index(data, self._cursor))
+        with self._ints.lock:  # the index stored is the row written, whoever else writes
+            return super().add(self._with_index(data, self._cursor))
 
     def extend(self, data: Any) -> Any:
         n = _batch_len(data)
-        if n:
-            rows = self._storage._max_size_along_dim0(batched_data=data)
-            data = self._with_index(data, torch.arange(self._cursor, self._cursor + n) % rows)
-        return super().extend(data)
+        with self._ints.lock:
+            if n:
+                rows = self._storage._max_size_along_dim0(batched_data=data)
+                data = self._with_index(data, torch.arange(self._cursor, self._cursor + n) % rows)
+            return super().extend(data)
 
 
 class ImmutableDatasetWriter(Writer):

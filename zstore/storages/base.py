@@ -18,6 +18,7 @@ import torch
 from .._registry import make_checkpointer
 from ..display import Summary, render_html, render_text
 from ..store import StoreSpec
+from ..sharing import Counters, counter
 
 #: Rows read at a time when a whole key is scanned (samplers' end flags or trajectory ids,
 #: ``storage._storage.get(key)``).
@@ -41,12 +42,16 @@ class Storage:
     _default_checkpointer = "StorageCheckpointerBase"
     _rng: torch.Generator | None = None
 
+    #: the counters, in ``_counts`` (:mod:`.sharing`: shared with the processes a storage is
+    #: handed to)
+    _revision = counter("revision")
+    _last_cursor_value = counter("last_cursor")
+
     def __init__(self, max_size: int, checkpointer: Any = None, compilable: bool = False):
         self.max_size = int(max_size)
         self._compilable = compilable
         self._attached_entities_list: list = []
-        self._revision = 0
-        self._last_cursor_value = -1
+        self._counts = Counters()
         self._checkpointer = None
         self.checkpointer = checkpointer
 
@@ -152,7 +157,7 @@ class Storage:
         return self._revision
 
     def _bump_mutation_revision(self) -> None:
-        self._revision += 1
+        self._counts.revision += 1
 
     @property
     def _last_cursor_index(self) -> int | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from concurrent.futures import Future
+from multiprocessing.context import get_spawning_popen
 import tempfile
 import time
 import warnings
@@ -25,7 +26,8 @@ from tensordict import is_tensor_collection, is_tensorclass
 from .. import autocommit
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats, cache_tier
 from ..codecs import choose_layout, is_remote, parse_codecs
-from ..errors import MissingKeyError, ReadOnlyError, SchemaError, StoreExistsError, ZStoreError
+from ..errors import (LeaseError, MissingKeyError, ReadOnlyError, SchemaError, StoreExistsError,
+                      ZStoreError)
 from ..display import KeyRow, Summary, dtype_name
 from ..group import commit, commit_consolidated, create_group, existing_meta, open_group
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta, ragged_keys
@@ -38,6 +40,7 @@ from .checkpoint_contract import TensorExport
 from .leasing import LeasedWriter
 from .sealing import seal_storage
 from .lifecycle import collect_store, track, untrack
+from ..sharing import dirty_at, stamp_dirty
 from .row_index import as_index_tensor, broadcast_tensor_index, is_int, is_negative, rows_of
 from .stored_rows import StoredRows
 from .tensor import LazyTensorStorage, TensorStorage, map_leaves, non_text_keys
@@ -137,6 +140,14 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self.lease_ttl = lease_ttl
         self.text_bytes = int(text_bytes)
         self.auto_cleanup = temporary if auto_cleanup is None else auto_cleanup
+        if shared_init and not (self.spec.is_local and self._all_raw and chunks is None
+                                and cache == "host"):
+            raise ValueError(
+                f"shared_init=True needs a local, uncompressed store, which every process "
+                f"memory-maps; {self.spec.redacted()} (codec {codec!r}, chunks {chunks!r}, "
+                f"cache {cache!r}) is not one. Give each writer process its own storage and read "
+                "them together as a zstore.StorageEnsemble, or write through one zstore.ray actor "
+                "(docs/scaling.md)")
         self._setup_runtime()
 
     def _setup_runtime(self) -> None:
@@ -188,8 +199,10 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         return self
 
     def _forget_uncommitted(self) -> None:
-        """In a forked child (:mod:`.lifecycle`): fall back to what the parent last committed."""
-        self._len_value, self._last_cursor_value = self._committed
+        """In a forked child (:mod:`.lifecycle`): fall back to what the parent last committed,
+        unless the counters are shared (:mod:`.sharing`): then the child writes with the group."""
+        if not self._counts.shared:
+            self._len_value, self._last_cursor_value = self._committed
         self._uncommitted = False
 
     def _with_store_lease(self, lease: Any) -> "LazyMemmapStorage":
@@ -202,13 +215,15 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         return self
 
     def _attach(self, group, meta: StoreMeta) -> None:
-        """Bind to an opened group: restore counters and open the table."""
+        """Bind to an opened group: restore counters (unless they are shared with the
+        processes writing it, :mod:`.sharing`, which know better) and open the table."""
         self._group = group
         self._meta = meta
         self._schema = meta.schema
         self.max_size = meta.max_size
-        self._len_value = meta.length
-        self._last_cursor_value = meta.last_cursor
+        if not self._counts.shared:
+            self._len_value = meta.length
+            self._last_cursor_value = meta.last_cursor
         self._committed = (meta.length, meta.last_cursor)
         self.initialized = True
         if meta.read_only and not self.spec.read_only:  # a sealed dataset: refuse writes up front
@@ -254,7 +269,51 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         if self._lease is not None and not self._meta.read_only:
             commit(self._group, self._meta, self._lease)
 
-    def _init(self, example: Any, text_bytes: int = 0) -> None:
+    def _hold_lease_in_group(self) -> None:
+        """``_hold_lease`` of a storage whose store processes share (:mod:`zstore.sharing`),
+        put in its place by :meth:`_use_shared_counters`: a process writes its rows into the
+        shared maps without the lease, and the group's commits are made by whichever process
+        holds it (:meth:`_flush`). The store is created under the lease (``shared_init``: by
+        the first process to write)."""
+        if self._meta is None or self._lease is None or self._lease.held:
+            LeasedWriter._hold_lease(self)
+
+    def _hold_lease_handed(self) -> None:
+        """``_hold_lease`` of a storage a writer handed to this process where processes
+        cannot share its rows (put in its place by ``__setstate__``): a refusal says why."""
+        try:
+            LeasedWriter._hold_lease(self)
+        except LeaseError as exc:
+            raise LeaseError(
+                f"{exc} This storage was handed to this process by the process writing it: "
+                "processes write one buffer together only on a local, uncompressed store, which "
+                f"they all memory-map; {self.spec.redacted()} is read here as committed. Give "
+                "each writer process its own storage under one URL prefix and read them as a "
+                "zstore.StorageEnsemble, or write through one zstore.ray actor "
+                "(docs/scaling.md)") from None
+
+    def _take_free_lease(self) -> bool:
+        """A process sharing the store commits only as its lease holder: whether it holds the
+        lease now, taking it if no process does. What is committed is read from the shared
+        counters, not reloaded from the store."""
+        if self._lease is None or self._lease.held:
+            return True
+        try:
+            if self._lease.ensure():
+                self._lease.read_metadata()  # the version this commit replaces
+        except LeaseError:
+            return False  # another process of the group holds it: it commits the rows
+        return True
+
+    def _create_shared_rows(self, example: Any, text_bytes: int) -> None:
+        """``shared_init``: the first process to write creates the store (and holds its lease)."""
+        self._allocate(example, text_bytes)  # committed as created: the others open it
+
+    def _open_shared_rows(self, example: Any) -> None:
+        """``shared_init``: another process created the store; map it here, without the lease."""
+        self._attach(*open_group(self.spec))
+
+    def _allocate(self, example: Any, text_bytes: int = 0) -> None:
         self.spec.require_writable("create a buffer")
         self._refuse_non_tensors(example)
         self._hold_lease()
@@ -376,11 +435,12 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
     @property
     def _maps_writable(self) -> bool:
         """Whether a slice is read as views of the chunk files, as TorchRL's memmap does: a
-        writable memory-mapped buffer whose writer holds the lease (or takes none), so that
-        in-place writes into the views are this writer's. Elsewhere every read is a copy."""
+        writable memory-mapped buffer whose writer holds the lease (or takes none), or that
+        processes share (:mod:`.sharing`), so that in-place writes into the views are this
+        writer's. Elsewhere every read is a copy."""
         table = self.table
         return (isinstance(table, MmapTable) and not table.read_only
-                and self._holds_lease)
+                and (self._holds_lease or self._counts.shared))
 
     @property
     def _storage(self) -> Any:
@@ -509,7 +569,9 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         if self.spec.read_only:
             raise ReadOnlyError(f"cannot write: {self.spec.redacted()} is opened read-only")
-        with self._commit_lock:  # add()'s row takes no other acquisition
+        # add()'s row takes no other acquisition; _counts.lock is held only where processes
+        # share the store (.sharing)
+        with self._commit_lock, self._counts.lock:
             if type(cursor) is int and self.ndim == 1 and self.initialized \
                     and not isinstance(data, list):
                 self._set_row(cursor, data, set_cursor)
@@ -524,14 +586,14 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         hot path), the lock held: the same steps without the generic dispatch."""
         self._write_locked(row, data)
         self._mark_rows(row)
+        counts = self._counts  # (its fields, not the properties: the hot path)
         if set_cursor:
             if row >= 0:  # _set_last_cursor of a row in bounds (_write_locked checked them)
-                self._last_cursor = self._last_cursor_value = row
+                self._last_cursor = counts.last_cursor = row
             else:
                 self._set_last_cursor(row)
-            self._len_value = min(max(self._len_value + 1, self._last_cursor_value + 1),
-                                  self.max_size)
-        self._bump_mutation_revision()
+            counts.length = min(max(counts.length + 1, counts.last_cursor + 1), self.max_size)
+        counts.revision += 1  # _bump_mutation_revision
 
     def _committable(self) -> bool:
         return self._table is not None
@@ -545,21 +607,59 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         if not self.initialized or self.spec.read_only or self._table is None \
                 or self._meta.read_only:
             return
-        if self._lease is not None:
-            if not (self._uncommitted or self._holds_lease):
-                return  # nothing of this storage's to commit, or it lost the lease
-            self._lease.renew()  # a writer that lost the lease stops before storing anything
-        self.table.flush(consolidate)
-        meta = self._meta
-        meta.length = self._len_value
-        meta.last_cursor = self._last_cursor_value if self._last_cursor_value < meta.rows else -1
-        meta.high_water = self.table.high_water
-        meta.tail = self.table.tail_record()
-        commit(self._group, meta, self._lease, self.spec.redacted())
+        counts = self._counts
+        with counts.lock:  # processes sharing the store (.sharing): no write while committing
+            if counts.shared and not self._take_free_lease():
+                self._mark_clean()  # the process holding the lease commits the group's rows
+                return
+            if self._lease is not None:
+                if not (self._has_uncommitted() or self._holds_lease):
+                    return  # nothing of this storage's to commit, or it lost the lease
+                self._lease.renew()  # a writer that lost the lease stops before storing anything
+            self.table.flush(consolidate)
+            meta = self._meta
+            meta.length = self._len_value
+            meta.last_cursor = self._last_cursor_value if self._last_cursor_value < meta.rows else -1
+            meta.high_water = max(self.table.high_water, counts.high_water)
+            meta.tail = self.table.tail_record()
+            commit(self._group, meta, self._lease, self.spec.redacted())
+            counts.dirty_since = 0
         self._committed_here = True
         self.table.committed()
         self._committed = (meta.length, meta.last_cursor)
         self._mark_clean()
+
+    def _mark_group_dirty(self) -> None:
+        """``_mark_dirty`` of a storage whose counters processes share (:mod:`zstore.sharing`),
+        which :meth:`_use_shared_counters` puts in its place: it also tells the process that
+        commits for the group."""
+        counts = self._counts
+        counts.high_water = max(counts.high_water, self._table.high_water)
+        stamp_dirty(counts)
+        autocommit.CommitClock._mark_dirty(self)
+
+    def _use_shared_counters(self, counts: Any) -> None:
+        """From now on the counters are ``counts``, shared with other processes."""
+        self._counts = counts
+        # (instance attributes: the unshared write path keeps one call each)
+        self._mark_dirty = self._mark_group_dirty
+        self._hold_lease = self._hold_lease_in_group
+
+    def _has_uncommitted(self) -> bool:
+        return self._uncommitted or bool(self._counts.dirty_since)
+
+    def _commit_due_at(self) -> float | None:
+        """As :meth:`CommitClock._commit_due_at`, and, in the process that holds the lease of
+        a store processes share, when the group's oldest uncommitted row is due (looked at
+        again every :data:`~zstore.autocommit.MAX_TICK` while the group writes nothing)."""
+        due = super()._commit_due_at()
+        counts = self._counts
+        if not (counts.shared and self._committable() and self._lease is not None
+                and self._lease.held):
+            return due
+        stamp = dirty_at(counts)
+        at = (time.monotonic() if stamp is None else stamp) + self.autocommit_seconds
+        return at if due is None else min(due, at)
 
     def seal(self) -> int:
         """Publish this buffer as a read-only dataset; returns its number of episodes.
@@ -576,7 +676,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
     def close(self) -> None:
         """Flush and release the table; the storage can be reopened with :func:`zstore.open`."""
         if self._table is not None and not self._cleaned:
-            if self._uncommitted or self._table.tail_record():
+            if self._has_uncommitted() or self._table.tail_record():
                 with self._commit_lock:  # closed, the store holds no log segments (format.md §6)
                     self._flush(consolidate=True)
             if self._publishes_nodes_at_close:
@@ -729,7 +829,10 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self._refuse_sharing_uninitialized()
         if self._uncommitted:
             self.flush()
-        return {
+        shared = {}
+        if get_spawning_popen() is not None:
+            shared = self._spawn_state()
+        return {**shared,
             "spec": self.spec.to_json(), "max_size": self.max_size, "ndim": self.ndim,
             "device": str(self.device), "existsok": self.existsok, "codec": self.codec.to_json(),
             "key_codecs": {path: spec.to_json() for path, spec in self.key_codecs.items()},
@@ -769,11 +872,51 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             other._lease_finalizer.detach()
             self._lease_finalizer = weakref.finalize(self, self._lease.release_later)
         self.auto_cleanup = False
-        self._len_value = state["len"]
-        self._last_cursor_value = state["last_cursor"]
-        self._revision = state["revision"]
+        if state.get("handed_by_writer"):
+            self._hold_lease = self._hold_lease_handed
+        if "counts" in state:  # shared with the process that pickled it (.sharing)
+            self._use_shared_counters(state["counts"])
+            self._rendezvous = state["rendezvous"]
+            if state.get("row_rev") is not None:
+                self._row_rev, self._revisions_shared = state["row_rev"], True
+        else:
+            self._len_value = state["len"]
+            self._last_cursor_value = state["last_cursor"]
+            self._revision = state["revision"]
         track(self)
         untrack(other)
+
+    def _spawn_state(self) -> dict[str, Any]:
+        """What a process that multiprocessing starts is handed besides the spec: the shared
+        counters where processes can share the rows; else whether its writer handed it."""
+        if self.spec.is_memory:
+            raise RuntimeError(
+                f"Cannot share a {type(self).__name__} at {self.spec.redacted()} with another "
+                "process: memory:// stores live inside one process. Put the buffer on a local "
+                "path (processes then write it together) or in a bucket (they read it)")
+        if self._shares_rows:
+            self._share_with_processes()
+            return {"counts": self._counts, "rendezvous": self._rendezvous,
+                    "row_rev": self._row_rev if self.__dict__.get("_revisions_shared") else None}
+        return {"handed_by_writer": self._lease is not None and self._lease.held}
+
+    @property
+    def _shares_rows(self) -> bool:
+        """Whether processes can share this storage's rows: a ``shared_init`` storage, or a
+        writable one whose chunk files are memory-mapped (elsewhere a process that unpickles
+        it opens the store on its own, as a reader: a write there needs the lease)."""
+        if not self.initialized:
+            return self._rendezvous is not None
+        return isinstance(self._table, MmapTable) and not self._table.read_only
+
+    def _share_with_processes(self) -> None:
+        """Pickled for a process that multiprocessing starts: the counters move into shared
+        memory (:mod:`.sharing`), and the lease holder watches them for rows to commit."""
+        if self.initialized and not self._counts.shared:
+            self._hold_lease()  # the group writes as this writer: LeaseError if another is
+        TensorStorage._share_with_processes(self)
+        if self._lease is not None and self._lease.held:
+            autocommit.schedule(self)
 
     # -- display ------------------------------------------------------------------------
     def summary(self) -> Summary:

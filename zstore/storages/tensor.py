@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
+import tempfile
+import warnings
+import weakref
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import numpy as np
@@ -23,10 +28,13 @@ from tensordict import (
 )
 from torch.utils import _pytree as pytree
 
+from ..errors import SchemaError
 from ..display import KeyRow, Summary, dtype_name, tensor_leaves
 from ..layout import Schema
 from ..text import TEXT_BYTES, holds_value, is_text, non_tensor_leaves, widest
 from .base import Storage, refuse_spawn_sharing
+from .shared_rows import create_shared_rows, open_shared_rows
+from ..sharing import InitRendezvous, counter
 from .checkpoint_contract import TensorExport
 from .row_index import is_int
 
@@ -90,6 +98,15 @@ class TensorStorage(Storage):
 
     supports_conditional_update = True
     _default_checkpointer = "TensorStorageCheckpointer"
+    _len_value = counter("length")
+    _write_rev = counter("write_rev")
+    #: TorchRL's ``shared_init``: who creates the rows (:class:`.sharing.InitRendezvous`)
+    _rendezvous: InitRendezvous | None = None
+
+    @property
+    def _shares_init(self) -> bool:
+        """Whether the storage was made with ``shared_init=True``."""
+        return self._rendezvous is not None
 
     def __init__(self, storage: Any, max_size: int | None = None, *, device: Any = "cpu",
                  ndim: int = 1, compilable: bool = False):
@@ -232,17 +249,18 @@ class TensorStorage(Storage):
         single = is_int(cursor)
         if not self.initialized:
             self._init(data if single else map_leaves(data, lambda x: x[0]), widest(data))
-        self._write(cursor, data)
-        self._mark_rows(cursor)
-        if set_cursor:
-            self._set_last_cursor(cursor)
-            n = self.ndim - 1 if single else self.ndim
-            # TorchRL counts writes; a writer that moved its cursor past a refused batch
-            # must still reach the rows it writes after it: len covers the last one
-            reached = (self._last_cursor_value + 1) * (self._lanes if self.ndim > 1 else 1)
-            self._len_value = min(max(self._len_value + math.prod(lead_shape(data, n)), reached),
-                                  self.max_size)
-        self._bump_mutation_revision()
+        with self._counts.lock:  # shared with other processes (.sharing): one write at a time
+            self._write(cursor, data)
+            self._mark_rows(cursor)
+            if set_cursor:
+                self._set_last_cursor(cursor)
+                n = self.ndim - 1 if single else self.ndim
+                # TorchRL counts writes; a writer that moved its cursor past a refused batch
+                # must still reach the rows it writes after it: len covers the last one
+                reached = (self._last_cursor_value + 1) * (self._lanes if self.ndim > 1 else 1)
+                self._len_value = min(max(self._len_value + math.prod(lead_shape(data, n)),
+                                          reached), self.max_size)
+            self._bump_mutation_revision()
 
     def get(self, index: Any) -> Any:
         if not self.initialized:
@@ -251,13 +269,32 @@ class TensorStorage(Storage):
 
     def __getstate__(self) -> dict[str, Any]:
         self._refuse_sharing_uninitialized()
+        if get_spawning_popen() is not None:
+            self._share_with_processes()
         state = super().__getstate__()
         state["_row_rev_array"] = None  # a view of _row_rev: a copy takes a view of its own
         return state
 
+    def _share_with_processes(self) -> None:
+        """Pickled for a process that multiprocessing starts: from now on the counters live in
+        shared memory (:mod:`.sharing`), and torch moves the container's tensors there as it
+        pickles them, so every process writes and reads the same rows, as in TorchRL."""
+        self._use_shared_counters(self._counts.to_shared())
+        if self.initialized:  # the per-row write stamps, in shared memory too (checkpoints)
+            if self._row_rev is None:
+                self._row_rev = torch.zeros(self._container_shape()[0], dtype=torch.int64)
+            self._row_rev.share_memory_()
+            self._revisions_shared = True
+        self._row_rev_array = None  # a NumPy view of _row_rev from before would go stale
+
+    def _use_shared_counters(self, counts: Any) -> None:
+        """From now on the counters are ``counts``, shared with other processes."""
+        self._counts = counts
+
     def _refuse_sharing_uninitialized(self) -> None:
-        """A spawned process cannot share a storage that has no rows yet (as in TorchRL)."""
-        if not self.initialized:
+        """A spawned process cannot share a storage that has no rows yet (as in TorchRL),
+        unless it was made with ``shared_init=True``."""
+        if not self.initialized and not self._shares_init:
             refuse_spawn_sharing(
                 self, "Cowardly refusing to share a storage of type {cls} between processes if "
                 "it has not been initialized yet.", "Write its first rows before starting the "
@@ -272,9 +309,10 @@ class TensorStorage(Storage):
             self.checkpoint_marks = {}
         if self._row_rev_array is None:  # one row: NumPy stores it for less
             self._row_rev_array = self._row_rev.numpy()
-        self._write_rev += 1
+        counts = self._counts
+        counts.write_rev = revision = counts.write_rev + 1
         if type(cursor) is int and -rows <= cursor < rows:  # add()'s hot path
-            self._row_rev_array[cursor] = self._write_rev
+            self._row_rev_array[cursor] = revision
             return
         first = cursor[0] if isinstance(cursor, tuple) else cursor
         if isinstance(first, range):
@@ -283,7 +321,7 @@ class TensorStorage(Storage):
             first = torch.as_tensor(first).to("cpu")
             if first.dtype == torch.bool and first.ndim > 1:
                 first = first.nonzero(as_tuple=True)[0]
-        self._row_rev[first] = self._write_rev
+        self._row_rev[first] = revision
 
     # -- package-internal: the checkpoint contract (checkpoint_contract.py) ---------------
     def checkpoint_export(self) -> TensorExport:
@@ -329,8 +367,14 @@ class TensorStorage(Storage):
     @property
     def checkpoint_revisions(self) -> torch.Tensor | None:
         """Per-row write revisions (read-only; ``None`` before the first stamp), a new tensor
-        whenever they restart."""
-        return self._row_rev
+        whenever they restart. Where processes share the rows but not these stamps (a
+        ``shared_init`` storage: its rows were not known when it was handed out), every row
+        counts as written at the group's last write, so a checkpoint misses none."""
+        revisions = self._row_rev
+        if revisions is not None and self._counts.shared \
+                and not self.__dict__.get("_revisions_shared"):
+            return torch.full_like(revisions, self._counts.write_rev)
+        return revisions
 
     def _empty(self) -> None:
         self._len_value = 0
@@ -609,17 +653,80 @@ class LazyTensorStorage(TensorStorage):
     def __init__(self, max_size: int, *, device: Any = "cpu", ndim: int = 1,
                  compilable: bool = False, consolidated: bool = False,
                  shared_init: bool = False, cleanup_memmap: bool = True):
-        if shared_init:
-            raise NotImplementedError(
-                "shared_init (several processes writing one buffer) is not supported: a "
-                "zstore buffer has one writer, under its lease. Give each writer process its "
-                "own LazyMemmapStorage under one URL prefix and read them together as a "
-                "zstore.StorageEnsemble; readers of one buffer open it with zstore.open(url) "
-                "(docs/scaling.md)")
+        if shared_init and compilable:
+            raise RuntimeError("Cannot share a compilable storage between processes.")
+        if shared_init and device not in (None, "auto") and torch.device(device).type != "cpu":
+            warnings.warn(f"{type(self).__name__}(shared_init=True) keeps its rows in CPU memory "
+                          f"that every process maps; the requested device ({device}) cannot be "
+                          "honored and is reset to 'cpu'.", UserWarning, stacklevel=2)
+            device = "cpu"
         super().__init__(None, max_size, device=device, ndim=ndim, compilable=compilable)
         self.consolidated = consolidated
+        self.shared_init = shared_init
+        self.cleanup_memmap = cleanup_memmap
+        if shared_init:
+            self._rendezvous = InitRendezvous()
+            self._use_shared_counters(self._counts.to_shared())
 
     def _init(self, example: Any, text_bytes: int = 0) -> None:
+        rendezvous = self._rendezvous
+        if rendezvous is None:
+            self._allocate(example, text_bytes)
+        elif rendezvous.coordinate():
+            try:
+                self._create_shared_rows(example, text_bytes)
+            except BaseException:
+                rendezvous.failed()
+                raise
+            rendezvous.created()
+        else:
+            self._open_shared_rows(example)
+
+    def _join_shared_init(self) -> None:
+        """A ``shared_init`` storage that another process created: open its rows here."""
+        if not self.initialized and self._rendezvous is not None and self._rendezvous.ready:
+            self._open_shared_rows(None)
+
+    def _create_shared_rows(self, example: Any, text_bytes: int) -> None:
+        """``shared_init``: allocate the rows as memory-mapped files every process can map,
+        described by a JSON file (:mod:`.shared_rows`)."""
+        if isinstance(example, LazyStackedTensorDict) or _has_non_tensors(example):
+            raise SchemaError(
+                f"{type(self).__name__}(shared_init=True) keeps one dense tensor per key in "
+                "files every process maps: a lazy stack or a non-tensor value cannot be "
+                "shared that way. Write the first rows before starting the processes "
+                "(shared_init=False) instead")
+        rows = self._rows_for(example)
+        self._storage = create_shared_rows(self._shared_directory(), example, self.ndim, rows,
+                                           self.max_size, self.device)
+        self.initialized = True
+
+    def _open_shared_rows(self, example: Any) -> None:
+        self._storage, self.max_size = open_shared_rows(
+            self._shared_directory(), self.device,
+            type(example) if is_tensorclass(example) else None)
+        self.initialized = True
+
+    def _shared_directory(self) -> str:
+        """The directory of a ``shared_init`` storage's rows, made once, before any process
+        is handed the storage (then the others find it in what they were handed)."""
+        directory = self.__dict__.get("_init_directory")
+        if directory is None:
+            directory = self._init_directory = tempfile.mkdtemp(prefix="zstore_shared_init_")
+            weakref.finalize(self, shutil.rmtree, directory, True)
+        return directory
+
+    def get(self, index: Any) -> Any:
+        self._join_shared_init()
+        return super().get(index)
+
+    def _share_with_processes(self) -> None:
+        if self._rendezvous is not None:
+            self._shared_directory()  # named in the pickle, so every process maps the same rows
+        super()._share_with_processes()
+
+    def _allocate(self, example: Any, text_bytes: int = 0) -> None:
+        """Allocate the in-RAM container for rows like ``example``."""
         if self.device == "auto":
             self.device = _first_leaf(example).device if not is_tensor_collection(example) \
                 else example.device

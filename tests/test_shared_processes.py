@@ -1,0 +1,341 @@
+"""Processes sharing one buffer, as TorchRL's do (issue #20): a storage handed to processes
+that multiprocessing spawns is written by all of them, each seeing the others' rows and
+length, and ``shared_init=True`` lets the first process that writes create the rows.
+
+Every scenario runs over zstore's storage and over TorchRL's own with the same writes, and
+what each process observed must be the same. A persistent store's rows are committed by the
+process that holds its lease, whichever process wrote them, and reopen intact."""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import zstore
+
+pytestmark = pytest.mark.torchrl
+T = pytest.importorskip("torchrl.data")
+zt = pytest.importorskip("zstore.torchrl")
+
+SPAWN = multiprocessing.get_context("spawn")
+WAIT = 120  # seconds a process waits for another's message (a loaded machine is slow to spawn)
+
+
+def batch(value: float, n: int = 10) -> TensorDict:
+    return TensorDict({"a": torch.full((n,), float(value)), "next": {"reward": torch.ones(n)}},
+                      [n])
+
+
+def buffer(storage) -> "T.TensorDictReplayBuffer":
+    return T.TensorDictReplayBuffer(storage=storage, writer=T.TensorDictRoundRobinWriter(),
+                                    sampler=T.RandomSampler(), batch_size=4)
+
+
+# -- run in the spawned processes --------------------------------------------------------------
+def extend_then_look(rb, to_parent, from_parent) -> None:
+    """Extend, let the parent write, then report what this process sees."""
+    try:
+        rb.extend(batch(1))
+        to_parent.put("extended")
+        assert from_parent.get(timeout=WAIT) == "extended"
+        to_parent.put((len(rb), rb[:]["a"].tolist()))
+    except BaseException as exc:  # reported, so the parent fails with the reason
+        to_parent.put(f"{type(exc).__name__}: {exc}")
+
+
+def extend_rows(rb, value: float, n: int, done, make=batch) -> None:
+    """Extend ``rb`` by ``make(value, n)``; put "finish" (or the error) on ``done``."""
+    try:
+        rb.extend(make(value, n))
+        done.put("finish")
+    except BaseException as exc:
+        done.put(f"{type(exc).__name__}: {exc}")
+
+
+def expect(queue, want):
+    got = queue.get(timeout=WAIT)
+    assert got == want, got
+    return got
+
+
+def children_extend(rb, values: tuple[float, ...], n: int, make=batch) -> None:
+    """Spawn one process per value, each extending ``rb`` by ``make(value, n)``, all at once;
+    return when every one has finished."""
+    done = SPAWN.Queue()
+    children = [SPAWN.Process(target=extend_rows, args=(rb, value, n, done, make))
+                for value in values]
+    for child in children:
+        child.start()
+    for _ in children:
+        expect(done, "finish")
+    for child in children:
+        child.join(WAIT)
+        assert child.exitcode == 0
+
+
+# -- the scenarios -----------------------------------------------------------------------------
+def parent_and_child(storage) -> tuple:
+    """TorchRL's multi-process buffer test, observed: the parent writes 10 rows, a child
+    10, the parent 10 more (the ring of 21 wraps); each reports what it then sees."""
+    rb = buffer(storage)
+    rb.extend(batch(0))
+    to_parent, from_parent = SPAWN.Queue(), SPAWN.Queue()
+    child = SPAWN.Process(target=extend_then_look, args=(rb, to_parent, from_parent))
+    child.start()
+    try:
+        expect(to_parent, "extended")
+        seen_after_child = (len(rb), rb[:]["a"].tolist())
+        rb.extend(batch(2))
+        from_parent.put("extended")
+        seen_by_child = to_parent.get(timeout=WAIT)
+        assert not isinstance(seen_by_child, str), seen_by_child
+    finally:
+        child.join(WAIT)
+    assert child.exitcode == 0
+    return seen_after_child, seen_by_child, (len(rb), rb[:]["a"].tolist())
+
+
+def torchrl_observes(scenario, tmp_path):
+    return scenario(T.LazyMemmapStorage(21, scratch_dir=tmp_path / "torchrl"))
+
+
+STORAGES = {
+    "memmap-temporary": lambda tmp_path: zt.LazyMemmapStorage(21),
+    "memmap-local": lambda tmp_path: zt.LazyMemmapStorage(21, scratch_dir=tmp_path / "rb"),
+    "tensor-in-ram": lambda tmp_path: zt.LazyTensorStorage(21),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(STORAGES))
+def test_a_child_writes_the_buffer_its_parent_reads(kind, tmp_path):
+    ours = parent_and_child(STORAGES[kind](tmp_path))
+    theirs = torchrl_observes(parent_and_child, tmp_path)
+    assert ours == theirs
+    assert ours[0] == (20, [0.0] * 10 + [1.0] * 10)
+    assert ours[1] == (21, [2.0] * 9 + [0.0] + [1.0] * 10 + [2.0])  # the ring of 21 wrapped
+
+
+def test_rows_of_several_children_are_committed_by_the_lease_holder(tmp_path):
+    url = str(tmp_path / "rb")
+    storage = zt.LazyMemmapStorage(64, scratch_dir=url)
+    rb = buffer(storage)
+    rb.extend(batch(0, 8))
+    children_extend(rb, (1, 2), 8)
+    assert len(rb) == 24
+    assert sorted(rb[:]["a"].tolist()) == [0.0] * 8 + [1.0] * 8 + [2.0] * 8
+    storage.flush()  # the parent holds the lease: it commits every process's rows
+    again = zstore.open(url, mode="r")
+    assert len(again) == 24
+    assert sorted(again[:]["a"].tolist()) == [0.0] * 8 + [1.0] * 8 + [2.0] * 8
+    rb.extend(batch(3, 8))  # the parent still writes: nobody took its lease
+    storage.flush()
+    assert len(zstore.open(url, mode="r")) == 32
+
+
+def test_a_parent_that_exits_commits_the_rows_of_its_children(tmp_path):
+    """The parent never flushes: its exit commits what a child wrote."""
+    url = str(tmp_path / "rb")
+    script = textwrap.dedent(f"""
+        import multiprocessing, sys
+        sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})
+        from test_shared_processes import batch, buffer, extend_rows, zt
+
+        if __name__ == "__main__":
+            ctx = multiprocessing.get_context("spawn")
+            rb = buffer(zt.LazyMemmapStorage(32, scratch_dir={url!r}, autocommit_seconds=3600))
+            rb.extend(batch(0, 4))
+            done = ctx.Queue()
+            child = ctx.Process(target=extend_rows, args=(rb, 5, 6, done))
+            child.start()
+            assert done.get(timeout=120) == "finish"
+            child.join()
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+    again = zstore.open(url, mode="r")
+    assert len(again) == 10
+    assert again[:]["a"].tolist() == [0.0] * 4 + [5.0] * 6
+
+
+# -- shared_init ------------------------------------------------------------------------------
+def children_write_parent_reads(storage) -> tuple:
+    """TorchRL's shared_init case: the parent never writes; two children each extend 4 rows."""
+    rb = T.TensorDictReplayBuffer(storage=storage, batch_size=4, shared=True)
+    children_extend(rb, (1, 2), 4)
+    sample = rb.sample()
+    return len(rb), rb.write_count, sorted(rb[:]["a"].tolist()), tuple(sample["a"].shape)
+
+
+@pytest.mark.parametrize("kind", ["memmap", "tensor"])
+def test_shared_init_lets_the_first_child_create_the_rows(kind, tmp_path):
+    url = str(tmp_path / "rb")
+    make = {"memmap": lambda: zt.LazyMemmapStorage(16, scratch_dir=url, shared_init=True),
+            "tensor": lambda: zt.LazyTensorStorage(16, shared_init=True)}[kind]
+    ours = children_write_parent_reads(make())
+    theirs = children_write_parent_reads(
+        T.LazyMemmapStorage(16, scratch_dir=tmp_path / "torchrl", shared_init=True))
+    assert ours == theirs == (8, 8, [1.0] * 4 + [2.0] * 4, (4,))
+    if kind == "memmap":  # the children exited: each committed, the last as lease holder
+        again = zstore.open(url, mode="r")
+        assert len(again) == 8 and sorted(again[:]["a"].tolist()) == [1.0] * 4 + [2.0] * 4
+
+
+@pytest.mark.parametrize("kind", ["memmap", "tensor"])
+def test_shared_init_storage_works_in_one_process(kind, tmp_path):
+    storage = {"memmap": lambda: zt.LazyMemmapStorage(10, scratch_dir=tmp_path / "rb",
+                                                      shared_init=True),
+               "tensor": lambda: zt.LazyTensorStorage(10, shared_init=True)}[kind]()
+    with pytest.raises(RuntimeError, match="non-initialized"):
+        storage.get(0)  # nothing written anywhere: refused, never a wait for ever
+    rb = buffer(storage)
+    rb.extend(batch(4, 6))
+    assert len(rb) == 6 and rb[:]["a"].tolist() == [4.0] * 6
+
+
+def test_shared_init_refused_first_write_lets_the_next_writer_create_the_rows():
+    storage = zt.LazyTensorStorage(8, shared_init=True)
+    odd = TensorDict(a=torch.zeros(2), batch_size=[2])
+    odd.set_non_tensor("name", "x")
+    with pytest.raises(zstore.SchemaError, match="shared_init"):
+        storage.set(torch.arange(2), odd)
+    assert not storage.initialized
+    storage.set(torch.arange(2), batch(1, 2))
+    assert len(storage) == 2 and storage[:]["a"].tolist() == [1.0, 1.0]
+
+
+def test_shared_init_refusals_name_the_reason(location):
+    with pytest.raises(RuntimeError, match="Cannot share a compilable storage"):
+        zt.LazyTensorStorage(4, shared_init=True, compilable=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        storage = zt.LazyTensorStorage(4, shared_init=True, device="cuda")
+    assert storage.device == torch.device("cpu")
+    assert any("cannot be honored" in str(w.message) for w in caught)
+    codec = "zstd" if location.kind == "local" else None
+    with pytest.raises(ValueError, match=f"shared_init=True needs a local, uncompressed.*"
+                                         f"{location.base}.*StorageEnsemble"):
+        location.memmap(4, codec=codec, shared_init=True)
+
+
+def test_a_store_processes_cannot_write_together_says_so(location):
+    """Rows processes cannot share (memory://, a bucket, compressed chunks): a spawned
+    process is refused at once for memory://, and elsewhere reads what is committed and is
+    refused a write with the way out; the writer's rows stay as they were."""
+    storage = zt.LazyMemmapStorage(16, scratch_dir=location.new(), storage_options=location.options,
+                                   codec="zstd" if location.kind == "local" else None)
+    rb = buffer(storage)
+    rb.extend(batch(0, 4))
+    done = SPAWN.Queue()
+    child = SPAWN.Process(target=extend_rows, args=(rb, 1, 2, done))
+    if location.kind == "memory":
+        with pytest.raises(RuntimeError, match="memory:// stores live inside one process"):
+            child.start()
+        return
+    child.start()
+    refusal = done.get(timeout=WAIT)
+    child.join(WAIT)
+    assert refusal.startswith("LeaseError") and "handed to this process by the process " \
+        "writing it" in refusal and "StorageEnsemble" in refusal, refusal
+    storage.flush()
+    again = zstore.open(storage.scratch_dir, location.options, mode="r")
+    assert len(again) == 4 and again[:]["a"].tolist() == [0.0] * 4
+
+
+def make_counting_env():
+    from torchrl.testing.mocking_classes import CountingEnv
+
+    return CountingEnv(max_steps=7)
+
+
+def collect(storage) -> "T.ReplayBuffer":
+    """TorchRL's multi-process collector, two workers writing the buffer they were handed."""
+    from torchrl.collectors import MultiSyncCollector
+    from torchrl.testing.mocking_classes import CountingEnvCountPolicy
+
+    rb = T.ReplayBuffer(storage=storage, batch_size=8)
+    policy = CountingEnvCountPolicy(make_counting_env().action_spec)  # the same frames each run
+    collector = MultiSyncCollector([make_counting_env, make_counting_env], policy=policy,
+                                   frames_per_batch=40, total_frames=200, replay_buffer=rb)
+    try:
+        for _ in collector:
+            pass
+    finally:
+        collector.shutdown()
+    return rb
+
+
+def frames(rb) -> list[int]:
+    """The frames' step counts, sorted: the same multiset whatever order the workers wrote in."""
+    return sorted(rb[:]["observation"].flatten().tolist())
+
+
+@pytest.mark.parametrize("kind", ["memmap-local", "tensor-in-ram"])
+def test_a_multiprocess_collector_fills_a_zstore_buffer(kind, tmp_path):
+    url = str(tmp_path / "rb")
+    storage = (zt.LazyMemmapStorage(1000, scratch_dir=url) if kind == "memmap-local"
+               else zt.LazyTensorStorage(1000))
+    ours = collect(storage)
+    theirs = collect(T.LazyMemmapStorage(1000, scratch_dir=tmp_path / "torchrl"))
+    assert len(ours) == len(theirs) == 200 and ours.write_count == theirs.write_count == 200
+    assert frames(ours) == frames(theirs)  # every frame a row of its own: none overwritten
+    assert ours.sample()["observation"].shape == theirs.sample()["observation"].shape
+    if kind == "memmap-local":
+        ours.storage.flush()
+        assert frames(T.ReplayBuffer(storage=zstore.torchrl.open(url, mode="r"))) == frames(ours)
+
+
+@pytest.mark.parametrize("kind", ["memmap-local", "tensor-in-ram", "memmap-shared-init"])
+def test_an_incremental_checkpoint_keeps_the_rows_other_processes_wrote(kind, tmp_path):
+    """A checkpoint knows which rows changed from per-row write stamps: those of another
+    process count too, so the incremental dump after a child's write misses none of them."""
+    make = {"memmap-local": lambda: zt.LazyMemmapStorage(64, scratch_dir=tmp_path / "rb"),
+            "tensor-in-ram": lambda: zt.LazyTensorStorage(64),
+            "memmap-shared-init": lambda: zt.LazyMemmapStorage(64, scratch_dir=tmp_path / "rb",
+                                                               shared_init=True)}[kind]
+    storage = make()
+    rb = buffer(storage)
+    rb.extend(batch(0, 8))
+    target = tmp_path / "checkpoint"
+    storage.dumps(target)
+    children_extend(rb, (1,), 8)
+    second = storage.dumps(target)
+    assert second.incremental and second.length == 16
+    restored = zt.LazyTensorStorage(64)
+    restored.loads(target)
+    assert len(restored) == 16
+    assert restored[:16]["a"].tolist() == [0.0] * 8 + [1.0] * 8
+
+
+def tensor_rows(value: float, n: int) -> torch.Tensor:
+    return torch.full((n, 2), float(value))
+
+
+@pytest.mark.parametrize("item", ["tensor", "pytree"])
+def test_shared_init_keeps_tensors_and_pytrees(item):
+    """The rows of an in-RAM ``shared_init`` storage are files any process maps, whatever
+    the items are: the same rows as TorchRL's ``LazyTensorStorage`` holds."""
+    def data(value: float, n: int):
+        rows = torch.full((n, 2), value)
+        return rows if item == "tensor" else {"obs": rows, "nested": {"step": torch.arange(n)}}
+
+    ours, theirs = zt.LazyTensorStorage(6, shared_init=True), T.LazyTensorStorage(6)
+    for storage in (ours, theirs):
+        storage.set(torch.arange(4), data(1.0, 4))
+        storage.set(torch.tensor([4, 5, 0]), data(2.0, 3))
+    assert len(ours) == len(theirs) == 6
+    for got, want in zip(torch.utils._pytree.tree_leaves(ours.get(torch.arange(6))),
+                         torch.utils._pytree.tree_leaves(theirs.get(torch.arange(6)))):
+        assert torch.equal(got, want)
+
+
+def test_shared_init_tensor_rows_written_by_children():
+    rb = T.ReplayBuffer(storage=zt.LazyTensorStorage(12, shared_init=True), batch_size=2)
+    children_extend(rb, (1, 2), 3, tensor_rows)
+    assert len(rb) == 6
+    assert sorted(rb[:6][:, 0].tolist()) == [1.0] * 3 + [2.0] * 3

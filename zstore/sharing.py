@@ -1,0 +1,208 @@
+"""Counters of storages and writers, in one process or shared with the processes they are handed to.
+
+A tensor storage keeps its length, last cursor, mutation revision, write revision and
+high-water mark in a :class:`Counters` object, a round-robin writer its cursor and write
+count in a :class:`WriterCounters`. TorchRL shares a buffer with the processes that
+``multiprocessing`` spawns (``mp.Process(target=..., args=(rb,))``, a collector's
+workers): they all write it, and each sees the others' rows and length. When a storage or
+writer is pickled for such a process (or a storage is made with ``shared_init=True``),
+its counters move into shared memory (:class:`SharedCounters`) together with a
+process-shared lock that every write holds, so every process writes rows of its own and
+the length counts every write exactly once. The rows themselves are shared by where they
+live: torch's shared memory for an in-RAM container, the chunk files for a memory-mapped
+store.
+
+A :class:`SharedCounters` also carries ``dirty_since``: when a process that does not
+hold a persistent store's lease writes rows, it stamps them uncommitted here, and the
+process that holds the lease commits them (``docs/torchrl.md`` §4).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import multiprocessing.reduction
+import multiprocessing.sharedctypes
+import threading
+import time
+from multiprocessing.context import get_spawning_popen
+from operator import attrgetter
+from typing import Any
+
+class Ints:
+    """Named ints of one process (a subclass names them in ``FIELDS``, with ``DEFAULTS``).
+
+    ``lock``, which a write holds, is a thread lock here (cheaper to take than a no-op
+    context manager written in Python); it is not pickled."""
+
+    __slots__ = ("lock",)
+    FIELDS: tuple[str, ...] = ()
+    DEFAULTS: tuple[int, ...] = ()
+    SHARED: type["SharedInts"]  # the shared twin, set by @shared_twin
+    shared = False
+
+    def __init__(self, *values: int):
+        for name, value in zip(self.FIELDS, values or self.DEFAULTS):
+            setattr(self, name, value)
+        self.lock = threading.RLock()
+
+    def __reduce__(self) -> tuple:
+        return type(self), self.values()
+
+    def values(self) -> tuple[int, ...]:
+        """The ints in ``FIELDS`` order."""
+        return tuple(getattr(self, name) for name in self.FIELDS)
+
+    def to_shared(self) -> "SharedInts":
+        """Shared copies of these ints (the caller replaces its own with them)."""
+        return self.SHARED(self.values())
+
+
+class SharedInts:
+    """Named ints in shared memory, with the process-shared lock that guards them.
+
+    Picklable only for a process that ``multiprocessing`` starts (as its ``Value`` and
+    ``Lock`` are): the new process then reads and writes the same memory.
+    """
+
+    FIELDS: tuple[str, ...] = ()
+    shared = True
+
+    def __init__(self, values: tuple[int, ...]):
+        context = _context()
+        self._shared = context.Array(ctypes.c_int64, list(values))  # pickles when spawning
+        self._block = self._shared.get_obj()  # read and written without its lock: see .lock
+        self.lock = context.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"shared": self._shared, "lock": self.lock}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._shared, self.lock = state["shared"], state["lock"]
+        self._block = self._shared.get_obj()
+
+    def values(self) -> tuple[int, ...]:
+        """The ints in ``FIELDS`` order."""
+        return tuple(self._block)
+
+    def to_shared(self) -> "SharedInts":
+        """Itself: already shared."""
+        return self
+
+
+def _in_block(index: int, name: str) -> property:
+    def get(self: SharedInts) -> int:
+        return self._block[index]
+
+    def put(self: SharedInts, value: int) -> None:
+        self._block[index] = value
+
+    return property(get, put, doc=f"``{name}``, in shared memory")
+
+
+def shared_twin(plain: type[Ints]):
+    """Class decorator of a :class:`SharedInts` subclass: the shared twin of ``plain``.
+
+    It also registers the block's ctypes type with multiprocessing's pickler now: ints
+    become shared while a process is being pickled for its start (a ``__getstate__``),
+    after that pickler copied its reducers, and multiprocessing registers the type only
+    when it first makes one."""
+    def make(shared: type[SharedInts]) -> type[SharedInts]:
+        shared.FIELDS = plain.FIELDS
+        for index, name in enumerate(plain.FIELDS):
+            setattr(shared, name, _in_block(index, name))
+        plain.SHARED = shared
+        multiprocessing.reduction.ForkingPickler.register(
+            ctypes.c_int64 * len(plain.FIELDS), multiprocessing.sharedctypes.reduce_ctype)
+        return shared
+    return make
+
+
+class Counters(Ints):
+    """A storage's counters: length, last cursor, mutation and write revisions, high-water
+    mark, and ``dirty_since`` (``time.monotonic_ns()`` of the group's oldest uncommitted
+    write, 0 when clean)."""
+
+    FIELDS = ("length", "last_cursor", "revision", "write_rev", "high_water", "dirty_since")
+    DEFAULTS = (0, -1, 0, 0, 0, 0)
+    __slots__ = FIELDS
+
+
+@shared_twin(Counters)
+class SharedCounters(SharedInts):
+    """:class:`Counters` in shared memory."""
+
+
+class WriterCounters(Ints):
+    """A round-robin writer's cursor and write count."""
+
+    FIELDS = ("cursor", "write_count")
+    DEFAULTS = (0, 0)
+    __slots__ = FIELDS
+
+
+@shared_twin(WriterCounters)
+class SharedWriterCounters(SharedInts):
+    """:class:`WriterCounters` in shared memory."""
+
+
+def counter(name: str, holder: str = "_counts") -> property:
+    """An attribute kept in the :class:`Ints` object ``holder`` (its field ``name``)."""
+    def put(self: Any, value: int) -> None:
+        setattr(getattr(self, holder), name, value)
+
+    return property(attrgetter(f"{holder}.{name}"), put)
+
+
+def stamp_dirty(counts: Ints | SharedInts) -> None:
+    """Record, once until the next commit, that rows were written and not committed."""
+    if not counts.dirty_since:
+        counts.dirty_since = time.monotonic_ns()
+
+
+def dirty_at(counts: Ints | SharedInts) -> float | None:
+    """``time.monotonic()`` of the oldest uncommitted write of the group (``None``: clean).
+    The monotonic clock is the machine's, the same in every process."""
+    stamp = counts.dirty_since
+    return stamp / 1e9 if stamp else None
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """The context of the process being started, if one is (its locks must be of it), else
+    the default one."""
+    return multiprocessing.get_context(getattr(get_spawning_popen(), "method", None))
+
+
+class InitRendezvous:
+    """TorchRL's ``shared_init``: of the processes sharing an uninitialised storage, the
+    first to write creates its rows; the others wait for that and open them."""
+
+    def __init__(self) -> None:
+        context = _context()
+        self._lock = context.Lock()
+        self._done = context.Event()
+
+    def coordinate(self) -> bool:
+        """``True`` in the one process that creates the rows (it then calls :meth:`created`,
+        or :meth:`failed`, which lets the next writer try); ``False`` once they exist."""
+        if self._done.is_set():
+            return False
+        self._lock.acquire()  # the creator holds it until the rows exist, or its write failed
+        if self._done.is_set():
+            self._lock.release()
+            return False
+        return True
+
+    def created(self) -> None:
+        """The rows exist: the waiting processes open them."""
+        self._done.set()
+        self._lock.release()
+
+    def failed(self) -> None:
+        """The creating write was refused (nothing was created): the next writer tries."""
+        self._lock.release()
+
+    @property
+    def ready(self) -> bool:
+        """Whether the rows exist."""
+        return self._done.is_set()
