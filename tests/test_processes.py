@@ -162,3 +162,32 @@ def test_processes_handed_a_buffer_write_rows_of_their_own(kind, tmp_path):
     if kind == "memmap-local":
         storage.flush()
         assert len(zstore.open(storage.scratch_dir, mode="r")) == 32
+
+
+def hold_the_locks_until_killed(rb, holding, never) -> None:
+    """Run in a spawned process: be in the middle of a write (the writer's and the
+    storage's locks held) when the parent kills it."""
+    with rb.writer._ints.lock, rb.storage._counts.lock:
+        holding.put("holding")
+        never.get()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["memmap-local", "tensor-in-ram"])
+def test_a_process_killed_in_the_middle_of_a_write_leaves_the_others_writing(kind, tmp_path):
+    """The kernel releases what a killed process held: the others neither wait for ever nor
+    skip rows (its write never finished, so the cursor is where it was)."""
+    storage = (zstore.LazyMemmapStorage(40, scratch_dir=str(tmp_path / "rb"))
+               if kind == "memmap-local" else zstore.LazyTensorStorage(40))
+    rb = zstore.ReplayBuffer(storage)
+    rb.extend(rows(0, 8))
+    ctx = mp.get_context("spawn")
+    holding, never = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=hold_the_locks_until_killed, args=(rb, holding, never))
+    child.start()
+    assert holding.get(timeout=120) == "holding"
+    child.kill()
+    child.join(120)
+    rb.extend(rows(8, 8))  # waited for ever on the dead process's lock before
+    assert len(rb) == 16 and rb.writer._cursor == 16
+    assert rb[:16]["x"].tolist() == list(range(16))

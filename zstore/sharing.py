@@ -7,8 +7,9 @@ count in a :class:`WriterCounters`. TorchRL shares a buffer with the processes t
 workers): they all write it, and each sees the others' rows and length. When a storage or
 writer is pickled for such a process (or a storage is made with ``shared_init=True``),
 its counters move into shared memory (:class:`SharedCounters`) together with a
-process-shared lock that every write holds, so every process writes rows of its own and
-the length counts every write exactly once. The rows themselves are shared by where they
+process-shared lock that every write holds (:class:`ProcessLock`, which the kernel
+releases if its holder is killed), so every process writes rows of its own and the
+length counts every write exactly once. The rows themselves are shared by where they
 live: torch's shared memory for an in-RAM container, the chunk files for a memory-mapped
 store.
 
@@ -19,12 +20,17 @@ process that holds the lease commits them (``docs/torchrl.md`` §4).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import multiprocessing
 import multiprocessing.reduction
 import multiprocessing.sharedctypes
+import os
+import tempfile
 import threading
 import time
+import weakref
 from multiprocessing.context import get_spawning_popen
 from operator import attrgetter
 from typing import Any
@@ -58,6 +64,68 @@ class Ints:
         return self.SHARED(self.values())
 
 
+class ProcessLock:
+    """A reentrant lock between the threads of every process holding this object, which the
+    kernel releases when a process that holds it dies (``flock`` on a small file): a writer
+    killed in the middle of a write never leaves the others waiting for ever.
+
+    It pickles as the file's path (each process opens the file of its own, at once); the
+    process that made it deletes the file when it is collected or exits."""
+
+    def __init__(self, path: str | None = None):
+        if path is None:
+            handle, path = tempfile.mkstemp(prefix="zstore-group-", suffix=".lock")
+            os.close(handle)
+            weakref.finalize(self, _remove_file, path)
+        self.path = path
+        self._open()
+
+    def _open(self) -> None:
+        self._threads = threading.RLock()
+        self._depth = 0
+        self._pid = os.getpid()
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path = state["path"]
+        self._open()
+
+    def acquire(self) -> bool:
+        """Wait for the lock (a thread that holds it already takes it again)."""
+        if self._pid != os.getpid():  # a forked child: a descriptor of its own, else it would
+            self._open()              # share its parent's hold
+        self._threads.acquire()
+        if self._depth == 0:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            except BaseException:
+                self._threads.release()
+                raise
+        self._depth += 1
+        return True
+
+    def release(self) -> None:
+        """Release one hold of the calling thread."""
+        self._depth -= 1
+        if self._depth == 0:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._threads.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def _remove_file(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.remove(path)
+
+
 class SharedInts:
     """Named ints in shared memory, with the process-shared lock that guards them.
 
@@ -69,10 +137,9 @@ class SharedInts:
     shared = True
 
     def __init__(self, values: tuple[int, ...]):
-        context = _context()
-        self._shared = context.Array(ctypes.c_int64, list(values))  # pickles when spawning
+        self._shared = _context().Array(ctypes.c_int64, list(values))  # pickles when spawning
         self._block = self._shared.get_obj()  # read and written without its lock: see .lock
-        self.lock = context.RLock()
+        self.lock = ProcessLock()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"shared": self._shared, "lock": self.lock}
@@ -178,9 +245,8 @@ class InitRendezvous:
     first to write creates its rows; the others wait for that and open them."""
 
     def __init__(self) -> None:
-        context = _context()
-        self._lock = context.Lock()
-        self._done = context.Event()
+        self._lock = ProcessLock()  # released if its holder dies: the next writer creates
+        self._done = _context().Event()
 
     def coordinate(self) -> bool:
         """``True`` in the one process that creates the rows (it then calls :meth:`created`,

@@ -31,7 +31,7 @@ def _batch_len(data: Any) -> int:
 class rolled_back_on_error:
     """Restore ``writer``'s cursor and write count when the write inside raises.
 
-    A writer moves its cursor before the storage sees the data; a batch the
+    TorchRL's writers move their cursor before the storage sees the data; a batch the
     storage refuses (a wrong shape, a missing key, a failed store) must leave
     no gap behind that later writes would skip over and samplers would draw.
     The exception propagates. (A class, not a generator ``@contextmanager``:
@@ -98,10 +98,11 @@ class Writer:
 class RoundRobinWriter(Writer):
     """Writes items in a ring: index = cursor, cursor advances modulo the capacity.
 
-    A write the storage refuses moves nothing: the cursor and the write count
-    are those before it, so the next write fills the same rows. Handed to processes that
+    The cursor and the write count move once the storage has taken the write: a write it
+    refuses moves nothing, so the next write fills the same rows. Handed to processes that
     multiprocessing spawns, the writer shares its cursor with them (:mod:`zstore.sharing`):
-    each write takes rows of its own, as TorchRL's writers do.
+    each write takes rows of its own, as TorchRL's writers do, and a process killed in
+    the middle of its write leaves the cursor where it was, for the next write to fill.
 
     >>> from zstore import LazyTensorStorage
     >>> w = RoundRobinWriter(); w.register_storage(LazyTensorStorage(3))
@@ -146,14 +147,10 @@ class RoundRobinWriter(Writer):
         rows = storage._max_size_along_dim0(single_data=data)
         ints = self._ints
         with ints.lock:  # shared with other processes: the row is this write's
-            index, count = ints.cursor, ints.write_count
+            index = ints.cursor
+            storage.set(index, data)  # refused, or the process killed: the cursor stays
             ints.cursor = (index + 1) % rows
-            ints.write_count = count + 1
-            try:  # rolled_back_on_error, inlined: the one-row hot path
-                storage.set(index, data)
-            except BaseException:
-                ints.cursor, ints.write_count = index, count
-                raise
+            ints.write_count += 1
         if storage.ndim != 1:
             index = self._replicate_index(index)
         self._mark_update_entities(index)
@@ -165,11 +162,12 @@ class RoundRobinWriter(Writer):
             raise RuntimeError(f"Expected at least one element in extend. Got data={data}")
         rows = self._storage._max_size_along_dim0(batched_data=data)
         device = data.device if hasattr(data, "device") and data.device is not None else None
-        with self._ints.lock, rolled_back_on_error(self):  # the rows are this write's
-            index = torch.arange(self._cursor, self._cursor + n, device=device) % rows
-            self._cursor = (self._cursor + n) % rows
-            self._write_count += n
-            self._storage.set(index, data)
+        ints = self._ints
+        with ints.lock:  # shared with other processes: the rows are this write's
+            index = torch.arange(ints.cursor, ints.cursor + n, device=device) % rows
+            self._storage.set(index, data)  # refused, or the process killed: the cursor stays
+            ints.cursor = (ints.cursor + n) % rows
+            ints.write_count += n
         index = self._replicate_index(index)
         self._mark_update_entities(index)
         return index
