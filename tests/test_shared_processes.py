@@ -50,10 +50,16 @@ def extend_then_look(rb, to_parent, from_parent) -> None:
         to_parent.put(f"{type(exc).__name__}: {exc}")
 
 
-def extend_rows(rb, value: float, n: int, done, make=batch) -> None:
-    """Extend ``rb`` by ``make(value, n)``; put "finish" (or the error) on ``done``."""
+def extend_rows(rb, value: float, n: int, done, make=batch, one_by_one: bool = False) -> None:
+    """Extend ``rb`` by ``make(value, n)`` (or add its rows one by one); put "finish" (or the
+    error) on ``done``."""
     try:
-        rb.extend(make(value, n))
+        rows = make(value, n)
+        if one_by_one:
+            for i in range(n):
+                rb.add(rows[i])
+        else:
+            rb.extend(rows)
         done.put("finish")
     except BaseException as exc:
         done.put(f"{type(exc).__name__}: {exc}")
@@ -65,11 +71,12 @@ def expect(queue, want):
     return got
 
 
-def children_extend(rb, values: tuple[float, ...], n: int, make=batch) -> None:
-    """Spawn one process per value, each extending ``rb`` by ``make(value, n)``, all at once;
-    return when every one has finished."""
+def children_extend(rb, values: tuple[float, ...], n: int, make=batch,
+                    one_by_one: bool = False) -> None:
+    """Spawn one process per value, each extending ``rb`` by ``make(value, n)`` (or adding
+    its rows one by one), all at once; return when every one has finished."""
     done = SPAWN.Queue()
-    children = [SPAWN.Process(target=extend_rows, args=(rb, value, n, done, make))
+    children = [SPAWN.Process(target=extend_rows, args=(rb, value, n, done, make, one_by_one))
                 for value in values]
     for child in children:
         child.start()
@@ -339,3 +346,17 @@ def test_shared_init_tensor_rows_written_by_children():
     children_extend(rb, (1, 2), 3, tensor_rows)
     assert len(rb) == 6
     assert sorted(rb[:6][:, 0].tolist()) == [1.0] * 3 + [2.0] * 3
+
+
+@pytest.mark.parametrize("kind", ["memmap-local", "tensor-in-ram"])
+def test_zstore_torchrl_writers_give_each_process_rows_of_its_own(kind, tmp_path):
+    """Two processes adding rows one by one, at once, through zstore.torchrl's writer twin:
+    every row they wrote is there (TorchRL's writer moves its shared cursor unlocked)."""
+    storage = (zt.LazyMemmapStorage(600, scratch_dir=tmp_path / "rb") if kind == "memmap-local"
+               else zt.LazyTensorStorage(600))
+    rb = T.TensorDictReplayBuffer(storage=storage, writer=zt.TensorDictRoundRobinWriter())
+    rb.extend(batch(0, 4))
+    children_extend(rb, (1, 2), 200, one_by_one=True)
+    assert len(rb) == 404 and rb.write_count == 404
+    assert sorted(rb[:404]["a"].tolist()) == [0.0] * 4 + [1.0] * 200 + [2.0] * 200
+    assert rb[:404]["index"].tolist() == list(range(404))

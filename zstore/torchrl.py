@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Mapping
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import torch
@@ -50,6 +51,7 @@ from .cache import DEFAULT_CACHE_BYTES
 from .columns import MIRROR_CELL_BYTES, ColumnMirror, cell_bytes
 from .storages.base import SCAN_ROWS
 from .torchrl_checkpoints import dumps, loads
+from .sharing import ProcessLock
 from .writers import rolled_back_on_error
 
 #: The checkpointers of TorchRL's "Storage Backends" page (twins built below).
@@ -556,20 +558,36 @@ class _Resuming:
 
 
 class _AllOrNothing:
-    """A write the storage refuses leaves the writer's cursor and count as they were.
+    """A write the storage refuses leaves the writer's cursor and count as they were; and
+    where processes share the writer, each write is theirs alone.
 
     TorchRL's writers move their cursor before the storage sees the data, so a
     refused batch (a wrong shape, a missing key) would leave a gap of never-written
-    rows that the next write skips over and samplers draw from.
+    rows that the next write skips over and samplers draw from. Handed to spawned
+    processes, TorchRL's writers read and move their shared cursor without a lock, so two
+    processes can take the same rows; these hold one lock for the whole write
+    (:class:`zstore.sharing.ProcessLock`, made when the writer is first handed out).
     """
 
     def add(self, data: Any) -> Any:
-        with rolled_back_on_error(self):
+        with self._one_writer(), rolled_back_on_error(self):
             return super().add(data)
 
     def extend(self, data: Any) -> Any:
-        with rolled_back_on_error(self):
+        with self._one_writer(), rolled_back_on_error(self):
             return super().extend(data)
+
+    def _one_writer(self) -> Any:
+        """The lock that makes a write the only one (nothing to take in one process)."""
+        return self.__dict__.get("_processes_lock") or contextlib.nullcontext()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        if get_spawning_popen() is not None:
+            if "_processes_lock" not in self.__dict__:
+                self._processes_lock = ProcessLock()
+            state["_processes_lock"] = self._processes_lock
+        return state
 
 
 class RoundRobinWriter(_AllOrNothing, _Resuming, _trl_writers.RoundRobinWriter):
