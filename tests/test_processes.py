@@ -191,3 +191,21 @@ def test_a_process_killed_in_the_middle_of_a_write_leaves_the_others_writing(kin
     rb.extend(rows(8, 8))  # waited for ever on the dead process's lock before
     assert len(rb) == 16 and rb.writer._cursor == 16
     assert rb[:16]["x"].tolist() == list(range(16))
+
+
+def test_a_copy_of_a_storage_shared_with_processes_shares_nothing(tmp_path):
+    """After a storage was handed to a process, a plain pickle of it (a copy) is a snapshot:
+    it pickles (multiprocessing's shared memory would refuse), and its writes stay its own."""
+    storage = zstore.LazyTensorStorage(16)
+    rb = zstore.ReplayBuffer(storage)
+    rb.extend(rows(0, 4))
+    ctx = mp.get_context("spawn")
+    done = ctx.Queue()
+    child = ctx.Process(target=extend_buffer, args=(rb, 1, 2, done))
+    child.start()
+    assert done.get(timeout=120) == "finish"
+    child.join(120)
+    copy = pickle.loads(pickle.dumps(rb))
+    assert len(copy) == 6 and copy.writer._cursor == 6
+    copy.extend(rows(0, 2))
+    assert len(copy) == 8 and len(rb) == 6 and rb.writer._cursor == 6

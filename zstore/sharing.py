@@ -35,6 +35,7 @@ from multiprocessing.context import get_spawning_popen
 from operator import attrgetter
 from typing import Any
 
+
 class Ints:
     """Named ints of one process (a subclass names them in ``FIELDS``, with ``DEFAULTS``).
 
@@ -129,11 +130,13 @@ def _remove_file(path: str) -> None:
 class SharedInts:
     """Named ints in shared memory, with the process-shared lock that guards them.
 
-    Picklable only for a process that ``multiprocessing`` starts (as its ``Value`` and
-    ``Lock`` are): the new process then reads and writes the same memory.
+    Pickled for a process that ``multiprocessing`` starts, the new process reads and writes
+    the same memory; any other pickle (a copy of the storage) holds plain :class:`Ints` of
+    the values at that moment.
     """
 
     FIELDS: tuple[str, ...] = ()
+    PLAIN: type[Ints]  # the plain twin, set by @shared_twin
     shared = True
 
     def __init__(self, values: tuple[int, ...]):
@@ -141,12 +144,10 @@ class SharedInts:
         self._block = self._shared.get_obj()  # read and written without its lock: see .lock
         self.lock = ProcessLock()
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"shared": self._shared, "lock": self.lock}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._shared, self.lock = state["shared"], state["lock"]
-        self._block = self._shared.get_obj()
+    def __reduce__(self) -> tuple:
+        if get_spawning_popen() is None:  # a copy, which shares nothing
+            return self.PLAIN, self.values()
+        return _shared_again, (type(self), self._shared, self.lock)
 
     def values(self) -> tuple[int, ...]:
         """The ints in ``FIELDS`` order."""
@@ -155,6 +156,13 @@ class SharedInts:
     def to_shared(self) -> "SharedInts":
         """Itself: already shared."""
         return self
+
+
+def _shared_again(kind: type[SharedInts], shared: Any, lock: ProcessLock) -> SharedInts:
+    """A :class:`SharedInts` unpickled in a process that multiprocessing started."""
+    ints = kind.__new__(kind)
+    ints._shared, ints._block, ints.lock = shared, shared.get_obj(), lock
+    return ints
 
 
 def _in_block(index: int, name: str) -> property:
@@ -178,7 +186,7 @@ def shared_twin(plain: type[Ints]):
         shared.FIELDS = plain.FIELDS
         for index, name in enumerate(plain.FIELDS):
             setattr(shared, name, _in_block(index, name))
-        plain.SHARED = shared
+        plain.SHARED, shared.PLAIN = shared, plain
         multiprocessing.reduction.ForkingPickler.register(
             ctypes.c_int64 * len(plain.FIELDS), multiprocessing.sharedctypes.reduce_ctype)
         return shared
