@@ -32,6 +32,7 @@ from ..display import KeyRow, Summary, dtype_name
 from ..group import commit, commit_consolidated, create_group, existing_meta, open_group
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta, ragged_keys
 from ..lease import DEFAULT_TTL, LEASE_NAME
+from ..sharing import dirty_at, stamp_dirty
 from ..store import StoreSpec, run_deferred
 from ..text import TEXT_BYTES, widest
 from ..table import ChunkedTable, MmapTable, Table
@@ -40,7 +41,6 @@ from .checkpoint_contract import TensorExport
 from .leasing import LeasedWriter
 from .sealing import seal_storage
 from .lifecycle import collect_store, track, untrack
-from ..sharing import dirty_at, stamp_dirty
 from .row_index import as_index_tensor, broadcast_tensor_index, is_int, is_negative, rows_of
 from .stored_rows import StoredRows
 from .tensor import LazyTensorStorage, TensorStorage, map_leaves, non_text_keys

@@ -28,15 +28,15 @@ from tensordict import (
 )
 from torch.utils import _pytree as pytree
 
-from ..errors import SchemaError
 from ..display import KeyRow, Summary, dtype_name, tensor_leaves
+from ..errors import SchemaError
 from ..layout import Schema
+from ..sharing import InitRendezvous, counter
 from ..text import TEXT_BYTES, holds_value, is_text, non_tensor_leaves, widest
 from .base import Storage, refuse_spawn_sharing
-from .shared_rows import create_shared_rows, open_shared_rows
-from ..sharing import InitRendezvous, counter
 from .checkpoint_contract import TensorExport
 from .row_index import is_int
+from .shared_rows import create_shared_rows, open_shared_rows
 
 
 def _first_leaf(data: Any) -> torch.Tensor:
