@@ -209,3 +209,27 @@ def test_a_copy_of_a_storage_shared_with_processes_shares_nothing(tmp_path):
     assert len(copy) == 6 and copy.writer._cursor == 6
     copy.extend(rows(0, 2))
     assert len(copy) == 8 and len(rb) == 6 and rb.writer._cursor == 6
+
+
+def test_a_lease_holder_keeps_its_lease_while_the_processes_sharing_it_write_nothing(
+        tmp_path, monkeypatch):
+    """The processes writing with the lease holder write without the lease: an idle group's
+    lease must not go stale (another writer could then take the store)."""
+    from zstore import lease as lease_mod
+
+    now = [1_000_000.0]
+    monkeypatch.setattr(lease_mod, "clock", lambda: now[0])
+    storage = zstore.LazyMemmapStorage(16, scratch_dir=str(tmp_path / "rb"), lease_ttl=60)
+    storage.set(torch.arange(2), rows(0, 2))
+    storage.flush()
+    storage._share_with_processes()  # what pickling it for a spawned process does
+    lease = storage._lease
+    renewed = lease._renewed
+    assert storage._commit_due_at() > lease_mod.time.monotonic() + 20  # nothing due yet
+    now[0] += 31  # past half the ttl, nothing written
+    assert storage._commit_due_at() <= lease_mod.time.monotonic()
+    assert storage._commit_if_idle()
+    assert lease._renewed == now[0] > renewed
+    now[0] += 45  # 76 s after the first renewal: without the keep-alive, stale by now
+    with pytest.raises(zstore.LeaseError, match="being written"):
+        lease_mod.Lease(storage.spec, 60).ensure()  # another writer is still kept out

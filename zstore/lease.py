@@ -204,6 +204,11 @@ class Lease:
         if self.held and clock() - self._renewed > self.ttl / 2:
             self.renew()
 
+    def renewal_due_in(self) -> float:
+        """Seconds until :meth:`keep_alive` renews the lease (half its ttl after the last
+        renewal; 0 or less: now)."""
+        return self._renewed + self.ttl / 2 - clock()
+
     def ensure_fresh(self) -> None:
         """:class:`LeaseError` if the lease was lost, or if this process holds it but has not
         renewed it for its ttl: another writer may have taken it meanwhile (this process

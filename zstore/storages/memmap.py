@@ -650,16 +650,36 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
 
     def _commit_due_at(self) -> float | None:
         """As :meth:`CommitClock._commit_due_at`, and, in the process that holds the lease of
-        a store processes share, when the group's oldest uncommitted row is due (looked at
-        again every :data:`~zstore.autocommit.MAX_TICK` while the group writes nothing)."""
+        a store processes share, when the group's oldest uncommitted row is due, or, while
+        the group writes nothing, when the lease is due for renewal (the others write
+        without it; a stale lease would let another writer in). The background thread
+        looks again at least every :data:`~zstore.autocommit.MAX_TICK`."""
         due = super()._commit_due_at()
-        counts = self._counts
-        if not (counts.shared and self._committable() and self._lease is not None
-                and self._lease.held):
+        if not self._commits_for_a_group:
             return due
-        stamp = dirty_at(counts)
-        at = (time.monotonic() if stamp is None else stamp) + self.autocommit_seconds
+        stamp = dirty_at(self._counts)
+        at = (time.monotonic() + max(0.0, self._lease.renewal_due_in()) if stamp is None
+              else stamp + self.autocommit_seconds)
         return at if due is None else min(due, at)
+
+    def _commit_if_idle(self) -> bool:
+        """As :meth:`CommitClock._commit_if_idle`; for a group that wrote nothing since the
+        last commit, the lease is renewed instead, once half its ttl is gone."""
+        if not self._commits_for_a_group or self._has_uncommitted():
+            return super()._commit_if_idle()
+        if not self._commit_lock.acquire(blocking=False):
+            return False
+        try:
+            self._lease.keep_alive()
+        finally:
+            self._commit_lock.release()
+        return True
+
+    @property
+    def _commits_for_a_group(self) -> bool:
+        """Whether this process holds the lease of a store processes share (:mod:`.sharing`)."""
+        return (self._counts.shared and self._committable() and self._lease is not None
+                and self._lease.held)
 
     def seal(self) -> int:
         """Publish this buffer as a read-only dataset; returns its number of episodes.
