@@ -49,9 +49,9 @@ from . import writers as _zw
 from .api import open as _open
 from .cache import DEFAULT_CACHE_BYTES
 from .columns import MIRROR_CELL_BYTES, ColumnMirror, cell_bytes
+from .sharing import ProcessLock
 from .storages.base import SCAN_ROWS
 from .torchrl_checkpoints import dumps, loads
-from .sharing import ProcessLock
 from .writers import rolled_back_on_error
 
 #: The checkpointers of TorchRL's "Storage Backends" page (twins built below).

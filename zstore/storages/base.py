@@ -17,8 +17,8 @@ import torch
 
 from .._registry import make_checkpointer
 from ..display import Summary, render_html, render_text
-from ..store import StoreSpec
 from ..sharing import Counters, counter
+from ..store import StoreSpec
 
 #: Rows read at a time when a whole key is scanned (samplers' end flags or trajectory ids,
 #: ``storage._storage.get(key)``).

@@ -639,8 +639,9 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         autocommit.CommitClock._mark_dirty(self)
 
     def _use_shared_counters(self, counts: Any) -> None:
-        """From now on the counters are ``counts``, shared with other processes."""
-        self._counts = counts
+        """As :meth:`TensorStorage._use_shared_counters`; the write path then also tells the
+        process that commits for the group."""
+        super()._use_shared_counters(counts)
         # (instance attributes: the unshared write path keeps one call each)
         self._mark_dirty = self._mark_group_dirty
         self._hold_lease = self._hold_lease_in_group
@@ -917,7 +918,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         if self._shares_rows:
             self._share_with_processes()
             return {"counts": self._counts, "rendezvous": self._rendezvous,
-                    "row_rev": self._row_rev if self.__dict__.get("_revisions_shared") else None}
+                    "row_rev": self._row_rev if self._revisions_shared else None}
         return {"handed_by_writer": self._lease is not None and self._lease.held}
 
     @property

@@ -102,6 +102,8 @@ class TensorStorage(Storage):
     _write_rev = counter("write_rev")
     #: TorchRL's ``shared_init``: who creates the rows (:class:`.sharing.InitRendezvous`)
     _rendezvous: InitRendezvous | None = None
+    #: whether the per-row write stamps are in shared memory with the counters
+    _revisions_shared = False
 
     @property
     def _shares_init(self) -> bool:
@@ -264,8 +266,14 @@ class TensorStorage(Storage):
 
     def get(self, index: Any) -> Any:
         if not self.initialized:
-            raise RuntimeError("Cannot get elements out of a non-initialized storage.")
+            self._join_shared_init()
+            if not self.initialized:
+                raise RuntimeError("Cannot get elements out of a non-initialized storage.")
         return self._read(index)
+
+    def _join_shared_init(self) -> None:
+        """Before a read of a storage not initialised here: open the rows another process
+        created, where there can be such rows (a lazy storage with ``shared_init``)."""
 
     def __getstate__(self) -> dict[str, Any]:
         self._refuse_sharing_uninitialized()
@@ -372,7 +380,7 @@ class TensorStorage(Storage):
         counts as written at the group's last write, so a checkpoint misses none."""
         revisions = self._row_rev
         if revisions is not None and self._counts.shared \
-                and not self.__dict__.get("_revisions_shared"):
+                and not self._revisions_shared:
             return torch.full_like(revisions, self._counts.write_rev)
         return revisions
 
@@ -683,8 +691,7 @@ class LazyTensorStorage(TensorStorage):
             self._open_shared_rows(example)
 
     def _join_shared_init(self) -> None:
-        """A ``shared_init`` storage that another process created: open its rows here."""
-        if not self.initialized and self._rendezvous is not None and self._rendezvous.ready:
+        if self._rendezvous is not None and self._rendezvous.ready:
             self._open_shared_rows(None)
 
     def _create_shared_rows(self, example: Any, text_bytes: int) -> None:
@@ -715,10 +722,6 @@ class LazyTensorStorage(TensorStorage):
             directory = self._init_directory = tempfile.mkdtemp(prefix="zstore_shared_init_")
             weakref.finalize(self, shutil.rmtree, directory, True)
         return directory
-
-    def get(self, index: Any) -> Any:
-        self._join_shared_init()
-        return super().get(index)
 
     def _share_with_processes(self) -> None:
         if self._rendezvous is not None:
