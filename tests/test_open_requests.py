@@ -1,11 +1,10 @@
-"""A closed buffer in a bucket opens with one request.
+"""A buffer in a bucket, closed or still being written, opens with one request.
 
-``close()`` of a buffer on a remote store commits once more with a copy of every other
-node's ``zarr.json`` in the root's (Zarr's consolidated metadata, docs/format.md §6).
-A read-only ``zstore.open`` then reads that one object; so do zarr-python and xarray,
-without listing the store. A writer opens without the copy, so its commits drop it until
-it closes. A store without the copy (written before, or still being written) opens from
-the arrays' own documents, as before.
+Every commit of a writer of a remote store carries a copy of every other node's
+``zarr.json`` in the root's (Zarr's consolidated metadata, docs/format.md §6), fetched once
+at its first commit. A read-only ``zstore.open`` then reads that one object; so do
+zarr-python and xarray, without listing the store. A store without the copy (written
+before it) opens from the arrays' own documents, as before.
 """
 
 from __future__ import annotations
@@ -63,43 +62,53 @@ def _same_rows(reader, data) -> None:
         assert torch.equal(got[key], value), key
 
 
+def _one_request(url, location, gets, data) -> None:
+    reader, keys = _read_only(url, location, gets)
+    assert keys == [keys[0]] and keys[0].rsplit("/", 1)[-1] == "zarr.json", keys
+    _same_rows(reader, data)
+
+
 @REMOTE
-def test_a_closed_buffer_opens_with_one_request(location, gets):
+def test_a_buffer_opens_with_one_request_while_written_and_closed(location, gets):
     data = _rows(20)
     storage = location.memmap(32, chunks=4, shards=8)
     storage.set(torch.arange(20), data)
-    storage.flush()
-    reader, keys = _read_only(storage.scratch_dir, location, gets)  # being written: no copy
-    assert "consolidated_metadata" not in _root(storage.scratch_dir, location.options)
-    assert any(key.endswith("obs/zarr.json") for key in keys), keys
-    _same_rows(reader, data)
+    storage.flush()  # being written: its rows sit in a shard and log segments
+    assert set(_root(storage.scratch_dir, location.options)["consolidated_metadata"]["metadata"]) \
+        == {"obs", "action", "next", "next/reward"}
+    _one_request(storage.scratch_dir, location, gets, data)
 
+    more = _rows(4, offset=100)
+    storage.set(torch.arange(20, 24), more)
+    storage.flush()
+    _one_request(storage.scratch_dir, location, gets, torch.cat([data, more]))
     storage.close()
-    reader, keys = _read_only(storage.scratch_dir, location, gets)
-    assert [key.rsplit("/", 1)[-1] for key in keys] == ["zarr.json"], keys
-    assert len(keys) == 1
-    _same_rows(reader, data)
+    _one_request(storage.scratch_dir, location, gets, torch.cat([data, more]))
 
 
 @REMOTE
-def test_a_writer_drops_the_copy_until_it_closes(location):
+def test_a_writer_fetches_the_copy_once_and_commits_it_every_time(location, gets):
     data = _rows(20)
     storage = location.memmap(32, chunks=4, shards=8)
     storage.set(torch.arange(20), data)
     storage.close()
     url = storage.scratch_dir
-    assert set(_root(url, location.options)["consolidated_metadata"]["metadata"]) == {
-        "obs", "action", "next", "next/reward"}
 
     writer = zstore.open(url, location.options)
     more = _rows(4, offset=100)
-    writer.set(torch.arange(20, 24), more)
+    writer.set(torch.arange(20, 21), more[:1])
+    gets.clear()
     writer.flush()
-    assert "consolidated_metadata" not in _root(url, location.options)
+    assert sum(key.endswith("obs/zarr.json") for key in gets) == 1, gets  # fetched once
+    for step in (1, 2):
+        gets.clear()
+        writer.set(torch.arange(20 + step, 21 + step), more[step:step + 1])
+        writer.flush()
+        assert not any(key.endswith("obs/zarr.json") for key in gets), gets
+        assert "consolidated_metadata" in _root(url, location.options)
+        _one_request(url, location, gets, torch.cat([data, more[:step + 1]]))
     writer.close()
-    assert "consolidated_metadata" in _root(url, location.options)
-    reader = zstore.open(url, location.options, mode="r")
-    _same_rows(reader, torch.cat([data, more]))
+    _one_request(url, location, gets, torch.cat([data, more[:3]]))
 
 
 @REMOTE
@@ -130,22 +139,26 @@ def test_a_local_or_memory_buffer_closes_without_the_copy(location):
 
 
 def test_a_failed_closing_copy_still_closes(s3_bucket, s3_options, monkeypatch):
-    """The closing copy is an optimisation over committed rows: when its write fails, close
-    warns, still releases the lease and closes, and the buffer opens as before."""
+    """When a writer's commits went without the copy (its nodes' documents could not be
+    read), close commits once more with it; when that write fails, close warns, still
+    releases the lease and closes, and the buffer opens as before."""
     from conftest import Location
 
-    import zstore.group
+    import zstore.storages.memmap as memmap
 
     location = Location("s3", f"s3://{s3_bucket}/failed-copy", s3_options)
     data = _rows(8)
-    storage = location.memmap(16, chunks=4)
+    storage = location.memmap(8, chunks=4)  # full: close has no rows to commit
     storage.set(torch.arange(8), data)
+    monkeypatch.setattr(memmap, "nodes_metadata", lambda group, meta: None)
     storage.flush()
+    assert "consolidated_metadata" not in _root(storage.scratch_dir, location.options)
+    monkeypatch.undo()
 
     def refused(*args, **kwargs):
         raise OSError("connection reset by the test")
 
-    monkeypatch.setattr(zstore.group, "commit", refused)
+    monkeypatch.setattr(memmap, "commit", refused)
     with pytest.warns(RuntimeWarning, match="rows are committed.*two round trips"):
         storage.close()
     monkeypatch.undo()
@@ -154,3 +167,21 @@ def test_a_failed_closing_copy_still_closes(s3_bucket, s3_options, monkeypatch):
     fs, root = StoreSpec.parse(storage.scratch_dir, location.options).filesystem()
     assert not fs.exists(f"{root}/zstore-lease.json")  # the lease was given back
     _same_rows(zstore.open(storage.scratch_dir, location.options, mode="r"), data)
+
+
+def test_close_publishes_the_copy_its_commits_lacked(s3_bucket, s3_options, monkeypatch, gets):
+    from conftest import Location
+
+    import zstore.storages.memmap as memmap
+
+    location = Location("s3", f"s3://{s3_bucket}/late-copy", s3_options)
+    data = _rows(8)
+    storage = location.memmap(16, chunks=4)
+    storage.set(torch.arange(8), data)
+    with monkeypatch.context() as patched:  # (the gets fixture's patch stays)
+        patched.setattr(memmap, "nodes_metadata", lambda group, meta: None)
+        storage.flush()
+    reader, keys = _read_only(storage.scratch_dir, location, gets)
+    assert any(key.endswith("obs/zarr.json") for key in keys), keys  # no copy: two round trips
+    storage.close()
+    _one_request(storage.scratch_dir, location, gets, data)

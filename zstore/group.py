@@ -365,13 +365,9 @@ def commit(group: zarr.Group, meta: StoreMeta, lease: "Lease | None" = None,
     _faults.crash_point("commit.after")
 
 
-def commit_consolidated(group: zarr.Group, meta: StoreMeta, lease: "Lease | None" = None,
-                        where: str = "the buffer") -> None:
-    """:func:`commit`, with a copy of every other node's ``zarr.json`` in the root's (Zarr's
-    consolidated metadata), so that a reader opens the buffer with one request
-    (docs/format.md §6). The nodes' documents are fetched concurrently, in one round trip.
-    A writer opens without the copy, so its next commit drops it. Nothing is written when a
-    node's document cannot be read: the plain commit stands."""
+def nodes_metadata(group: zarr.Group, meta: StoreMeta) -> ConsolidatedMetadata | None:
+    """A copy of every other node's ``zarr.json`` (Zarr's consolidated metadata), fetched
+    concurrently in one round trip; ``None`` when one of them cannot be read."""
     paths = [*meta.schema.group_paths, *(leaf.path for leaf in meta.schema.leaves)]
     store = group.store
 
@@ -382,14 +378,19 @@ def commit_consolidated(group: zarr.Group, meta: StoreMeta, lease: "Lease | None
 
     try:
         documents = sync(fetch())
-        nodes = ConsolidatedMetadata.from_dict({
+        return ConsolidatedMetadata.from_dict({
             "kind": "inline", "must_understand": False,
             "metadata": {path: json.loads(doc.to_bytes()) for path, doc in zip(paths, documents)}})
     except Exception:  # noqa: BLE001 - a missing or unreadable node: no copy, readers read them
-        return
+        return None
+
+
+def carrying_nodes(group: zarr.Group, nodes: ConsolidatedMetadata) -> zarr.Group:
+    """``group``, whose every :func:`commit` from now on also writes ``nodes`` into the root
+    ``zarr.json``, so that a reader opens the buffer with one request (docs/format.md §6)."""
     whole = AsyncGroup(dataclasses.replace(group.metadata, consolidated_metadata=nodes),
                        group._async_group.store_path)
-    commit(zarr.Group(whole), meta, lease, where)
+    return zarr.Group(whole)
 
 
 def put_attrs(group: zarr.Group, attrs: dict[str, Any], lease: "Lease | None" = None) -> None:

@@ -29,7 +29,8 @@ from ..codecs import choose_layout, is_remote, parse_codecs
 from ..errors import (LeaseError, MissingKeyError, ReadOnlyError, SchemaError, StoreExistsError,
                       ZStoreError)
 from ..display import KeyRow, Summary, dtype_name
-from ..group import commit, commit_consolidated, create_group, existing_meta, open_group
+from ..group import (carrying_nodes, commit, create_group, existing_meta, nodes_metadata,
+                     open_group)
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta, ragged_keys
 from ..lease import DEFAULT_TTL, LEASE_NAME
 from ..sharing import dirty_at, stamp_dirty
@@ -159,6 +160,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self._start_clock()
         self._committed = (0, -1)  # (length, last cursor) as last committed or opened
         self._committed_here = False  # whether this process committed (close then publishes)
+        self._nodes_tried = False  # whether this attachment fetched the nodes' metadata
         self._cleaned = False
         self._finalizer = weakref.finalize(self, collect_store, self.spec) if self.auto_cleanup else None
         self._open_lease(self.spec, self.lease_ttl)
@@ -218,6 +220,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         """Bind to an opened group: restore counters (unless they are shared with the
         processes writing it, :mod:`.sharing`, which know better) and open the table."""
         self._group = group
+        self._nodes_tried = False
         self._meta = meta
         self._schema = meta.schema
         self.max_size = meta.max_size
@@ -622,6 +625,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             meta.last_cursor = self._last_cursor_value if self._last_cursor_value < meta.rows else -1
             meta.high_water = max(self.table.high_water, counts.high_water)
             meta.tail = self.table.tail_record()
+            self._carry_nodes()
             commit(self._group, meta, self._lease, self.spec.redacted())
             counts.dirty_since = 0
         self._committed_here = True
@@ -708,27 +712,48 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self._release_lease()
         untrack(self)
 
+    def _carry_nodes(self) -> None:
+        """Make the commits of a remote writer carry a copy of its nodes' metadata
+        (format.md §6), so that a reader of the buffer, live or closed, opens it with one
+        request: fetched once per opening of the store (one round trip, at its first
+        commit). When it cannot be read, the commits go without it, as before."""
+        if self._nodes_tried or not self._publishes_nodes:
+            return
+        self._nodes_tried = True
+        nodes = nodes_metadata(self._group, self._meta)
+        if nodes is not None:
+            self._group = carrying_nodes(self._group, nodes)
+
     def _publish_nodes(self) -> None:
-        """The closing commit with the nodes' metadata (format.md §6). The rows are already
-        committed: a failure here only costs readers a round trip, so it is reported and the
-        close goes on (the lease is released, the table closed)."""
+        """The closing commit with the nodes' metadata, for a writer whose commits went
+        without it (format.md §6). The rows are already committed: a failure here only costs
+        readers a round trip, so it is reported and the close goes on (the lease is released,
+        the table closed)."""
+        self._nodes_tried = False
+        self._carry_nodes()
+        if self._group.metadata.consolidated_metadata is None:
+            return
         try:
             with self._commit_lock:
-                commit_consolidated(self._group, self._meta, self._lease, self.spec.redacted())
+                commit(self._group, self._meta, self._lease, self.spec.redacted())
         except (OSError, ZStoreError) as exc:
             warnings.warn(f"closing {self.spec.redacted()}: its rows are committed, but the copy "
                           f"of its arrays' metadata was not written ({type(exc).__name__}: {exc}); "
                           "readers open it in two round trips", RuntimeWarning, stacklevel=3)
 
     @property
+    def _publishes_nodes(self) -> bool:
+        """Whether this storage's commits carry its nodes' metadata: a writer of a remote
+        store (a local or ``memory://`` open saves no round trip with it)."""
+        return (not self.spec.read_only and self.spec.is_remote and self._meta is not None
+                and not self._meta.read_only)
+
+    @property
     def _publishes_nodes_at_close(self) -> bool:
-        """Whether :meth:`close` copies the nodes' metadata into the root ``zarr.json``: a
-        remote store this storage committed to and still holds (a local or ``memory://``
-        open saves no round trip with it)."""
-        return (self._committed_here and not self.spec.read_only
-                and self.spec.is_remote and self._meta is not None
-                and not self._meta.read_only
-                and self._holds_lease)
+        """Whether :meth:`close` commits once more, with the nodes' metadata: the commits of
+        this writer, which still holds the store, went without it."""
+        return (self._committed_here and self._publishes_nodes and self._holds_lease
+                and self._group.metadata.consolidated_metadata is None)
 
     def __enter__(self) -> "LazyMemmapStorage":
         return self
