@@ -1,4 +1,4 @@
-"""Paging advice for memory-mapped chunk files (Linux ``madvise``; a no-op elsewhere).
+"""Paging advice (Linux ``madvise``; a no-op elsewhere): chunk files' maps, fresh host memory.
 
 A fault on a file mapping makes the kernel read around the faulting page — by
 default as far as the device's readahead (8 MiB on the disks measured here).
@@ -18,6 +18,12 @@ instead of 187).
 A writer's maps keep the read-around: filling fresh rows of a sparse chunk
 file costs the same ~2.4 µs per page either way, and measured side by side,
 single adds averaged 55-62 µs with it against 80 µs without.
+
+Fresh host memory that zstore fills at once (a cache slab, a large read's result) is
+advised ``MADV_HUGEPAGE`` (:func:`host_empty`): Linux then faults it in 2 MiB pages, not
+4 KiB ones. glibc serves allocations of up to 32 MiB again from memory it already
+faulted in, and larger ones from fresh mappings: gathering 4,000 Atari rows (108 MiB)
+took 27 ms into a plain tensor, 7 ms into an advised one (:func:`gather_rows`).
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ from .libc import LIBC
 MADV_SEQUENTIAL = getattr(mmap, "MADV_SEQUENTIAL", 2)
 MADV_WILLNEED = getattr(mmap, "MADV_WILLNEED", 3)
 MADV_RANDOM = getattr(mmap, "MADV_RANDOM", 1)
+MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+#: Host tensors from this size are advised to use transparent huge pages.
+HUGE_PAGE_BYTES = 2 << 20
 #: Bytes of one column from which a contiguous read is a scan, read ahead as usual.
 SCAN_BYTES = 1 << 20
 
@@ -46,6 +55,25 @@ def advise_range(address: int, nbytes: int, advice: int) -> bool:
         return False
     page = address - address % mmap.PAGESIZE
     return LIBC.madvise(page, nbytes + (address - page), advice) == 0
+
+
+def host_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor; from :data:`HUGE_PAGE_BYTES` on, advised to fault in
+    transparent huge pages (paging only, never the data)."""
+    out = torch.empty(shape, dtype=dtype)
+    nbytes = out.numel() * out.element_size()
+    if MADV_HUGEPAGE is not None and nbytes >= HUGE_PAGE_BYTES:
+        advise_range(out.data_ptr(), nbytes, MADV_HUGEPAGE)
+    return out
+
+
+def gather_rows(source: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``source.index_select(0, rows)``; on the CPU, into a :func:`host_empty` tensor
+    (unless autograd tracks ``source``: ``out=`` gathers cannot be differentiated)."""
+    if source.device.type != "cpu" or source.requires_grad:
+        return source.index_select(0, rows)
+    out = host_empty((len(rows), *source.shape[1:]), source.dtype)
+    return torch.index_select(source, 0, rows, out=out)
 
 
 def advise(mapped: torch.Tensor, advice: int) -> bool:

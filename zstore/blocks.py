@@ -24,6 +24,7 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from . import _faults
+from ._pages import gather_rows
 from .cache import ChunkCache
 from .chunkio import MAX_IN_FLIGHT, PARALLEL_BYTES, ColumnReader, Throttle
 from .dtypes import compute_dtype, from_numpy, from_storage, storage_numpy_dtype, to_storage
@@ -421,7 +422,7 @@ class BlockGroup:
                 value = torch.empty((len(pos), *flat.shape[1:]), dtype=flat.dtype, pin_memory=True)
                 torch.index_select(flat, 0, pos, out=value)
             else:
-                value = flat.index_select(0, pos)
+                value = gather_rows(flat, pos)
             out[leaf.path] = from_storage(value, leaf.dtype)
         return out
 

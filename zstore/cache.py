@@ -17,18 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import mmap
 from typing import Mapping
 
 import torch
 
-from ._pages import advise_range
+from ._pages import host_empty
 
 #: Default byte budget of a buffer's cache.
 DEFAULT_CACHE_BYTES = 1 << 30
-#: Host slabs from this size are advised to use transparent huge pages.
-HUGE_PAGE_BYTES = 2 << 20
-_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
 class CacheTier:
@@ -41,11 +37,9 @@ class CacheTier:
 
     def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised tensor of ``shape`` on this tier."""
-        slab = torch.empty(shape, dtype=dtype, device=self.device)
-        nbytes = slab.numel() * slab.element_size()
-        if self.device.type == "cpu" and _MADV_HUGEPAGE is not None and nbytes >= HUGE_PAGE_BYTES:
-            advise_range(slab.data_ptr(), nbytes, _MADV_HUGEPAGE)  # paging only, never the data
-        return slab
+        if self.device.type == "cpu":
+            return host_empty(shape, dtype)
+        return torch.empty(shape, dtype=dtype, device=self.device)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.device})"

@@ -41,6 +41,9 @@ COALESCE_GAP = 1 << 20
 MAX_IN_FLIGHT = 64
 #: A read decoding fewer bytes than this (or one chunk) decodes them on the calling thread.
 PARALLEL_BYTES = 1 << 20
+#: A reader that wants this share of a shard's chunks, its index not at hand, fetches the
+#: shard whole in one request: one round trip where the index and then the ranges took two.
+WHOLE_SHARD_SHARE = 0.75
 _EMPTY = np.uint64(2**64 - 1)
 _PROTOTYPE = default_buffer_prototype()
 _WHOLE = OffsetByteRequest(0)
@@ -239,18 +242,33 @@ class ColumnReader:
         limit.bytes += len(payload)
         return payload
 
+    @property
+    def _index_nbytes(self) -> int:
+        """Bytes of a shard's index at its end: an (offset, nbytes) pair per chunk, CRC32C."""
+        return 16 * self.per_shard + 4
+
+    def _parse_index(self, raw, shard: int) -> np.ndarray:
+        body = _checksum_stripper(
+            lambda: f"{self.where}: key {self.path!r}, shard {shard} index")(raw)
+        return np.frombuffer(body, dtype="<u8").reshape(self.per_shard, 2)
+
     async def _shard_index(self, store: Store, shard: int, limit) -> np.ndarray | None:
         if shard not in self.indexes:
-            size = 16 * self.per_shard + 4
-            raw = await self._get(store, self._key(shard), SuffixByteRequest(size), limit)
-            if raw is None:
-                index = None
-            else:
-                body = _checksum_stripper(
-                    lambda: f"{self.where}: key {self.path!r}, shard {shard} index")(raw)
-                index = np.frombuffer(body, dtype="<u8").reshape(self.per_shard, 2)
-            self.indexes[shard] = index
+            raw = await self._get(store, self._key(shard), SuffixByteRequest(self._index_nbytes),
+                                  limit)
+            self.indexes[shard] = None if raw is None else self._parse_index(raw, shard)
         return self.indexes[shard]
+
+    async def _whole_shard(self, store: Store, shard: int, limit):
+        """The whole object of ``shard`` in one request (its index cached from its end), or
+        None where it was never stored."""
+        raw = await self._get(store, self._key(shard), _WHOLE, limit)
+        if raw is not None and len(raw) < self._index_nbytes:
+            raise CorruptChunkError(f"{self.where}: key {self.path!r}, shard {shard} holds "
+                                    f"{len(raw)} bytes, less than its index (truncated object)")
+        self.indexes[shard] = None if raw is None else self._parse_index(
+            raw[len(raw) - self._index_nbytes:], shard)
+        return raw
 
     async def read(self, store: Store, blocks: list[int], limit: "Throttle",
                    into: list[np.ndarray | None] | None = None, parallel: bool = False) -> list:
@@ -293,6 +311,11 @@ class ColumnReader:
         return self._decode(payload, block, out)
 
     async def _read_shard(self, store, shard, positions, blocks, out, limit, into, pool) -> None:
+        # most of a shard whose index is not at hand: the whole object in one request, its
+        # index read from its end, instead of a round trip for the index, then the ranges
+        whole = None
+        if shard not in self.indexes and len(positions) >= WHOLE_SHARD_SHARE * self.per_shard:
+            whole = await self._whole_shard(store, shard, limit)
         index = await self._shard_index(store, shard, limit)
         if index is None:
             return
@@ -304,14 +327,17 @@ class ColumnReader:
         wanted.sort()
         groups: list[list[tuple[int, int, int]]] = []
         for item in wanted:
-            if groups and item[0] - groups[-1][-1][1] <= COALESCE_GAP:
+            if groups and (whole is not None or item[0] - groups[-1][-1][1] <= COALESCE_GAP):
                 groups[-1].append(item)
             else:
                 groups.append([item])
 
         async def fetch(group):
             start, stop = group[0][0], max(end for _, end, _ in group)
-            raw = await self._get(store, self._key(shard), RangeByteRequest(start, stop), limit)
+            if whole is None:
+                raw = await self._get(store, self._key(shard), RangeByteRequest(start, stop), limit)
+            else:
+                raw = whole[start:]
             if raw is None or len(raw) < stop - start:
                 raise CorruptChunkError(f"{self.where}: key {self.path!r}, shard {shard} is "
                                         "shorter than its index says (truncated object)")

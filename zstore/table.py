@@ -34,7 +34,7 @@ from .blocks import BlockGroup, gather_cells
 from .cache import DEFAULT_CACHE_BYTES, CacheStats
 from .dtypes import compute_dtype, from_storage, to_storage
 from .errors import CorruptChunkError, ReadOnlyError
-from ._pages import MADV_RANDOM, advise, disk_reads, prefetch_rows, scan
+from ._pages import MADV_RANDOM, advise, disk_reads, gather_rows, prefetch_rows, scan
 from .group import checked_arrays, listed_segments
 from .layout import Leaf, chunk_key, key_separator
 from .tail import group_id
@@ -335,9 +335,9 @@ class MmapTable(Table):
                 value = gather_cells(mapped, rows, lanes)
             elif first is not None and self.read_only:
                 with scan(mapped[first:first + len(rows)]):
-                    value = mapped.index_select(0, rows)
+                    value = gather_rows(mapped, rows)
             else:
-                value = mapped.index_select(0, rows)
+                value = gather_rows(mapped, rows)
             out[leaf.path] = from_storage(value, leaf.dtype)
         if reads_before is not None:
             self.cold = disk_reads() > reads_before
