@@ -28,7 +28,8 @@ this): per round, the same 256 random transitions through TorchRL's ``get`` +
 ``torch.stack``, and through zstore's ``get`` + ``stack_items`` *cold* (the first read
 after a fresh ``zstore.open``: every chunk touched fetched, checked and decoded) and
 *warm* (repeated); beside them the *decode limit*: crc32c + zstd of exactly the
-chunks that cold read touched, into resident buffers, on 1 and on 2 threads.
+chunks that cold read touched, into resident buffers, on 1 and on 2 threads, and on 2
+threads into fresh memory (a new slab, as a cold cache's, whose pages the decode faults in).
 Writes benchmarks/results/compressed.json.
 """
 
@@ -152,6 +153,15 @@ def _decode_all(chunks, outs: list[np.ndarray], pool) -> None:
     list(pool.map(one, range(len(chunks)))) if pool else [one(i) for i in range(len(chunks))]
 
 
+def _fresh_outs(n: int, width: int) -> list[np.ndarray]:
+    """``n`` destinations of ``width`` bytes in one new slab, as a cold cache's (its pages not
+    yet faulted in, advised for huge pages as the cache's slabs are)."""
+    from zstore._pages import host_empty
+
+    slab = host_empty((n * width,), torch.uint8).numpy()
+    return [slab[i * width:(i + 1) * width] for i in range(n)]
+
+
 def cold_rows(data, repeats: int, seed: int) -> dict:
     """Cold and warm ``get`` + collate of 256, TorchRL's beside them, and the decode limit of
     the chunks each cold read touched (1 and 2 threads); medians of ``repeats`` rounds."""
@@ -165,7 +175,7 @@ def cold_rows(data, repeats: int, seed: int) -> dict:
     gen = torch.Generator().manual_seed(seed)
     pool = ThreadPoolExecutor(2)
     outs: list[np.ndarray] = []  # resident destinations, one per touched chunk, reused
-    times = {k: [] for k in ("torchrl", "cold", "warm", "decode_1", "decode_2")}
+    times = {k: [] for k in ("torchrl", "cold", "warm", "decode_1", "decode_2", "decode_fresh")}
     touched = []
     for r in range(repeats + 1):  # round 0 warms up
         idx = torch.randint(0, len(data), (BATCH,), generator=gen)
@@ -180,9 +190,10 @@ def cold_rows(data, repeats: int, seed: int) -> dict:
             outs[:] = [np.ones(width, np.uint8) for _ in chunks]
         t_1 = timed(lambda: _decode_all(chunks, outs, None))
         t_2 = timed(lambda: _decode_all(chunks, outs, pool))
+        t_fresh = timed(lambda: _decode_all(chunks, _fresh_outs(len(chunks), width), pool))
         reader.close()
         if r:
-            for name, t in zip(times, (t_torchrl, t_cold, t_warm, t_1, t_2)):
+            for name, t in zip(times, (t_torchrl, t_cold, t_warm, t_1, t_2, t_fresh)):
                 times[name].append(t)
             touched.append((len(chunks), sum(n for _, _, n in chunks)))
     pool.shutdown()
@@ -191,6 +202,7 @@ def cold_rows(data, repeats: int, seed: int) -> dict:
     out["torchrl_vs_cold"] = out["torchrl_s"] / out["cold_s"]
     out["torchrl_vs_warm"] = out["torchrl_s"] / out["warm_s"]
     out["cold_vs_decode_2"] = out["cold_s"] / out["decode_2_s"]
+    out["cold_vs_decode_fresh"] = out["cold_s"] / out["decode_fresh_s"]
     out["decode_1_vs_2"] = out["decode_1_s"] / out["decode_2_s"]
     return out
 
@@ -280,11 +292,14 @@ def main(argv=None) -> int:
                            ("zstore get + stack_items, cold", "cold_s"),
                            ("zstore get + stack_items, warm", "warm_s"),
                            ("decode limit, 1 thread", "decode_1_s"),
-                           ("decode limit, 2 threads", "decode_2_s")):
+                           ("decode limit, 2 threads", "decode_2_s"),
+                           ("decode into fresh memory, 2 thr.", "decode_fresh_s")):
             print(f"  {label:32} {cold[key] * 1e3:8.2f} ms")
         print(f"  TorchRL / zstore: cold {cold['torchrl_vs_cold']:.2f}x, warm "
               f"{cold['torchrl_vs_warm']:.1f}x; cold / decode limit (2 threads) "
-              f"{cold['cold_vs_decode_2']:.2f}x; decode 1 thread / 2 threads {cold['decode_1_vs_2']:.2f}x")
+              f"{cold['cold_vs_decode_2']:.2f}x, / into fresh memory "
+              f"{cold['cold_vs_decode_fresh']:.2f}x; decode 1 thread / 2 threads "
+              f"{cold['decode_1_vs_2']:.2f}x")
     for workload, ck in results["checkpoint"].items():
         print(f"dumps of {ck['items']} {workload} transitions: full {ck['full_dump']['s']:.3f} s "
               f"({ck['full_dump']['bytes'] / 2**20:.1f} MiB); after {ck['new_items']} new items "

@@ -465,8 +465,24 @@ def read_round(reader: Any, traffic: Traffic, rows: int, rng: np.random.Generato
     return out
 
 
-def bench_reads(server: S3Server, traffic: Traffic, rows: int, repeats: int) -> dict[str, Any]:
-    """Write the Atari buffer, then every reader's rounds interleaved; medians."""
+def read_probe(job: dict[str, Any]) -> dict[str, float]:
+    """One reader's :func:`read_round` (run in a child process of its own, so that no other
+    reader's threads, caches or client runtime share its process)."""
+    cls = next(c for c in READERS if c.__name__ == job["reader"])
+    extra = {"endpoint": job["endpoint"]} if job["endpoint"] else {}
+    reader = cls(job["url"], job["options"], job["keys"], job["rows"], DEFAULT_CACHE_BYTES, **extra)
+    # a process's first open starts its client (connections, TensorStore's AWS client: ~0.5 s):
+    # not what a reader of a running training job pays, so a warm-up open reads one row first
+    reader.read(reader.open(), np.array([0]))
+    gc.collect()
+    with counting_s3fs() as traffic:
+        return read_round(reader, traffic, job["rows"], np.random.default_rng(job["seed"]),
+                          np.asarray(job["cold_idx"]))
+
+
+def bench_reads(server: S3Server, rows: int, repeats: int) -> dict[str, Any]:
+    """Write the Atari buffer, then every reader's rounds interleaved, each round in a child
+    process of its own; medians."""
     bucket = server.new_bucket("bench-r")
     url = f"s3://{bucket}/atari"
     gen = torch.Generator().manual_seed(1)
@@ -498,12 +514,14 @@ def bench_reads(server: S3Server, traffic: Traffic, rows: int, repeats: int) -> 
     # TensorStore and obstore do not go through s3fs: their traffic is counted by a proxy; on
     # rclone (ranged GETs answered 200, see CountingProxy) they read through it, as names say
     proxy = CountingProxy(server.endpoint)
+    endpoints: dict[str, str | None] = {reader.name: None for reader in readers}
     if server.kind == "rclone":
         for i, reader in enumerate(readers):
             if isinstance(reader, PROXIED):
                 readers[i] = type(reader)(url, server.storage_options, keys, rows,
                                           DEFAULT_CACHE_BYTES, endpoint=proxy.endpoint)
                 readers[i].name = f"{reader.name}, through the proxy (rclone's 200s made 206)"
+                endpoints[readers[i].name] = proxy.endpoint
     rng = np.random.default_rng(7)
     rounds: dict[str, list[dict]] = {r.name: [] for r in readers}
     errors: dict[str, str] = {}
@@ -512,10 +530,16 @@ def bench_reads(server: S3Server, traffic: Traffic, rows: int, repeats: int) -> 
         for reader in (readers if rep % 2 == 0 else readers[::-1]):
             if reader.name in errors:
                 continue
-            try:
-                rounds[reader.name].append(read_round(reader, traffic, rows, rng, cold_idx))
-            except Exception as exc:  # reported in the table, the other readers go on
-                errors[reader.name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            job = {"reader": type(reader).__name__, "name": reader.name,
+                   "endpoint": endpoints[reader.name], "url": url,
+                   "options": server.storage_options, "keys": keys, "rows": rows,
+                   "seed": rep, "cold_idx": cold_idx.tolist()}
+            child = subprocess.run([sys.executable, __file__, "--read-probe", json.dumps(job)],
+                                   capture_output=True, text=True)
+            if child.returncode == 0:
+                rounds[reader.name].append(json.loads(child.stdout.strip().splitlines()[-1]))
+            else:  # reported in the table, the other readers go on
+                errors[reader.name] = (child.stderr.strip().splitlines() or ["failed"])[-1][:300]
     try:
         for reader in readers:
             if not isinstance(reader, PROXIED) or reader.name in errors:
@@ -744,6 +768,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", default="writes,reads,server,clients",
                    help="comma-separated parts: writes, reads, server, clients")
     p.add_argument("--client-probe", help=argparse.SUPPRESS)  # a child of bench_clients
+    p.add_argument("--read-probe", help=argparse.SUPPRESS)  # a child of bench_reads
     p.add_argument("--json", help="also write the results here")
     return p.parse_args(argv)
 
@@ -751,8 +776,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run every part on every server and print the tables."""
     args = parse_args(argv)
-    if args.client_probe:
-        print(json.dumps(client_probe(json.loads(args.client_probe))), flush=True)
+    if args.client_probe or args.read_probe:
+        logging.getLogger("botocore").setLevel(logging.ERROR)
+        probe = client_probe if args.client_probe else read_probe
+        print(json.dumps(probe(json.loads(args.client_probe or args.read_probe))), flush=True)
         os._exit(0)  # obstore's runtime can abort at interpreter exit; the answer is out
     logging.getLogger("botocore").setLevel(logging.ERROR)
     os.environ.setdefault("TENSORSTORE_VERBOSE_LOGGING", "")
@@ -776,7 +803,7 @@ def main(argv: list[str] | None = None) -> int:
                 if "writes" in parts:
                     got["writes"] = bench_writes(server, traffic, args.repeats)
                 if "reads" in parts or "server" in parts:
-                    got["reads"] = bench_reads(server, traffic, args.rows, args.repeats)
+                    got["reads"] = bench_reads(server, args.rows, args.repeats)
                 if "server" in parts:
                     got["server"] = bench_server(server, got["reads"]["layout"]["largest_object"],
                                                  args.repeats)
