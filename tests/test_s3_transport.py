@@ -174,3 +174,28 @@ def test_a_buffer_written_through_one_reads_through_the_other(s3_options, s3_buc
     assert torch.equal(got["pixels"], data["pixels"][idx])
     assert torch.equal(got["reward"], data["reward"][idx])
     assert torch.equal(reader[torch.arange(1500)]["pixels"], data["pixels"])
+
+
+@pytest.mark.s3
+@needs_obstore
+def test_obstore_reads_a_server_that_answers_ranges_whole(rclone_s3, s3_options, s3_bucket):
+    """``rclone serve s3`` answers a ranged GET ``200`` with a ``Content-Range``, which obstore
+    refuses: the obstore transport then sends ranged reads through s3fs, and reads whole
+    objects itself. On moto (``206``, as S3) nothing goes through s3fs."""
+    data = _rows(1500, seed=4)
+    for options, base, answers_whole in ((rclone_s3, "s3://zstore-rclone", True),
+                                         (s3_options, f"s3://{s3_bucket}", False)):
+        url = f"{base}/ranges-{uuid.uuid4().hex[:6]}"
+        storage = zstore.LazyMemmapStorage(2000, scratch_dir=url, chunks=50, shards=500,
+                                           storage_options=_options(options, "obstore"))
+        storage.set(torch.arange(1500), data)
+        storage.close()
+        reader = zstore.open(url, _options(options, "obstore"), mode="r")
+        idx = torch.tensor([3, 700, 1499])  # a few rows of three shards: index and ranges
+        got = reader[idx]
+        assert torch.equal(got["pixels"], data["pixels"][idx])
+        assert torch.equal(got["reward"], data["reward"][idx])
+        assert torch.equal(reader[torch.arange(1500)]["pixels"], data["pixels"])
+        store = reader.table.groups[0].store
+        assert isinstance(store, zstore.store._ObjectStoreS3)
+        assert (store._ranged is not None) == answers_whole

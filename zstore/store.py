@@ -25,7 +25,7 @@ from typing import Any, Mapping
 import fsspec
 from zarr.abc.store import ByteRequest, OffsetByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
-from zarr.storage import FsspecStore, LocalStore
+from zarr.storage import FsspecStore, LocalStore, ObjectStore
 
 from .errors import BackendNotInstalledError, NotAZStoreError, ReadOnlyError, StoreNotFoundError
 
@@ -335,7 +335,6 @@ def _obstore_s3(spec: StoreSpec) -> Store:
     """
     try:
         from obstore.store import S3Store
-        from zarr.storage import ObjectStore
     except ImportError as exc:
         raise BackendNotInstalledError(
             f"cannot open {spec.url} with the obstore transport: install obstore "
@@ -377,7 +376,74 @@ def _obstore_s3(spec: StoreSpec) -> Store:
     bucket, _, prefix = spec.url.split("://", 1)[1].partition("/")
     store = S3Store(bucket, prefix=prefix or None, config=config, client_options=http,
                     retry_config=None if attempts is None else {"max_retries": int(attempts) - 1})
-    return ObjectStore(store, read_only=spec.read_only)
+    return _ObjectStoreS3(store, read_only=spec.read_only, spec=spec)
+
+
+#: obstore's refusal of a ranged GET answered ``200`` (with a ``Content-Range``).
+_NON_PARTIAL = "non-partial response"
+
+
+class _ObjectStoreS3(ObjectStore):
+    """zarr's ObjectStore on obstore, reading from every S3 server s3fs reads from.
+
+    A whole-object read is a plain GET (zstore asks for one as a range from byte 0, which
+    spares s3fs a HEAD). A ranged GET the server answers whole (``200`` with a
+    ``Content-Range``, as ``rclone serve s3`` does), which obstore refuses, is sent again
+    through s3fs, and so is every later ranged read of this store.
+    """
+
+    def __init__(self, store: Any, *, read_only: bool = False,
+                 spec: "StoreSpec | None" = None) -> None:
+        super().__init__(store, read_only=read_only)
+        self._spec = spec
+        self._ranged: Store | None = None  # s3fs, once the server answered a range whole
+
+    def with_read_only(self, read_only: bool = False) -> "_ObjectStoreS3":
+        """This store, read-only or not."""
+        return type(self)(self.store, read_only=read_only, spec=self._spec)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_ranged"] = None  # the server is probed again where this store is unpickled
+        return state
+
+    def _s3fs_for_ranges(self, exc: Exception) -> Store | None:
+        """s3fs for this store's ranged reads when ``exc`` is obstore's refusal of a range
+        the server answered whole; ``None`` for any other error."""
+        if _NON_PARTIAL not in str(exc) or self._spec is None:
+            return None
+        if self._ranged is None:
+            options = {**self._spec.storage_options, TRANSPORT_OPTION: "fsspec"}
+            self._ranged = StoreSpec.parse(self._spec.url, options,
+                                           read_only=self.read_only).open()
+        return self._ranged
+
+    async def get(self, key: str, prototype: BufferPrototype,
+                  byte_range: ByteRequest | None = None) -> Buffer | None:
+        """The object at ``key`` (or ``byte_range`` of it); ``None`` when it is missing."""
+        if isinstance(byte_range, OffsetByteRequest) and byte_range.offset == 0:
+            byte_range = None
+        if byte_range is not None and self._ranged is not None:
+            return await self._ranged.get(key, prototype, byte_range)
+        try:
+            return await super().get(key, prototype, byte_range)
+        except Exception as exc:
+            fallback = None if byte_range is None else self._s3fs_for_ranges(exc)
+            if fallback is None:
+                raise
+        return await fallback.get(key, prototype, byte_range)
+
+    async def get_partial_values(self, prototype: BufferPrototype,
+                                 key_ranges: Any) -> list[Buffer | None]:
+        """Byte ranges of several objects, as :meth:`get` reads them."""
+        key_ranges = list(key_ranges)
+        if self._ranged is None:
+            try:
+                return await super().get_partial_values(prototype, key_ranges)
+            except Exception as exc:
+                if self._s3fs_for_ranges(exc) is None:
+                    raise
+        return await self._ranged.get_partial_values(prototype, key_ranges)
 
 
 def _delete_memory_tree(fs: Any, path: str) -> None:
