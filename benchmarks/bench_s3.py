@@ -1,6 +1,6 @@
 """S3 benchmark (issue #21): write amplification, and cold / warm / bulk / open reads against
 TensorStore and zarr-python, on moto and on ``rclone serve s3`` (both on 127.0.0.1, started
-here by :mod:`zstore.testing.s3`; nothing leaves the machine).
+here by :mod:`zstore.testing.s3`, each in a process of its own; nothing leaves the machine).
 
 Every number of one server is measured side by side in one run, as medians of ``--repeats``
 (the repeats of the compared cases interleaved, so that load from other jobs spreads over all):
@@ -21,6 +21,7 @@ b. **reads** — a ``--rows``-row Atari buffer written by zstore in its default 
    and new random batches once every row was read (warm); every row from a fresh open (bulk,
    MB/s); and the cold batch's read amplification, bytes fetched / bytes returned (s3fs calls
    for zstore and zarr-python, a counting HTTP proxy in front of the server for TensorStore).
+   Every reader's round runs in a child process of its own, after a warm-up open.
    zstore is read twice: through its default S3 transport (s3fs) and through obstore
    (``storage_options["transport"] = "obstore"``), when obstore is installed. zstore's open
    is also timed while the buffer is still being written (its writer committed, not closed).
@@ -290,6 +291,8 @@ def write_stream(server: S3Server, bucket: str, traffic: Traffic, make: Callable
     got = traffic.snapshot()
     with contextlib.suppress(Exception):
         storage.close()
+    with contextlib.suppress(Exception):  # moto keeps objects in its memory: drop them
+        server.filesystem().rm(url.removeprefix("s3://"), recursive=True)
     extended = sum(nbytes(td) for td in batches)
     data = got["sent"] - got["metadata_sent"]
     commits = EXTENDS + 1 if commit_each else 1
@@ -512,12 +515,12 @@ def bench_reads(server: S3Server, rows: int, repeats: int) -> dict[str, Any]:
     keys = ["pixels", "reward"]
     readers = [cls(url, server.storage_options, keys, rows, DEFAULT_CACHE_BYTES) for cls in READERS]
     # TensorStore and obstore do not go through s3fs: their traffic is counted by a proxy; on
-    # rclone (ranged GETs answered 200, see CountingProxy) they read through it, as names say
+    # rclone (ranged GETs answered 200, see CountingProxy) TensorStore reads through it, as named
     proxy = CountingProxy(server.endpoint)
     endpoints: dict[str, str | None] = {reader.name: None for reader in readers}
     if server.kind == "rclone":
         for i, reader in enumerate(readers):
-            if isinstance(reader, PROXIED):
+            if isinstance(reader, TensorStoreReader):
                 readers[i] = type(reader)(url, server.storage_options, keys, rows,
                                           DEFAULT_CACHE_BYTES, endpoint=proxy.endpoint)
                 readers[i].name = f"{reader.name}, through the proxy (rclone's 200s made 206)"
