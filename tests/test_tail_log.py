@@ -39,15 +39,24 @@ def assert_rows(storage, model: TensorDict, n: int, where: str) -> None:
 
 @pytest.fixture
 def put_bytes(monkeypatch):
-    """Bytes of every object a zarr FsspecStore writes (S3, memory://), by key."""
+    """Bytes of every object a zarr FsspecStore writes (S3, memory://), by key, and of every
+    commit (the root ``zarr.json``, written through the lease), under ``"commits/zarr.json"``."""
+    from zstore.lease import Lease
+
     written: dict[str, int] = {}
     original = FsspecStore.set
+    write_metadata = Lease.write_metadata
 
     async def counting(self, key, value, *args, **kwargs):
         written[key] = written.get(key, 0) + len(value.to_bytes())
         return await original(self, key, value, *args, **kwargs)
 
+    def counted_commit(self, data):
+        written["commits/zarr.json"] = written.get("commits/zarr.json", 0) + len(data)
+        return write_metadata(self, data)
+
     monkeypatch.setattr(FsspecStore, "set", counting)
+    monkeypatch.setattr(Lease, "write_metadata", counted_commit)
     return written
 
 
@@ -144,7 +153,9 @@ def test_a_commit_per_extend_uploads_about_the_bytes_extended(location, put_byte
     data = sum(n for key, n in put_bytes.items() if not key.endswith("zarr.json"))
     metadata = sum(n for key, n in put_bytes.items() if key.endswith("zarr.json"))
     assert data <= 1.2 * extended, (data, extended)
-    assert metadata <= 40 * 8192  # bounded per commit: the record lists at most 64 segments a unit
+    # bounded per commit: the record lists at most 64 segments a unit, and on S3 the copy of
+    # the nodes' metadata (format.md §6)
+    assert 0 < metadata <= 40 * 16384, metadata  # measured: 3.4-8.3 KiB, 7.1-13.9 on S3
     storage.close()
 
 
