@@ -497,9 +497,8 @@ def bench_reads(server: S3Server, rows: int, repeats: int) -> dict[str, Any]:
         writer.extend(atari(min(1000, rows - start), gen))
     storage.flush()
     write_s = time.perf_counter() - t
-    live_open = [ZStoreReader(url, server.storage_options, [], rows, DEFAULT_CACHE_BYTES).open
-                 for _ in range(max(5, repeats))]  # the writer committed, not closed
-    live_open_s = med([timed(open_)[0] for open_ in live_open])
+    live = ZStoreReader(url, server.storage_options, [], rows, DEFAULT_CACHE_BYTES)
+    live_open_s = med([timed(live.open)[0] for _ in range(max(5, repeats))])  # not closed yet
     with contextlib.suppress(Exception):
         storage.close()
     del storage, writer

@@ -23,16 +23,22 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="madvise and /proc/self/smaps are Linux's")
 
 
+def _mappings() -> list[tuple[str, set[str]]]:
+    """This process's mappings, from /proc/self/smaps: (header line, VmFlags)."""
+    out, header = [], None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(" ", 1)[0]
+        if line[:1].isalnum() and "-" in head and ":" not in head:
+            header = line
+        elif header is not None and line.startswith("VmFlags:"):
+            out.append((header, set(line.split()[1:])))
+    return out
+
+
 def _advice_of(path: Path) -> list[set[str]]:
     """The VmFlags of every mapping of ``path`` in this process (``rr``: random read,
     ``sr``: sequential read)."""
-    flags, current = [], False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        if line[:1].isalnum() and "-" in line.split(" ", 1)[0] and ":" not in line.split(" ", 1)[0]:
-            current = line.endswith(str(path))
-        elif current and line.startswith("VmFlags:"):
-            flags.append(set(line.split()[1:]))
-    return flags
+    return [flags for header, flags in _mappings() if header.endswith(str(path))]
 
 
 def _buffer(tmp_path: Path, rows: int = 4096) -> tuple[str, TensorDict]:
@@ -224,14 +230,10 @@ def test_add_writes_rows_that_numpy_cannot_view(tmp_path):
 
 def _flags_at(address: int) -> set[str]:
     """The VmFlags of the mapping of this process that holds ``address``."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split(" ", 1)[0]
-        if line[:1].isalnum() and "-" in head and ":" not in head:
-            start, end = (int(x, 16) for x in head.split("-"))
-            inside = start <= address < end
-        elif inside and line.startswith("VmFlags:"):
-            return set(line.split()[1:])
+    for header, flags in _mappings():
+        start, end = (int(x, 16) for x in header.split(" ", 1)[0].split("-"))
+        if start <= address < end:
+            return flags
     raise AssertionError(f"no mapping holds {address:#x}")
 
 

@@ -569,6 +569,9 @@ class _AllOrNothing:
     (:class:`zstore.sharing.ProcessLock`, made when the writer is first handed out).
     """
 
+    #: the lock of the processes this writer was handed to (None: one process)
+    _processes_lock: ProcessLock | None = None
+
     def add(self, data: Any) -> Any:
         with self._one_writer(), rolled_back_on_error(self):
             return super().add(data)
@@ -579,12 +582,12 @@ class _AllOrNothing:
 
     def _one_writer(self) -> Any:
         """The lock that makes a write the only one (nothing to take in one process)."""
-        return self.__dict__.get("_processes_lock") or contextlib.nullcontext()
+        return self._processes_lock or contextlib.nullcontext()
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         if get_spawning_popen() is not None:
-            if "_processes_lock" not in self.__dict__:
+            if self._processes_lock is None:
                 self._processes_lock = ProcessLock()
             state["_processes_lock"] = self._processes_lock
         return state
