@@ -98,6 +98,26 @@ def test_s3fs_options_map_onto_obstore():
     assert config["access_key_id"] == "k" and store.store.prefix == "rb"
 
 
+@needs_obstore
+def test_an_obstore_client_is_built_once_per_settings(monkeypatch):
+    """Building obstore's client costs more than the rest of an open: opens with the same
+    settings share one; another location, credential or ``AWS_*`` variable builds another."""
+    def opened(url: str, **extra: str):
+        options = {"transport": "obstore", "key": "k", "secret": "s",
+                   "endpoint_url": "http://127.0.0.1:9", **extra}
+        return StoreSpec.parse(url, options, read_only=True).open()
+
+    first = opened("s3://b/rb")
+    assert opened("s3://b/rb").store is first.store
+    assert opened("s3://b/rb").read_only and not StoreSpec.parse(
+        "s3://b/rb", {"transport": "obstore", "key": "k", "secret": "s",
+                      "endpoint_url": "http://127.0.0.1:9"}).open().read_only
+    assert opened("s3://b/other").store is not first.store
+    assert opened("s3://b/rb", secret="t").store is not first.store
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "x")
+    assert opened("s3://b/rb").store is not first.store
+
+
 # -- on moto ----------------------------------------------------------------------------------
 def _rows(n: int, seed: int) -> TensorDict:
     gen = torch.Generator().manual_seed(seed)
@@ -199,3 +219,7 @@ def test_obstore_reads_a_server_that_answers_ranges_whole(rclone_s3, s3_options,
         store = reader.table.groups[0].store
         assert isinstance(store, zstore.store._ObjectStoreS3)
         assert (store._ranged is not None) == answers_whole
+        # the process remembers the server: a later open ranges through s3fs from the start
+        again = zstore.open(url, _options(options, "obstore"), mode="r")
+        assert again.table.groups[0].store._ranges_through_s3fs() == answers_whole
+        assert torch.equal(again[idx]["pixels"], data["pixels"][idx])

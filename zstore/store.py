@@ -17,7 +17,10 @@ conditional writes always use s3fs (:meth:`StoreSpec.filesystem`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Mapping
@@ -374,13 +377,46 @@ def _obstore_s3(spec: StoreSpec) -> Store:
     if region:
         config["region"] = region
     bucket, _, prefix = spec.url.split("://", 1)[1].partition("/")
-    store = S3Store(bucket, prefix=prefix or None, config=config, client_options=http,
-                    retry_config=None if attempts is None else {"max_retries": int(attempts) - 1})
-    return _ObjectStoreS3(store, read_only=spec.read_only, spec=spec)
+    retry = None if attempts is None else {"max_retries": int(attempts) - 1}
+    return _ObjectStoreS3(_s3_client(S3Store, bucket, prefix or None, config, http, retry),
+                          read_only=spec.read_only, spec=spec)
+
+
+#: Clients this process built, by everything that configures them (see :func:`_s3_client`).
+_S3_CLIENTS: "OrderedDict[str, Any]" = OrderedDict()
+_S3_CLIENTS_LOCK = threading.Lock()
+#: How many clients :data:`_S3_CLIENTS` keeps (the least recently used goes first).
+S3_CLIENTS_KEPT = 32
+
+
+def _s3_client(factory: Callable[..., Any], bucket: str, prefix: str | None,
+               config: dict[str, Any], http: dict[str, Any], retry: dict[str, Any] | None) -> Any:
+    """obstore's ``S3Store`` for these settings, built once per process and reused.
+
+    Building one costs ~3.5 ms (its HTTP client), and a new one opens new connections:
+    twice what the rest of ``zstore.open`` costs. The key holds every argument and the
+    ``AWS_*`` variables obstore reads besides, so a changed credential builds a new client;
+    the process id keeps a forked child from a runtime its parent started.
+    """
+    environment = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))
+    key = json.dumps([os.getpid(), bucket, prefix, config, http, retry, environment],
+                     sort_keys=True, default=str)
+    with _S3_CLIENTS_LOCK:
+        client = _S3_CLIENTS.pop(key, None)
+        if client is None:
+            client = factory(bucket, prefix=prefix, config=config, client_options=http,
+                             retry_config=retry)
+        _S3_CLIENTS[key] = client
+        while len(_S3_CLIENTS) > S3_CLIENTS_KEPT:
+            _S3_CLIENTS.popitem(last=False)
+    return client
 
 
 #: obstore's refusal of a ranged GET answered ``200`` (with a ``Content-Range``).
 _NON_PARTIAL = "non-partial response"
+#: Endpoints whose ranged GETs came back whole in this process: stores on them range through
+#: s3fs from their first read, without a refused request each.
+_WHOLE_RANGE_ENDPOINTS: set[str] = set()
 
 
 class _ObjectStoreS3(ObjectStore):
@@ -389,13 +425,15 @@ class _ObjectStoreS3(ObjectStore):
     A whole-object read is a plain GET (zstore asks for one as a range from byte 0, which
     spares s3fs a HEAD). A ranged GET the server answers whole (``200`` with a
     ``Content-Range``, as ``rclone serve s3`` does), which obstore refuses, is sent again
-    through s3fs, and so is every later ranged read of this store.
+    through s3fs, and so is every later ranged read of a store on that endpoint in this
+    process.
     """
 
     def __init__(self, store: Any, *, read_only: bool = False,
                  spec: "StoreSpec | None" = None) -> None:
         super().__init__(store, read_only=read_only)
         self._spec = spec
+        self._endpoint = str(store.config.get("endpoint") or "")
         self._ranged: Store | None = None  # s3fs, once the server answered a range whole
 
     def with_read_only(self, read_only: bool = False) -> "_ObjectStoreS3":
@@ -407,24 +445,33 @@ class _ObjectStoreS3(ObjectStore):
         state["_ranged"] = None  # the server is probed again where this store is unpickled
         return state
 
-    def _s3fs_for_ranges(self, exc: Exception) -> Store | None:
-        """s3fs for this store's ranged reads when ``exc`` is obstore's refusal of a range
-        the server answered whole; ``None`` for any other error."""
-        if _NON_PARTIAL not in str(exc) or self._spec is None:
-            return None
+    def _ranges_through_s3fs(self) -> bool:
+        """Whether this store's endpoint answered a ranged GET whole in this process."""
+        return self._spec is not None and self._endpoint in _WHOLE_RANGE_ENDPOINTS
+
+    def _s3fs(self) -> Store:
+        """s3fs on this store's location, for its ranged reads."""
         if self._ranged is None:
             options = {**self._spec.storage_options, TRANSPORT_OPTION: "fsspec"}
             self._ranged = StoreSpec.parse(self._spec.url, options,
                                            read_only=self.read_only).open()
         return self._ranged
 
+    def _s3fs_for_ranges(self, exc: Exception) -> Store | None:
+        """s3fs for this store's ranged reads when ``exc`` is obstore's refusal of a range
+        the server answered whole; ``None`` for any other error."""
+        if _NON_PARTIAL not in str(exc) or self._spec is None:
+            return None
+        _WHOLE_RANGE_ENDPOINTS.add(self._endpoint)
+        return self._s3fs()
+
     async def get(self, key: str, prototype: BufferPrototype,
                   byte_range: ByteRequest | None = None) -> Buffer | None:
         """The object at ``key`` (or ``byte_range`` of it); ``None`` when it is missing."""
         if isinstance(byte_range, OffsetByteRequest) and byte_range.offset == 0:
             byte_range = None
-        if byte_range is not None and self._ranged is not None:
-            return await self._ranged.get(key, prototype, byte_range)
+        if byte_range is not None and self._ranges_through_s3fs():
+            return await self._s3fs().get(key, prototype, byte_range)
         try:
             return await super().get(key, prototype, byte_range)
         except Exception as exc:
@@ -437,13 +484,13 @@ class _ObjectStoreS3(ObjectStore):
                                  key_ranges: Any) -> list[Buffer | None]:
         """Byte ranges of several objects, as :meth:`get` reads them."""
         key_ranges = list(key_ranges)
-        if self._ranged is None:
+        if not self._ranges_through_s3fs():
             try:
                 return await super().get_partial_values(prototype, key_ranges)
             except Exception as exc:
                 if self._s3fs_for_ranges(exc) is None:
                     raise
-        return await self._ranged.get_partial_values(prototype, key_ranges)
+        return await self._s3fs().get_partial_values(prototype, key_ranges)
 
 
 def _delete_memory_tree(fs: Any, path: str) -> None:
