@@ -171,7 +171,7 @@ def test_a_shut_down_pool_decodes_on_the_caller(tmp_path, monkeypatch):
     url, model = written(local(tmp_path))
     gone = ThreadPoolExecutor(2)
     gone.shutdown()
-    monkeypatch.setattr(zstore.chunkio, "_pool", gone, raising=False)
+    monkeypatch.setattr(zstore.chunkio._DECODERS, "_pool", gone)
     got = zstore.stack_items(zstore.open(url, mode="r").get(torch.arange(N)))
     assert (got["obs"] == torch.stack([x["obs"] for x in model])).all()
 

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import math
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -32,6 +31,7 @@ import zarr
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import default_buffer_prototype
 
+from ._pools import SharedPool
 from .errors import CorruptChunkError
 from .layout import chunk_key, key_separator
 
@@ -48,28 +48,12 @@ _EMPTY = np.uint64(2**64 - 1)
 _PROTOTYPE = default_buffer_prototype()
 _WHOLE = OffsetByteRequest(0)
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+_DECODERS = SharedPool("zstore-decode", lambda: os.cpu_count() or 1)
 
 
 def decode_pool() -> ThreadPoolExecutor | None:
     """The process's shared chunk-decoding pool (``os.cpu_count()`` threads; None on one core)."""
-    global _pool
-    workers = os.cpu_count() or 1
-    if _pool is None and workers > 1:
-        with _pool_lock:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(workers, thread_name_prefix="zstore-decode")
-    return _pool
-
-
-def _forget_pool() -> None:
-    """In a forked child: the parent's pool threads do not exist there."""
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pool)
+    return _DECODERS.get() if (os.cpu_count() or 1) > 1 else None
 
 
 def zstd_content_size(frame) -> int | None:

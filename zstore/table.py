@@ -24,7 +24,7 @@ import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import zarr
@@ -35,9 +35,14 @@ from .cache import DEFAULT_CACHE_BYTES, CacheStats
 from .dtypes import compute_dtype, from_storage, to_storage
 from .errors import CorruptChunkError, ReadOnlyError
 from ._pages import MADV_RANDOM, advise, disk_reads, gather_rows, prefetch_rows, scan
+from ._pools import SharedPool
 from .group import checked_arrays, listed_segments
 from .layout import Leaf, chunk_key, key_separator
 from .tail import group_id
+
+#: Reads of a table's other block groups while the caller reads its first (a few threads per
+#: process: a group's read waits on the network, its decodes run on the decode pool).
+GROUP_READERS = SharedPool("zstore-groups", lambda: 4)
 
 
 def contiguous_start(rows: torch.Tensor) -> int | None:
@@ -196,9 +201,43 @@ class ChunkedTable(Table):
         rows = rows.to("cpu", torch.int64)
         with self.lock:
             out: dict[str, torch.Tensor] = {}
-            for g in self.groups:
-                out.update(g.read(rows, lanes))
+            for part in self._each_group(lambda g: g.read(rows, lanes), self._cold(rows)):
+                out.update(part)
             return out
+
+    def _cold(self, rows: torch.Tensor) -> bool:
+        """Whether a read of ``rows`` fetches blocks of the first group, when there are
+        others to fetch alongside (host tier only)."""
+        first = self.groups[0]
+        return (len(self.groups) > 1 and first.host is not None
+                and bool((first.cache.slot_of[torch.div(rows, first.R, rounding_mode="floor")]
+                          < 0).any()))
+
+    def _each_group(self, work: Callable[[BlockGroup], Any], concurrently: bool) -> list:
+        """``work(g)`` for every block group, in order; with ``concurrently``, the first on
+        the calling thread and the others on :data:`GROUP_READERS` meanwhile, so that the
+        groups' fetches share one round trip. Every call has ended when this returns or
+        raises (the first error, in group order)."""
+        if not concurrently:
+            return [work(g) for g in self.groups]
+        futures: list[Future | None] = []
+        for g in self.groups[1:]:
+            try:
+                futures.append(GROUP_READERS.get().submit(work, g))
+            except RuntimeError:  # interpreter exit: the pool takes no more work
+                futures.append(None)
+        calls = [functools.partial(work, self.groups[0])] + [
+            functools.partial(work, g) if future is None else future.result
+            for g, future in zip(self.groups[1:], futures)]
+        results, errors = [], []
+        for call in calls:
+            try:
+                results.append(call())
+            except BaseException as exc:  # noqa: BLE001 - raised below, once every call ended
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        return results
 
     def write(self, rows: torch.Tensor, values: Mapping[str, torch.Tensor]) -> None:
         self._check_writable()
@@ -237,8 +276,7 @@ class ChunkedTable(Table):
     def _prefetch(self, rows: torch.Tensor) -> None:
         """Load the blocks holding ``rows`` into the cache."""
         with self.lock:
-            for g in self.groups:
-                g.prefetch(rows)
+            self._each_group(lambda g: g.prefetch(rows), self._cold(rows))
 
     def close(self) -> None:
         self._stop_prefetching()
