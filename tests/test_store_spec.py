@@ -58,3 +58,38 @@ def test_lease_objects_follow_the_properties():
     assert type(conditional.objects_for(StoreSpec.parse("memory://rb"))).__name__ == "MemoryObjects"
     assert type(conditional.objects_for(StoreSpec.parse("s3://b/rb"))).__name__ == "S3Objects"
     assert type(conditional.objects_for(StoreSpec.parse("gs://b/rb"))) is conditional.ConditionalObjects
+
+
+def test_a_memory_store_reads_on_the_event_loop(monkeypatch):
+    """A ``memory://`` read answers as zarr's FsspecStore does (whole, ranged, from an offset,
+    a suffix, missing), without the worker thread zarr gives a synchronous filesystem's calls."""
+    import asyncio
+    import uuid
+
+    from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+    from zarr.storage import FsspecStore
+
+    url = f"memory://zstore-tests/loop-{uuid.uuid4().hex[:8]}"
+    store = StoreSpec.parse(url, {}).open()
+    prototype = default_buffer_prototype()
+    payload = bytes(range(256)) * 40
+    sync(store.set("c/0", prototype.buffer.from_bytes(payload)))
+    reference = FsspecStore.from_url(url)  # zarr's own, on the same memory filesystem
+    hops = []
+    to_thread = asyncio.to_thread
+
+    async def counted(func, *args, **kwargs):
+        hops.append(func)
+        return await to_thread(func, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", counted)
+    for byte_range in (None, RangeByteRequest(10, 2000), OffsetByteRequest(9000),
+                       SuffixByteRequest(300), RangeByteRequest(0, 0)):
+        ours = sync(store.get("c/0", prototype, byte_range)).to_bytes()
+        hops_before = len(hops)
+        assert ours == sync(reference.get("c/0", prototype, byte_range)).to_bytes()
+        assert len(hops) > hops_before  # the reference hopped: the counter counts
+    assert sync(store.get("c/1", prototype)) is None
+    assert len(hops) == 5  # one per read of the reference, none of ours
