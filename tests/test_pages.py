@@ -239,9 +239,12 @@ def _flags_at(address: int) -> set[str]:
 
 @pytest.mark.skipif(zstore._pages.MADV_HUGEPAGE is None, reason="no MADV_HUGEPAGE here")
 @pytest.mark.parametrize("where", ["local", "memory"])
-def test_a_large_read_lands_in_memory_advised_for_huge_pages(tmp_path, where):
+@pytest.mark.parametrize("huge", [True, False])
+def test_a_large_read_lands_in_memory_advised_for_huge_pages(tmp_path, where, huge, monkeypatch):
     """A large result is gathered into memory advised ``MADV_HUGEPAGE`` (``hg``), faulted in
-    2 MiB at a time: the 4 KiB faults of a fresh 108 MiB result cost 4x the copy."""
+    2 MiB at a time: the 4 KiB faults of a fresh 108 MiB result cost 4x the copy. Where
+    huge pages are not wanted (a balloon reports free memory), it is left plain."""
+    monkeypatch.setattr(zstore._pages, "HUGE_PAGES", huge)
     rows = 1024
     url = str(tmp_path / "rb") if where == "local" else f"memory://pages/{tmp_path.name}"
     data = TensorDict(obs=torch.randint(0, 255, (rows, 40_000), dtype=torch.uint8),
@@ -252,5 +255,38 @@ def test_a_large_read_lands_in_memory_advised_for_huge_pages(tmp_path, where):
     reader = zstore.open(url, mode="r")
     got = reader.get(torch.arange(rows))["obs"]  # 39 MiB: glibc maps it afresh
     assert torch.equal(got, data["obs"])
-    assert "hg" in _flags_at(got.data_ptr()), "the result was not advised for huge pages"
+    assert ("hg" in _flags_at(got.data_ptr())) == huge, "huge-page advice not as chosen"
     storage.close()
+
+
+def _virtio(root: Path, *devices: tuple[str, str]) -> Path:
+    """A sysfs ``virtio/devices`` tree of (device id, feature bits) entries."""
+    for number, (device, features) in enumerate(devices):
+        entry = root / f"virtio{number}"
+        entry.mkdir(parents=True)
+        (entry / "device").write_text(device + "\n")
+        (entry / "features").write_text(features + "\n")
+    return root
+
+
+def test_a_balloon_that_reports_free_pages_turns_huge_pages_off(tmp_path, monkeypatch):
+    """A virtio balloon (device 0x0005) with free page reporting (feature bit 5) hands free
+    2 MiB blocks back to the hypervisor: huge pages are then not wanted. Other devices, a
+    balloon without reporting, or no virtio bus leave them on; the variable overrides."""
+    monkeypatch.delenv(zstore._pages.HUGE_PAGES_ENV, raising=False)
+    reporting = _virtio(tmp_path / "a", ("0x0001", "1" * 64), ("0x0005", "011001" + "0" * 58))
+    silent = _virtio(tmp_path / "b", ("0x0005", "011000" + "0" * 58), ("0x0002", "1" * 64))
+    assert zstore._pages.free_pages_reported(reporting)
+    assert not zstore._pages.free_pages_reported(silent)
+    assert not zstore._pages.free_pages_reported(tmp_path / "no-virtio-bus")
+    if zstore._pages.MADV_HUGEPAGE is None:
+        return
+    assert not zstore._pages.huge_pages_wanted(reporting)
+    assert zstore._pages.huge_pages_wanted(silent)
+    monkeypatch.setenv(zstore._pages.HUGE_PAGES_ENV, "1")
+    assert zstore._pages.huge_pages_wanted(reporting)
+    monkeypatch.setenv(zstore._pages.HUGE_PAGES_ENV, "0")
+    assert not zstore._pages.huge_pages_wanted(silent)
+    monkeypatch.setenv(zstore._pages.HUGE_PAGES_ENV, "yes")
+    with pytest.warns(UserWarning, match="ZSTORE_HUGE_PAGES='yes' is neither 1 nor 0"):
+        assert not zstore._pages.huge_pages_wanted(reporting)

@@ -9,8 +9,9 @@ Where the slabs live is a small named strategy (a *tier*): ``"host"`` (RAM),
 ``"pinned"`` (page-locked RAM, for fast copies to a GPU) or ``"cuda"`` (GPU
 memory; gathers then run on the GPU). Slots holding rows written but not yet
 stored (*dirty* slots) are never evicted: the slab is also the write-back buffer.
-Host slabs are backed by transparent huge pages where Linux allows it: a cold
-cache then faults its memory in 2 MiB pages, not 4 KiB ones.
+Host slabs are backed by transparent huge pages where Linux allows it and they are
+wanted (:data:`zstore._pages.HUGE_PAGES`: not where a memory balloon reports free pages
+to a hypervisor): a cold cache then faults its memory in 2 MiB pages, not 4 KiB ones.
 """
 
 from __future__ import annotations
