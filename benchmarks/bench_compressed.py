@@ -155,7 +155,7 @@ def _decode_all(chunks, outs: list[np.ndarray], pool) -> None:
 
 def _fresh_outs(n: int, width: int) -> list[np.ndarray]:
     """``n`` destinations of ``width`` bytes in one new slab, as a cold cache's (its pages not
-    yet faulted in, advised for huge pages as the cache's slabs are)."""
+    yet faulted in, advised for huge pages where the cache's slabs are: ``_pages.HUGE_PAGES``)."""
     from zstore._pages import host_empty
 
     slab = host_empty((n * width,), torch.uint8).numpy()
