@@ -207,7 +207,7 @@ class ChunkedTable(Table):
 
     def _cold(self, rows: torch.Tensor) -> bool:
         """Whether a read of ``rows`` fetches blocks of the first group, when there are
-        others to fetch alongside (host tier only)."""
+        others to fetch alongside (host and pinned tiers: their slabs are in host memory)."""
         first = self.groups[0]
         return (len(self.groups) > 1 and first.host is not None
                 and bool((first.cache.slot_of[torch.div(rows, first.R, rounding_mode="floor")]
