@@ -57,11 +57,13 @@ HUGE_PAGE_BYTES = 2 << 20
 SCAN_BYTES = 1 << 20
 #: Overrides whether fresh host memory is advised huge pages: ``1`` or ``0``.
 HUGE_PAGES_ENV = "ZSTORE_HUGE_PAGES"
-#: The virtio device id of a memory balloon, and the feature bit of its free page reporting.
+#: Where Linux lists virtio devices; the id of a memory balloon, and the feature bit of its
+#: free page reporting.
+VIRTIO_DEVICES = Path("/sys/bus/virtio/devices")
 _VIRTIO_BALLOON, _BALLOON_F_REPORTING = "0x0005", 5
 
 
-def free_pages_reported(devices: Path = Path("/sys/bus/virtio/devices")) -> bool:
+def free_pages_reported(devices: Path = VIRTIO_DEVICES) -> bool:
     """Whether a virtio memory balloon reports this machine's free pages to its hypervisor,
     which then takes the memory back (Linux's sysfs; ``False`` where it has none)."""
     try:
@@ -80,7 +82,7 @@ def free_pages_reported(devices: Path = Path("/sys/bus/virtio/devices")) -> bool
     return False
 
 
-def huge_pages_wanted(devices: Path = Path("/sys/bus/virtio/devices")) -> bool:
+def huge_pages_wanted(devices: Path = VIRTIO_DEVICES) -> bool:
     """Whether fresh host memory should be advised huge pages: :data:`HUGE_PAGES_ENV` when
     set, else unless free pages are reported (see the module docstring); never without
     ``MADV_HUGEPAGE``."""

@@ -351,9 +351,10 @@ class _MemoryFsspecStore(FsspecStore):
             start, end = -byte_range.suffix, None
         else:
             raise ValueError(f"unexpected byte range {byte_range!r} for {key!r}")
-        path = f"{self.path.rstrip('/')}/{key}" if self.path.rstrip("/") else key
+        root = self.path.rstrip("/")
         try:
-            return prototype.buffer.from_bytes(self.fs.sync_fs.cat_file(path, start, end))
+            return prototype.buffer.from_bytes(
+                self.fs.sync_fs.cat_file(f"{root}/{key}" if root else key, start, end))
         except FileNotFoundError:
             return None
 
