@@ -176,17 +176,48 @@ def test_a_shut_down_pool_decodes_on_the_caller(tmp_path, monkeypatch):
     assert (got["obs"] == torch.stack([x["obs"] for x in model])).all()
 
 
-def test_uncompressed_chunks_are_checked_on_the_caller(monkeypatch):
-    """A raw buffer's chunks (bytes + crc32c) are checked where they are read: a checksum
-    costs less than a thread hand-off, so the pool never sees them."""
-    url = f"memory://zstore-test-parallel/{os.getpid()}-raw"
+def _raw_buffer(name: str) -> tuple[str, TensorDict]:
+    """A committed raw (bytes + crc32c) memory:// buffer of N rows, 1 KiB chunks."""
+    url = f"memory://zstore-test-parallel/{os.getpid()}-{name}"
     storage = zstore.LazyMemmapStorage(N, scratch_dir=url, codec=None, chunks=PER_CHUNK)
     data = TensorDict(obs=torch.arange(N * 64.0).reshape(N, 64), batch_size=[N])
     storage.set(torch.arange(N), data)
     storage.close()
+    return url, data
+
+
+def test_small_uncompressed_chunks_are_checked_on_the_caller(monkeypatch):
+    """A raw buffer's chunks (bytes + crc32c) below POOL_COPY_BYTES are checked and copied
+    where they are read: that costs less than a thread hand-off, so the pool never sees them."""
+    assert 4 * 64 * 4 < zstore.chunkio.POOL_COPY_BYTES
+    url, data = _raw_buffer("raw")
     names = recording_decodes(monkeypatch)
     got = zstore.open(url, mode="r").get(torch.arange(N))
     assert torch.equal(got["obs"], data["obs"])
     assert len(names) == N // PER_CHUNK  # every chunk was read and checked ...
     assert not any(n.startswith("zstore-decode") for n in names)  # ... off the pool
+    StoreSpec.parse(url).delete()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: copies stay on the caller")
+def test_large_uncompressed_chunks_are_copied_into_their_slots_on_the_pool(monkeypatch):
+    """From POOL_COPY_BYTES on (here lowered to these 1 KiB chunks), a raw chunk's copy is
+    worth a thread: a bulk read copies chunks into their cache slots on the pool while the
+    rest of its requests are in flight, each straight into its slot (no second copy)."""
+    monkeypatch.setattr(zstore.chunkio, "POOL_COPY_BYTES", 4 * 64 * 4)
+    url, data = _raw_buffer("raw-pooled")
+    names = recording_decodes(monkeypatch)
+    decode, landed = ColumnReader._decode, []
+
+    def into_slot(self, payload, block, out=None):
+        result = decode(self, payload, block, out)
+        landed.append(out is not None and result is out)
+        return result
+
+    monkeypatch.setattr(ColumnReader, "_decode", into_slot)
+    got = zstore.open(url, mode="r").get(torch.arange(N))
+    assert torch.equal(got["obs"], data["obs"])
+    assert len(names) == N // PER_CHUNK
+    assert len({n for n in names if n.startswith("zstore-decode")}) > 1, names
+    assert landed and all(landed), landed
     StoreSpec.parse(url).delete()

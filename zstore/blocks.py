@@ -277,18 +277,19 @@ class BlockGroup:
 
     def _fetch_once(self, blocks: list[int], into: dict[str, list[np.ndarray]] | None = None
                     ) -> dict[str, list[np.ndarray | None]]:
-        readers = [r for r in self.readers.values() if r is not None and r.compressed]
         # decoding on the shared pool pays a thread hand-off per chunk: only for larger reads
-        # of compressed chunks (an uncompressed chunk's decode, a checksum, is cheaper than that)
-        parallel = (len(blocks) * len(readers) > 1
-                    and len(blocks) * sum(r.block_nbytes for r in readers) >= PARALLEL_BYTES)
+        # of chunks whose decode costs more than that (ColumnReader.worth_a_thread)
+        pooled = {path: reader for path, reader in self.readers.items()
+                  if reader is not None and reader.worth_a_thread(into is not None)}
+        parallel = (len(blocks) * len(pooled) > 1
+                    and len(blocks) * sum(r.block_nbytes for r in pooled.values()) >= PARALLEL_BYTES)
 
         async def column(leaf, limit):
             reader = self.readers[leaf.path]
             if reader is not None:
                 return await reader.read(self.store, blocks, limit,
                                          None if into is None else into[leaf.path],
-                                         parallel and reader.compressed)
+                                         parallel and leaf.path in pooled)
             return await asyncio.gather(*[self.arrays[leaf.path].getitem(slice(*self._span(b)))
                                           for b in blocks])
 

@@ -10,9 +10,11 @@ metadata names. Arrays whose codecs it does not know fall back to zarr.
 
 A read that decompresses more than one chunk (and :data:`PARALLEL_BYTES` or more in all)
 decompresses them on a shared pool of ``os.cpu_count()`` threads (zstd releases the GIL:
-1.8x on two cores); an uncompressed chunk (a crc32c check) stays on the caller. A
-zstd chunk is decoded straight into the caller's destination (a cache slot) when it
-has one.
+1.8x on two cores). A chunk is decoded straight into the caller's destination (a cache
+slot) when it has one: zstd decompresses into it, an uncompressed chunk is copied into
+it. That copy goes to the pool too from :data:`POOL_COPY_BYTES` a chunk, so a bulk read
+copies while its other requests are in flight (4,000 Atari rows from moto through
+obstore: 131 -> 107-115 ms); a smaller chunk's check and copy stay on the caller.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ COALESCE_GAP = 1 << 20
 MAX_IN_FLIGHT = 64
 #: A read decoding fewer bytes than this (or one chunk) decodes them on the calling thread.
 PARALLEL_BYTES = 1 << 20
+#: An uncompressed chunk copied into its destination from this size is copied on the pool.
+POOL_COPY_BYTES = 256 << 10
 #: A reader that wants this share of a shard's chunks, its index not at hand, fetches the
 #: shard whole in one request: one round trip where the index and then the ranges took two.
 WHOLE_SHARD_SHARE = 0.75
@@ -151,6 +155,12 @@ class ColumnReader:
         self.where = where
         self.indexes: dict[int, np.ndarray | None] = {}
 
+    def worth_a_thread(self, copying: bool) -> bool:
+        """Whether decoding a chunk costs more than handing it to another thread: it is
+        decompressed, or copied into a destination (``copying``) from
+        :data:`POOL_COPY_BYTES` on. A checksum alone is cheaper than the hand-off."""
+        return self.compressed or (copying and self.block_nbytes >= POOL_COPY_BYTES)
+
     @classmethod
     def for_array(cls, array: zarr.Array, where: str) -> "ColumnReader | None":
         """A reader for ``array``, or None if its metadata is outside what it decodes."""
@@ -189,7 +199,8 @@ class ColumnReader:
     # -- decoding ---------------------------------------------------------------------------
     def _decode(self, payload: bytes, block: int, out: np.ndarray | None = None) -> np.ndarray:
         """The values of ``block``; decoded straight into ``out`` (a writable native array of
-        one block) when the last codec is zstd and the frame declares exactly its size."""
+        one block) when the last codec is zstd and the frame declares exactly its size, or
+        copied into it when the chunk is uncompressed (then ``out`` is returned)."""
         data = payload
         last = len(self.decoders) - 1
         try:
@@ -209,6 +220,10 @@ class ColumnReader:
             raise CorruptChunkError(
                 f"{self.where}: key {self.path!r}, chunk {block} holds {array.size} values, "
                 f"expected {self.block_numel}")
+        if (out is not None and self.dtype.isnative and out.flags.c_contiguous
+                and out.nbytes == self.block_nbytes):
+            np.copyto(out.reshape(-1).view(np.uint8), array.view(np.uint8))
+            return out
         if not self.dtype.isnative:
             array = array.astype(self.dtype.newbyteorder("="))
         return array.reshape(self.block_shape)
