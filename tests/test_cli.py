@@ -16,6 +16,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 from test_importers import _write_d4rl, _write_minari
+from test_s3_transport import needs_obstore
 
 import zstore
 from zstore.cli import main
@@ -271,9 +272,8 @@ def test_an_unreachable_endpoint_is_named(capsys, command):
               "check the endpoint (-o endpoint_url=URL)")
 
 
-@pytest.mark.s3
-def test_a_refused_request_names_the_url(capsys, s3_options):
-    """A 403, as S3 answers wrong credentials (moto takes any key, so its bucket policy refuses)."""
+def _denying_bucket(s3_options: dict) -> str:
+    """A new bucket holding ``rb/zarr.json`` whose policy refuses every GetObject."""
     import boto3
     import s3fs
 
@@ -286,10 +286,45 @@ def test_a_refused_request_names_the_url(capsys, s3_options):
     client.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Statement": [{
         "Effect": "Deny", "Principal": "*", "Action": "s3:GetObject",
         "Resource": f"arn:aws:s3:::{bucket}/*"}]}))
+    return bucket
+
+
+@pytest.mark.s3
+def test_a_refused_request_names_the_url(capsys, s3_options):
+    """A 403, as S3 answers wrong credentials (moto takes any key, so its bucket policy refuses)."""
+    bucket = _denying_bucket(s3_options)
     opts = [f"-o{k}={v}" for k, v in s3_options.items()]
     for argv in (["info", f"s3://{bucket}/rb"], ["ls", f"s3://{bucket}"]):
         _one_line(_run(capsys, *argv, *opts, code=1), "access denied: ", f"{argv[1]} {{",
                   "'secret': '***'}", "Forbidden; check the credentials and the bucket's policy")
+
+
+@pytest.mark.s3
+@needs_obstore
+def test_obstore_errors_are_one_line_naming_the_store_and_the_fix(capsys, no_credentials, s3_options,
+                                                                  s3_bucket, monkeypatch):
+    """The obstore transport's failures read as s3fs's do: a missing credential, an
+    unreachable server and a refusal each give the CLI's one line with the store and the fix,
+    not obstore's message and its multi-line Rust debug dump."""
+    # obstore's last resort for credentials, the instance metadata service, on a closed port
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    url = f"s3://{s3_bucket}/cli/none"
+    err = _run(capsys, "info", url, "-o", f"endpoint_url={no_credentials}", "-o", "transport=obstore",
+               code=1)
+    _one_line(err, f"no credentials to access {url} {{'endpoint_url': ", "-o key=KEY -o secret=SECRET")
+
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    err = _run(capsys, "info", "s3://zstore-nowhere/rb", "-o", f"endpoint_url={endpoint}", "-o",
+               "key=k", "-o", "secret=s", "-o", "transport=obstore", "-o",
+               'config_kwargs={"retries": {"max_attempts": 1}}', code=1)
+    _one_line(err, "cannot connect to the server: s3://zstore-nowhere/rb {", "error sending request",
+              "check the endpoint")
+
+    bucket = _denying_bucket(s3_options)
+    opts = [f"-o{k}={v}" for k, v in s3_options.items()]
+    err = _run(capsys, "info", f"s3://{bucket}/rb", *opts, "-otransport=obstore", code=1)
+    _one_line(err, f"access denied: s3://{bucket}/rb {{", "403 Forbidden",
+              "check the credentials and the bucket's policy")
 
 
 # -- start-up without torch -----------------------------------------------------------------

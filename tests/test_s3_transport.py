@@ -7,8 +7,12 @@ must read back through the other.
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import sys
 import uuid
+import warnings
 
 import numpy as np
 import pytest
@@ -96,6 +100,45 @@ def test_s3fs_options_map_onto_obstore():
     config = store.store.config
     assert config["endpoint"] == "http://127.0.0.1:9" and config["region"] == "eu-west-1"
     assert config["access_key_id"] == "k" and store.store.prefix == "rb"
+
+
+@needs_obstore
+def test_botocore_credentials_in_client_kwargs_map_onto_obstore():
+    """s3fs passes ``client_kwargs`` to botocore, whose credential names obstore reads too."""
+    spec = StoreSpec.parse("s3://b/rb", {
+        "transport": "obstore", "endpoint_url": "http://127.0.0.1:9",
+        "client_kwargs": {"aws_access_key_id": "k", "aws_secret_access_key": "s",
+                          "aws_session_token": "t"}}, read_only=True)
+    config = spec.open().store.config
+    assert (config["access_key_id"], config["secret_access_key"], config["session_token"]) == \
+        ("k", "s", "t")
+    both = StoreSpec.parse("s3://b/rb", {"transport": "obstore", "key": "mine", "secret": "s",
+                                         "endpoint_url": "http://127.0.0.1:9",
+                                         "client_kwargs": {"aws_access_key_id": "k"}})
+    assert both.open().store.config["access_key_id"] == "mine"  # s3fs's own option wins
+
+
+@needs_obstore
+def test_obstore_errors_are_the_ones_s3fs_raises():
+    """A read or a write to a server that cannot be reached is a ConnectionError naming the
+    store, on one line (obstore's own error appends a multi-line Rust debug dump)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    spec = StoreSpec.parse("s3://b/rb", {"transport": "obstore", "key": "k", "secret": "s",
+                                         "endpoint_url": f"http://127.0.0.1:{port}",
+                                         "config_kwargs": {"retries": {"max_attempts": 1}}})
+    store = spec.open()
+    buffer = default_buffer_prototype().buffer.from_bytes(b"x")
+    for attempt in (lambda: store.get("zarr.json", default_buffer_prototype()),
+                    lambda: store.get("c/0", default_buffer_prototype(), RangeByteRequest(0, 8)),
+                    lambda: store.set("c/0", buffer)):
+        with pytest.raises(ConnectionError) as caught:
+            sync(attempt())
+        message = str(caught.value)
+        assert message.startswith(f"{spec.redacted()}: ") and "\n" not in message, message
+        assert "error sending request" in message
+        assert type(caught.value.__cause__).__module__.startswith("obstore")
 
 
 @needs_obstore
@@ -223,3 +266,45 @@ def test_obstore_reads_a_server_that_answers_ranges_whole(rclone_s3, s3_options,
         again = zstore.open(url, _options(options, "obstore"), mode="r")
         assert again.table.groups[0].store._ranges_through_s3fs() == answers_whole
         assert torch.equal(again[idx]["pixels"], data["pixels"][idx])
+
+
+def _read_in_forked_child(reader, url: str, options: dict, data: TensorDict) -> bool:
+    """In a forked child: the inherited reader and a new open both read ``data`` back (a
+    SIGALRM ends a child whose request never returns). One torch thread, as in a DataLoader
+    worker: torch's own thread pool does not survive fork either."""
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # pytest-timeout's handler would wait
+    signal.alarm(120)
+    torch.set_num_threads(1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ok = torch.equal(reader[torch.arange(len(data))]["pixels"], data["pixels"])
+        again = zstore.open(url, options, mode="r")
+        ok = ok and torch.equal(again[torch.arange(len(data))]["reward"], data["reward"])
+        ok = ok and isinstance(again.spec.open(), FsspecStore)
+    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    return ok and len(said) == 1 and "'spawn' or 'forkserver'" in said[0]
+
+
+@pytest.mark.s3
+@needs_obstore
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_after_obstore_was_used_reads_through_s3fs(s3_options, s3_bucket):
+    """obstore's runtime threads do not survive fork: a forked child's obstore request never
+    returns. A child of a process that used obstore (a DataLoader worker, a collector)
+    reads through s3fs instead, and says so once; the parent keeps obstore."""
+    url = f"s3://{s3_bucket}/fork-{uuid.uuid4().hex[:6]}"
+    options = _options(s3_options, "obstore")
+    data = _rows(1200, seed=3)
+    _write(url, options, data, 1500)
+    reader = zstore.open(url, options, mode="r")
+    assert torch.equal(reader[torch.arange(10)]["pixels"], data["pixels"][:10])  # obstore ran
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            ok = _read_in_forked_child(reader, url, options, data)
+        except BaseException:  # noqa: BLE001 - any failure in the child is a failed check
+            ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not isinstance(zstore.open(url, options, mode="r").spec.open(), FsspecStore)

@@ -33,8 +33,8 @@ _SOURCES = {
                      "LazyTensorStorage", "ListStorage", "Storage", "StorageEnsemble",
                      "TensorStorage", "stack_items"], "storages"),
     **dict.fromkeys(["ZStoreError", "BackendNotInstalledError", "StoreNotFoundError",
-                     "NotAZStoreError", "FormatVersionError", "ReadOnlyError", "SchemaError",
-                     "MissingKeyError", "InvalidKeyError", "CorruptChunkError",
+                     "NotAZStoreError", "FormatVersionError", "ReadOnlyError", "NoCredentialsError",
+                     "SchemaError", "MissingKeyError", "InvalidKeyError", "CorruptChunkError",
                      "StoreExistsError", "LeaseError"], "errors"),
 }
 
@@ -44,7 +44,8 @@ __all__ = [
     "ImmutableDatasetWriter", "ReplayBuffer", "Sampler", "RandomSampler", "SliceSampler",
     "StoreSpec", "CodecSpec", "CacheStats", "cache_tier",
     "ZStoreError", "BackendNotInstalledError", "StoreNotFoundError", "NotAZStoreError",
-    "FormatVersionError", "ReadOnlyError", "SchemaError", "MissingKeyError", "InvalidKeyError",
+    "FormatVersionError", "ReadOnlyError", "NoCredentialsError", "SchemaError", "MissingKeyError",
+    "InvalidKeyError",
     "CorruptChunkError", "StoreExistsError", "LeaseError", "display", "plots",
 ]
 

@@ -33,6 +33,10 @@ class ReadOnlyError(ZStoreError, PermissionError):
     """A write was attempted on a read-only store or dataset."""
 
 
+class NoCredentialsError(ZStoreError, PermissionError):
+    """No credentials for a bucket: none given, none in the environment or from the machine."""
+
+
 class SchemaError(ZStoreError, ValueError):
     """Data does not match the buffer's schema (dtype or shape of a key)."""
 

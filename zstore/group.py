@@ -141,6 +141,8 @@ def open_zarr_group(spec: StoreSpec) -> zarr.Group:
     except (ValueError, TypeError, KeyError) as exc:
         raise NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: {exc}") from exc
     except Exception as exc:  # the network after the client's retries: name the store
+        if isinstance(exc, (ZStoreError, OSError)) and spec.redacted() in str(exc):
+            raise  # it names the store already (and a zstore error the fix)
         raise _io_error(f"cannot read {spec.redacted()}", exc) from exc
     if group.attrs.get(_INCOMPLETE_ATTR):
         raise NotAZStoreError(f"{spec.redacted()} holds a buffer whose creation never finished")

@@ -20,10 +20,11 @@ import dataclasses
 import json
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn
 
 import fsspec
 from zarr.abc.store import (ByteRequest, OffsetByteRequest, RangeByteRequest, Store,
@@ -31,7 +32,8 @@ from zarr.abc.store import (ByteRequest, OffsetByteRequest, RangeByteRequest, St
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import FsspecStore, LocalStore, ObjectStore
 
-from .errors import BackendNotInstalledError, NotAZStoreError, ReadOnlyError, StoreNotFoundError
+from .errors import (BackendNotInstalledError, NoCredentialsError, NotAZStoreError, ReadOnlyError,
+                     StoreNotFoundError)
 
 _INSTALL_HINTS = {
     "s3": "s3fs (pip install 'zstore[s3]')",
@@ -189,8 +191,8 @@ class StoreSpec:
         """The client of :meth:`open`'s S3 data path: ``"fsspec"`` (s3fs) or ``"obstore"``.
 
         ``storage_options["transport"]``, else ``$ZSTORE_S3_CLIENT``, else ``"fsspec"``;
-        always ``"fsspec"`` for other protocols. obstore needs a server that answers
-        ranged GETs ``206`` (AWS S3, MinIO, moto; ``rclone serve s3`` answers ``200``).
+        always ``"fsspec"`` for other protocols, and in a process forked from one that
+        used obstore (:func:`obstore_runtime_inherited`).
         """
         if self.protocol not in ("s3", "s3a"):
             return "fsspec"
@@ -198,6 +200,9 @@ class StoreSpec:
         if chosen not in TRANSPORTS:
             raise ValueError(f"unknown S3 transport {chosen!r} for {self.url}: choose one of "
                              f"{', '.join(TRANSPORTS)}")
+        if chosen == "obstore" and obstore_runtime_inherited():
+            _warn_forked_obstore(self)
+            return "fsspec"
         return chosen
 
     def _fsspec_options(self) -> dict[str, Any]:
@@ -362,8 +367,10 @@ class _MemoryFsspecStore(FsspecStore):
 def _obstore_s3(spec: StoreSpec) -> Store:
     """zarr's ObjectStore on an obstore ``S3Store`` configured from s3fs-style options.
 
-    Understood: ``key``, ``secret``, ``token``, ``endpoint_url`` (or in ``client_kwargs``),
-    ``region`` / ``client_kwargs["region_name"]``, ``anon``, and of botocore's ``config_kwargs``
+    Understood: ``key``, ``secret``, ``token`` (or botocore's ``aws_access_key_id``,
+    ``aws_secret_access_key``, ``aws_session_token`` in ``client_kwargs``), ``endpoint_url``
+    (or in ``client_kwargs``), ``region`` / ``client_kwargs["region_name"]``, ``anon``, and
+    of botocore's ``config_kwargs``
     the timeouts and ``retries["total_max_attempts"]`` (its checksum settings have no obstore
     meaning); fsspec's cache options are ignored; any other option is refused (it would be
     silently lost), as is a missing obstore.
@@ -379,9 +386,11 @@ def _obstore_s3(spec: StoreSpec) -> Store:
     endpoint = options.pop("endpoint_url", None) or client.pop("endpoint_url", None)
     region = options.pop("region", None) or client.pop("region_name", None)
     config: dict[str, Any] = {}
-    for name, field in (("key", "access_key_id"), ("secret", "secret_access_key"),
-                        ("token", "session_token")):
-        value = options.pop(name, None)
+    for name, boto_name, field in (("key", "aws_access_key_id", "access_key_id"),
+                                   ("secret", "aws_secret_access_key", "secret_access_key"),
+                                   ("token", "aws_session_token", "session_token")):
+        value, boto_value = options.pop(name, None), client.pop(boto_name, None)
+        value = value or boto_value  # s3fs's own option wins, as in s3fs
         if value:
             config[field] = value
     if options.pop("anon", False):
@@ -419,6 +428,32 @@ _S3_CLIENTS: "OrderedDict[str, Any]" = OrderedDict()
 _S3_CLIENTS_LOCK = threading.Lock()
 #: How many clients :data:`_S3_CLIENTS` keeps (the least recently used goes first).
 S3_CLIENTS_KEPT = 32
+#: The process that built an obstore client (None: none has been built here or in a parent).
+_OBSTORE_PROCESS: int | None = None
+_FORK_WARNED: set[int] = set()
+
+
+def obstore_runtime_inherited() -> bool:
+    """Whether this process was forked from one that used obstore.
+
+    obstore runs its requests on threads of a runtime started at its first use, and a
+    forked child has none of its parent's threads: every request of the child waits
+    forever (measured: a child's first ``get`` never returns). Such a child reads and
+    writes through s3fs instead; a child started with ``spawn`` or ``forkserver``, or
+    forked before the parent's first obstore request, has a runtime of its own."""
+    return _OBSTORE_PROCESS is not None and _OBSTORE_PROCESS != os.getpid()
+
+
+def _warn_forked_obstore(spec: "StoreSpec") -> None:
+    """Say once per process that the obstore transport fell back to s3fs after a fork."""
+    if os.getpid() in _FORK_WARNED:
+        return
+    _FORK_WARNED.add(os.getpid())
+    warnings.warn(
+        f"{spec.redacted()}: this process was forked from one that used the obstore transport, "
+        "whose threads a forked child does not have: it reads and writes through s3fs instead "
+        "(slower). Start worker processes with the 'spawn' or 'forkserver' method to keep "
+        "obstore in them", RuntimeWarning, stacklevel=3)
 
 
 def _s3_client(factory: Callable[..., Any], bucket: str, prefix: str | None,
@@ -428,20 +463,49 @@ def _s3_client(factory: Callable[..., Any], bucket: str, prefix: str | None,
     Building one took 3.4 ms (its HTTP client), as much as the rest of a ``zstore.open``,
     and a new one opens new connections. The key holds every argument and the
     ``AWS_*`` variables obstore reads besides, so a changed credential builds a new client;
-    the process id keeps a forked child from a runtime its parent started.
+    the process id keeps a forked child from its parent's clients (and see
+    :func:`obstore_runtime_inherited`).
     """
+    global _OBSTORE_PROCESS
     environment = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))
     key = json.dumps([os.getpid(), bucket, prefix, config, http, retry, environment],
                      sort_keys=True, default=str)
     with _S3_CLIENTS_LOCK:
         client = _S3_CLIENTS.pop(key, None)
         if client is None:
+            _OBSTORE_PROCESS = os.getpid()
             client = factory(bucket, prefix=prefix, config=config, client_options=http,
                              retry_config=retry)
         _S3_CLIENTS[key] = client
         while len(_S3_CLIENTS) > S3_CLIENTS_KEPT:
             _S3_CLIENTS.popitem(last=False)
     return client
+
+
+#: Paths of the EC2 instance metadata service, where obstore looks for credentials last.
+_METADATA_PATHS = ("/latest/api/token", "/latest/meta-data/")
+
+
+def _obstore_error(exc: Exception, where: str) -> Exception:
+    """obstore's error ``exc`` about the store at ``where`` as the error s3fs raises in its
+    place: :class:`NoCredentialsError` when obstore found no credentials (its last resort,
+    the instance metadata service, failed), ``PermissionError`` for a refusal (403),
+    ``ConnectionError`` when the server cannot be reached; ``exc`` itself otherwise. Each
+    keeps the first line of obstore's message, not the Rust debug dump that follows."""
+    if not type(exc).__module__.startswith("obstore"):
+        return exc
+    first = str(exc).strip().split("\n", 1)[0]
+    if any(path in first for path in _METADATA_PATHS):
+        return NoCredentialsError(
+            f"no credentials to access {where}: pass storage_options key= and secret= (or "
+            "anon=True for a public bucket), or set AWS_ACCESS_KEY_ID and "
+            f"AWS_SECRET_ACCESS_KEY; the instance metadata service did not give any ({first})")
+    if type(exc).__name__ in ("PermissionDeniedError", "UnauthenticatedError") \
+            or "403 Forbidden" in first:
+        return PermissionError(f"{where}: {first}")
+    if "error sending request" in first:
+        return ConnectionError(f"{where}: {first}")
+    return exc
 
 
 #: obstore's refusal of a ranged GET answered ``200`` (with a ``Content-Range``).
@@ -458,7 +522,7 @@ class _ObjectStoreS3(ObjectStore):
     spares s3fs a HEAD). A ranged GET the server answers whole (``200`` with a
     ``Content-Range``, as ``rclone serve s3`` does), which obstore refuses, is sent again
     through s3fs, and so is every later ranged read of a store on that endpoint in this
-    process.
+    process. Its reads' and writes' errors are the ones s3fs raises (:func:`_obstore_error`).
     """
 
     def __init__(self, store: Any, *, read_only: bool = False,
@@ -489,6 +553,14 @@ class _ObjectStoreS3(ObjectStore):
                                            read_only=self.read_only).open()
         return self._ranged
 
+    def _raise_plain(self, exc: Exception) -> NoReturn:
+        """Raise :func:`_obstore_error` of ``exc`` (naming this store's URL) from ``exc``, or
+        ``exc`` itself where it has no plainer form."""
+        error = _obstore_error(exc, self._spec.redacted() if self._spec is not None else str(self.store))
+        if error is exc:
+            raise exc
+        raise error from exc
+
     def _s3fs_for_ranges(self, exc: Exception) -> Store | None:
         """s3fs for this store's ranged reads when ``exc`` is obstore's refusal of a range
         the server answered whole; ``None`` for any other error."""
@@ -509,8 +581,15 @@ class _ObjectStoreS3(ObjectStore):
         except Exception as exc:
             fallback = None if byte_range is None else self._s3fs_for_ranges(exc)
             if fallback is None:
-                raise
+                self._raise_plain(exc)
         return await fallback.get(key, prototype, byte_range)
+
+    async def set(self, key: str, value: Buffer) -> None:
+        """Store ``value`` at ``key``; obstore's errors as :func:`_obstore_error` puts them."""
+        try:
+            await super().set(key, value)
+        except Exception as exc:
+            self._raise_plain(exc)
 
     async def get_partial_values(self, prototype: BufferPrototype,
                                  key_ranges: Any) -> list[Buffer | None]:
@@ -521,7 +600,7 @@ class _ObjectStoreS3(ObjectStore):
                 return await super().get_partial_values(prototype, key_ranges)
             except Exception as exc:
                 if self._s3fs_for_ranges(exc) is None:
-                    raise
+                    self._raise_plain(exc)
         return await self._s3fs().get_partial_values(prototype, key_ranges)
 
 
