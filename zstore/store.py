@@ -370,10 +370,9 @@ def _obstore_s3(spec: StoreSpec) -> Store:
     Understood: ``key``, ``secret``, ``token`` (or botocore's ``aws_access_key_id``,
     ``aws_secret_access_key``, ``aws_session_token`` in ``client_kwargs``), ``endpoint_url``
     (or in ``client_kwargs``), ``region`` / ``client_kwargs["region_name"]``, ``anon``, and
-    of botocore's ``config_kwargs``
-    the timeouts and ``retries["total_max_attempts"]`` (its checksum settings have no obstore
-    meaning); fsspec's cache options are ignored; any other option is refused (it would be
-    silently lost), as is a missing obstore.
+    of botocore's ``config_kwargs`` the timeouts and ``retries["total_max_attempts"]`` (its
+    checksum settings have no obstore meaning); fsspec's cache options are ignored; any
+    other option is refused (it would be silently lost), as is a missing obstore.
     """
     try:
         from obstore.store import S3Store
@@ -556,7 +555,8 @@ class _ObjectStoreS3(ObjectStore):
     def _raise_plain(self, exc: Exception) -> NoReturn:
         """Raise :func:`_obstore_error` of ``exc`` (naming this store's URL) from ``exc``, or
         ``exc`` itself where it has no plainer form."""
-        error = _obstore_error(exc, self._spec.redacted() if self._spec is not None else str(self.store))
+        where = self._spec.redacted() if self._spec is not None else str(self.store)
+        error = _obstore_error(exc, where)
         if error is exc:
             raise exc
         raise error from exc
