@@ -3,8 +3,9 @@
 Behaviour, not timing: a cold multi-chunk ``get`` equals a list model on memory://,
 local and S3; a corrupt chunk among several decoded at once still raises
 CorruptChunkError naming key and chunk (and leaves no half-loaded slot); several
-chunks decode on more than one thread, one chunk and uncompressed chunks on none of
-the pool's; a forked child and a shut-down pool still read.
+chunks decode on more than one thread, one chunk and small uncompressed chunks on none
+of the pool's, large uncompressed ones are copied into their cache slots on it; a forked
+child and a shut-down pool still read.
 """
 
 from __future__ import annotations
