@@ -11,8 +11,10 @@ import os
 import signal
 import socket
 import sys
+import threading
 import uuid
 import warnings
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -100,6 +102,19 @@ def test_s3fs_options_map_onto_obstore():
     config = store.store.config
     assert config["endpoint"] == "http://127.0.0.1:9" and config["region"] == "eu-west-1"
     assert config["access_key_id"] == "k" and store.store.prefix == "rb"
+    assert store.store.retry_config["max_retries"] == 2  # 3 attempts, the first included
+
+
+@needs_obstore
+@pytest.mark.parametrize("retries, expected", [({"max_attempts": 1}, 1), ({"max_attempts": 0}, 0),
+                                               ({"total_max_attempts": 4}, 3),
+                                               ({"total_max_attempts": 2, "max_attempts": 7}, 1)])
+def test_botocore_retry_counts_mean_the_same_retries_in_obstore(retries, expected):
+    """botocore's ``max_attempts`` counts retries after the first request, its
+    ``total_max_attempts`` counts the first one too and wins (botocore's config docs)."""
+    spec = StoreSpec.parse("s3://b/rb", {"transport": "obstore", "key": "k", "secret": "s",
+                                         "config_kwargs": {"retries": retries}})
+    assert spec.open().store.retry_config["max_retries"] == expected
 
 
 @needs_obstore
@@ -160,6 +175,99 @@ def test_an_obstore_client_is_built_once_per_settings(monkeypatch):
     monkeypatch.setenv("AWS_SESSION_TOKEN", "x")
     assert opened("s3://b/rb").store is not first.store
 
+
+
+# -- credentials: botocore's chain, as s3fs ---------------------------------------------------
+@pytest.fixture
+def aws_files(tmp_path, monkeypatch):
+    """No credentials in the environment; AWS config and credentials files of our own holding
+    the profile ``zs`` (moto's key, region eu-west-1); the metadata service off."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_DEFAULT_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    credentials, config = tmp_path / "credentials", tmp_path / "config"
+    credentials.write_text("[zs]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
+    config.write_text("[profile zs]\nregion = eu-west-1\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return tmp_path
+
+
+@needs_obstore
+def test_obstore_takes_a_profile_s_credentials_and_region(aws_files):
+    spec = StoreSpec.parse("s3://b/rb", {"transport": "obstore", "profile": "zs"}, read_only=True)
+    store = spec.open().store
+    assert store.config["region"] == "eu-west-1"
+    credential = store.credential_provider()
+    assert (credential["access_key_id"], credential["secret_access_key"]) == ("testing", "testing")
+    assert credential["expires_at"] is None  # a file's key does not expire
+    given = StoreSpec.parse("s3://b/rb", {"transport": "obstore", "profile": "zs",
+                                          "region": "ap-south-1"}, read_only=True)
+    assert given.open().store.config["region"] == "ap-south-1"  # the option wins
+    with pytest.raises(ValueError, match="nosuch.*name a profile"):
+        StoreSpec.parse("s3://b/rb", {"transport": "obstore", "profile": "nosuch"}).open()
+
+
+@pytest.mark.s3
+@needs_obstore
+def test_obstore_reads_with_the_credentials_s3fs_finds(aws_files, s3_options, s3_bucket,
+                                                        monkeypatch):
+    """A buffer readable through s3fs with a profile (``profile=`` or ``$AWS_PROFILE``) reads
+    the same rows through obstore, which on its own looks for neither."""
+    url = f"s3://{s3_bucket}/profile-{uuid.uuid4().hex[:6]}"
+    data = _rows(1200, seed=3)
+    _write(url, s3_options, data, capacity=2000)
+    endpoint = {"endpoint_url": s3_options["endpoint_url"]}
+    choices = [{"profile": "zs"}, {}]
+    monkeypatch.setenv("AWS_PROFILE", "zs")  # the second reads through the variable
+    for transport in ("fsspec", "obstore"):
+        for choice in choices:
+            reader = zstore.open(url, {**endpoint, **choice, "transport": transport}, mode="r")
+            assert (reader.get(torch.arange(1200)) == data).all(), (transport, choice)
+
+
+class _CountingHandler(BaseHTTPRequestHandler):
+    """Answers every request 404 and counts it (a stand-in instance metadata service)."""
+
+    seen: list[str] = []
+
+    def _answer(self) -> None:
+        self.seen.append(f"{self.command} {self.path}")
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_PUT = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@needs_obstore
+def test_no_credentials_fail_at_once_without_the_disabled_metadata_service(aws_files,
+                                                                            monkeypatch):
+    """With no credentials anywhere and ``AWS_EC2_METADATA_DISABLED=true``, the obstore
+    transport says so at once, as s3fs does: obstore alone asks the metadata service anyway
+    (ten retries, 4.3 s without one)."""
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _CountingHandler)
+    _CountingHandler.seen = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        metadata = f"http://127.0.0.1:{server.server_address[1]}"
+        monkeypatch.setenv("AWS_METADATA_ENDPOINT", metadata)  # obstore's name for it
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", metadata)  # botocore's
+        url = f"s3://nobucket/{uuid.uuid4().hex[:6]}"
+        with pytest.raises(zstore.NoCredentialsError, match="no credentials to access "
+                           f"{url}.*AWS_ACCESS_KEY_ID"):
+            zstore.open(url, {"transport": "obstore", "endpoint_url": "http://127.0.0.1:9"},
+                        mode="r")
+        assert _CountingHandler.seen == []
+    finally:
+        server.shutdown()
+        server.server_close()
 
 # -- on moto ----------------------------------------------------------------------------------
 def _rows(n: int, seed: int) -> TensorDict:

@@ -32,8 +32,8 @@ from zarr.abc.store import (ByteRequest, OffsetByteRequest, RangeByteRequest, St
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import FsspecStore, LocalStore, ObjectStore
 
-from .errors import (BackendNotInstalledError, NoCredentialsError, NotAZStoreError, ReadOnlyError,
-                     StoreNotFoundError)
+from ._aws_credentials import botocore_chain, no_credentials_error
+from .errors import BackendNotInstalledError, NotAZStoreError, ReadOnlyError, StoreNotFoundError
 
 _INSTALL_HINTS = {
     "s3": "s3fs (pip install 'zstore[s3]')",
@@ -368,11 +368,13 @@ def _obstore_s3(spec: StoreSpec) -> Store:
     """zarr's ObjectStore on an obstore ``S3Store`` configured from s3fs-style options.
 
     Understood: ``key``, ``secret``, ``token`` (or botocore's ``aws_access_key_id``,
-    ``aws_secret_access_key``, ``aws_session_token`` in ``client_kwargs``), ``endpoint_url``
-    (or in ``client_kwargs``), ``region`` / ``client_kwargs["region_name"]``, ``anon``, and
-    of botocore's ``config_kwargs`` the timeouts and ``retries["total_max_attempts"]`` (its
-    checksum settings have no obstore meaning); fsspec's cache options are ignored; any
-    other option is refused (it would be silently lost), as is a missing obstore.
+    ``aws_secret_access_key``, ``aws_session_token`` in ``client_kwargs``), ``profile``,
+    ``endpoint_url`` (or in ``client_kwargs``), ``region`` / ``client_kwargs["region_name"]``,
+    ``anon``, and of botocore's ``config_kwargs`` the timeouts and ``retries``'
+    ``total_max_attempts`` or ``max_attempts`` (its checksum settings have no obstore meaning);
+    fsspec's cache options are ignored; any other option is refused (it would be silently
+    lost), as is a missing obstore. Without a key or ``anon``, credentials (and a region not
+    given) come from botocore's chain, as s3fs's do (:mod:`zstore._aws_credentials`).
     """
     try:
         from obstore.store import S3Store
@@ -394,13 +396,16 @@ def _obstore_s3(spec: StoreSpec) -> Store:
             config[field] = value
     if options.pop("anon", False):
         config["skip_signature"] = True
+    profile = options.pop("profile", None)
     botocore = dict(options.pop("config_kwargs", None) or {})
     http: dict[str, Any] = {"allow_http": bool(endpoint and endpoint.startswith("http://"))}
     for name in ("connect_timeout", "read_timeout"):
         if name in botocore:
             http[name] = f"{botocore.pop(name)}s"
     retries = dict(botocore.pop("retries", None) or {})
-    attempts = retries.pop("total_max_attempts", None) or retries.pop("max_attempts", None)
+    # botocore: total_max_attempts counts the first request and wins; max_attempts counts retries
+    total, extra = retries.pop("total_max_attempts", None), retries.pop("max_attempts", None)
+    max_retries = int(total) - 1 if total is not None else None if extra is None else int(extra)
     retries.pop("mode", None)
     for name in ("response_checksum_validation", "request_checksum_calculation"):
         botocore.pop(name, None)
@@ -413,13 +418,14 @@ def _obstore_s3(spec: StoreSpec) -> Store:
     if endpoint:
         config["endpoint"] = endpoint
         config["virtual_hosted_style_request"] = False  # a custom endpoint: path-style, as s3fs
-        region = region or "us-east-1"
     if region:
         config["region"] = region
     bucket, _, prefix = spec.url.split("://", 1)[1].partition("/")
-    retry = None if attempts is None else {"max_retries": int(attempts) - 1}
-    return _ObjectStoreS3(_s3_client(S3Store, bucket, prefix or None, config, http, retry),
-                          read_only=spec.read_only, spec=spec)
+    retry = None if max_retries is None else {"max_retries": max_retries}
+    chain = None if "access_key_id" in config or "skip_signature" in config else (profile,)
+    client = _s3_client(S3Store, bucket, prefix or None, config, http, retry, chain=chain,
+                        where=spec.redacted())
+    return _ObjectStoreS3(client, read_only=spec.read_only, spec=spec)
 
 
 #: Clients this process built, by everything that configures them (see :func:`_s3_client`).
@@ -456,25 +462,36 @@ def _warn_forked_obstore(spec: "StoreSpec") -> None:
 
 
 def _s3_client(factory: Callable[..., Any], bucket: str, prefix: str | None,
-               config: dict[str, Any], http: dict[str, Any], retry: dict[str, Any] | None) -> Any:
+               config: dict[str, Any], http: dict[str, Any], retry: dict[str, Any] | None, *,
+               chain: tuple[str | None] | None, where: str) -> Any:
     """obstore's ``S3Store`` for these settings, built once per process and reused.
 
     Building one took 3.4 ms (its HTTP client), as much as the rest of a ``zstore.open``,
     and a new one opens new connections. The key holds every argument and the
-    ``AWS_*`` variables obstore reads besides, so a changed credential builds a new client;
-    the process id keeps a forked child from its parent's clients (and see
-    :func:`obstore_runtime_inherited`).
+    ``AWS_*`` variables obstore and botocore read besides, so a changed credential builds a
+    new client; the process id keeps a forked child from its parent's clients (and see
+    :func:`obstore_runtime_inherited`). ``chain`` (the profile, in a tuple) asks botocore
+    for the credentials and for a region ``config`` lacks
+    (:func:`~zstore._aws_credentials.botocore_chain`, for the store at ``where``); a
+    custom endpoint's region is otherwise ``us-east-1``, as s3fs's.
     """
     global _OBSTORE_PROCESS
     environment = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))
-    key = json.dumps([os.getpid(), bucket, prefix, config, http, retry, environment],
+    key = json.dumps([os.getpid(), bucket, prefix, config, http, retry, chain, environment],
                      sort_keys=True, default=str)
     with _S3_CLIENTS_LOCK:
         client = _S3_CLIENTS.pop(key, None)
         if client is None:
+            config, provider = dict(config), None
+            if chain is not None:
+                provider, region = botocore_chain(chain[0], where)
+                if region and "region" not in config:
+                    config["region"] = region
+            if "endpoint" in config:
+                config.setdefault("region", "us-east-1")
             _OBSTORE_PROCESS = os.getpid()
             client = factory(bucket, prefix=prefix, config=config, client_options=http,
-                             retry_config=retry)
+                             retry_config=retry, credential_provider=provider)
         _S3_CLIENTS[key] = client
         while len(_S3_CLIENTS) > S3_CLIENTS_KEPT:
             _S3_CLIENTS.popitem(last=False)
@@ -495,10 +512,8 @@ def _obstore_error(exc: Exception, where: str) -> Exception:
         return exc
     first = str(exc).strip().split("\n", 1)[0]
     if any(path in first for path in _METADATA_PATHS):
-        return NoCredentialsError(
-            f"no credentials to access {where}: pass storage_options key= and secret= (or "
-            "anon=True for a public bucket), or set AWS_ACCESS_KEY_ID and "
-            f"AWS_SECRET_ACCESS_KEY; the instance metadata service did not give any ({first})")
+        return no_credentials_error(
+            where, f"the instance metadata service did not give any: {first}")
     if type(exc).__name__ in ("PermissionDeniedError", "UnauthenticatedError") \
             or "403 Forbidden" in first:
         return PermissionError(f"{where}: {first}")
