@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: install demo test campaign bench clean
+.PHONY: install demo test test-obstore campaign bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ XDIST = -n $(TEST_WORKERS) --dist loadgroup
 
 test: install
 	$(PY) -m pytest $(XDIST)
+
+# The S3 tests again, through the obstore transport (the `s3fast` extra; .ci/run runs this).
+test-obstore: install
+	ZSTORE_S3_CLIENT=obstore $(PY) -m pytest $(XDIST) -m "s3 and not campaign"
 
 # The long campaigns left out of `make test`: every crash point (S3 included), the slow S3 and
 # Ray-on-S3 variants of tests that `make test` runs locally, then long fuzz / property runs.

@@ -107,6 +107,27 @@ class Location:
         return f"Location({self.kind})"
 
 
+@pytest.fixture
+def s3fs_transport(monkeypatch):
+    """Pin the S3 transport to s3fs, whatever ``ZSTORE_S3_CLIENT`` says, for a test about s3fs
+    itself: its request counts, its wording, a fault injected into it, its own options."""
+    monkeypatch.setenv("ZSTORE_S3_CLIENT", "fsspec")
+
+
+#: The fixtures that talk to an S3 server on loopback.
+_S3_FIXTURES = frozenset({"s3_server", "s3_options", "s3_bucket", "rclone_s3"})
+
+
+def pytest_collection_modifyitems(items):
+    """Mark ``s3`` every test that talks to an S3 server (``make test-obstore`` reruns them
+    through the obstore transport): those using an S3 fixture or an S3 ``location``."""
+    for item in items:
+        location = getattr(getattr(item, "callspec", None), "params", {}).get("location")
+        if _S3_FIXTURES & set(getattr(item, "fixturenames", ())) or \
+                str(location).startswith("s3"):
+            item.add_marker(pytest.mark.s3)
+
+
 #: Where every storage test runs; tests marked ``all_s3_servers`` also run on rclone's S3.
 LOCATIONS = ["memory", "local", "s3"]
 

@@ -261,6 +261,7 @@ def _closed_port() -> int:
 
 
 @pytest.mark.s3
+@pytest.mark.usefixtures("s3fs_transport")  # about s3fs's own wording
 @pytest.mark.parametrize("command", ["info", "ls"])
 def test_an_unreachable_endpoint_is_named(capsys, command):
     endpoint = f"http://127.0.0.1:{_closed_port()}"
@@ -290,6 +291,7 @@ def _denying_bucket(s3_options: dict) -> str:
 
 
 @pytest.mark.s3
+@pytest.mark.usefixtures("s3fs_transport")  # about s3fs's own wording
 def test_a_refused_request_names_the_url(capsys, s3_options):
     """A 403, as S3 answers wrong credentials (moto takes any key, so its bucket policy refuses)."""
     bucket = _denying_bucket(s3_options)

@@ -201,6 +201,7 @@ def test_opening_over_http_is_one_request(http_root):
 
 
 @pytest.mark.s3
+@pytest.mark.usefixtures("s3fs_transport")  # counts s3fs's requests
 def test_opening_on_s3_is_one_request(s3_bucket, s3_options, monkeypatch):
     import s3fs
 

@@ -96,6 +96,7 @@ def http_server(tmp_path):
 
 
 @pytest.mark.s3
+@pytest.mark.usefixtures("s3fs_transport")  # publishes with s3fs's s3_additional_kwargs
 def test_s3_and_http_datasets_read_by_another_process(s3_options, http_server):
     import s3fs
 

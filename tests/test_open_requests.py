@@ -22,6 +22,8 @@ import zstore
 from zstore import StoreSpec
 
 REMOTE = pytest.mark.parametrize("location", ["s3", "s3-rclone"], indirect=True)
+#: Every test here counts s3fs's requests.
+pytestmark = pytest.mark.usefixtures("s3fs_transport")
 
 
 def _rows(n: int, offset: int = 0) -> TensorDict:

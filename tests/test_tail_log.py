@@ -226,6 +226,7 @@ def test_remote_buffers_log_by_default_and_local_ones_do_not(location):
     storage.close()
 
 
+@pytest.mark.usefixtures("s3fs_transport")  # the fault is injected into s3fs
 def test_a_failed_segment_upload_loses_no_row(location, monkeypatch):
     """A segment upload that keeps failing fails the commit; the rows are logged again later."""
     if location.kind == "local":
