@@ -273,8 +273,8 @@ def test_an_unreachable_endpoint_is_named(capsys, command):
               "check the endpoint (-o endpoint_url=URL)")
 
 
-def _denying_bucket(s3_options: dict) -> str:
-    """A new bucket holding ``rb/zarr.json`` whose policy refuses every GetObject."""
+def _denying_bucket(s3_options: dict, action: str = "s3:GetObject", objects: str = "*") -> str:
+    """A new bucket holding ``rb/zarr.json`` whose policy refuses ``action`` on ``objects``."""
     import boto3
     import s3fs
 
@@ -285,8 +285,8 @@ def _denying_bucket(s3_options: dict) -> str:
     client = boto3.client("s3", endpoint_url=s3_options["endpoint_url"], region_name="us-east-1",
                           aws_access_key_id="testing", aws_secret_access_key="testing")
     client.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Statement": [{
-        "Effect": "Deny", "Principal": "*", "Action": "s3:GetObject",
-        "Resource": f"arn:aws:s3:::{bucket}/*"}]}))
+        "Effect": "Deny", "Principal": "*", "Action": action,
+        "Resource": f"arn:aws:s3:::{bucket}/{objects}"}]}))
     return bucket
 
 
@@ -308,7 +308,8 @@ def test_obstore_errors_are_one_line_naming_the_store_and_the_fix(capsys, no_cre
     """The obstore transport's failures read as s3fs's do: a missing credential, an
     unreachable server and a refusal each give the CLI's one line with the store and the fix,
     not obstore's message and its multi-line Rust debug dump."""
-    # obstore's last resort for credentials, the instance metadata service, on a closed port
+    # the instance metadata service, were it asked, on a closed port (botocore's chain,
+    # which the obstore transport follows, skips it: AWS_EC2_METADATA_DISABLED)
     monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
     url = f"s3://{s3_bucket}/cli/none"
     err = _run(capsys, "info", url, "-o", f"endpoint_url={no_credentials}", "-o", "transport=obstore",
@@ -369,3 +370,20 @@ def test_public_names_are_imported_on_first_use():
     assert open is zstore.api.open
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         zstore.nothing_here
+
+
+@pytest.mark.s3
+@needs_obstore
+def test_a_refused_creation_through_obstore_names_the_store_once(s3_options):
+    """A bucket that refuses the new buffer's ``zarr.json`` objects (but not its lease): the
+    error says the creation failed, where, and why, naming the store once."""
+    bucket = _denying_bucket(s3_options, "s3:PutObject", "new/*zarr.json")
+    url = f"s3://{bucket}/new"
+    storage = zstore.LazyMemmapStorage(8, scratch_dir=url,
+                                       storage_options={**s3_options, "transport": "obstore"})
+    with pytest.raises(PermissionError) as caught:
+        storage.set(torch.arange(2), TensorDict(obs=torch.zeros(2, 3), batch_size=[2]))
+    message = str(caught.value)
+    assert message.startswith(f"cannot create a buffer at {url} "), message
+    assert message.count(url) == 1 and "403 Forbidden" in message, message
+

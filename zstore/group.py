@@ -107,13 +107,15 @@ def open_group(spec: StoreSpec) -> tuple[zarr.Group, StoreMeta]:
     return group, read_meta(group, spec.redacted())
 
 
-def _io_error(what: str, exc: Exception) -> OSError:
-    """An ``OSError`` (of ``exc``'s type when it is one) saying ``what`` failed and why."""
+def _io_error(what: str, exc: Exception, where: str) -> OSError:
+    """An ``OSError`` (of ``exc``'s type when it is one) saying ``what`` failed at ``where``
+    (the store, named once: an error that starts with it loses that start) and why."""
     kind = type(exc) if isinstance(exc, OSError) else OSError
+    why = str(exc).removeprefix(f"{where}: ")
     try:
-        return kind(f"{what}: {type(exc).__name__}: {exc}")
+        return kind(f"{what} {where}: {type(exc).__name__}: {why}")
     except TypeError:  # an OSError subclass with another signature
-        return OSError(f"{what}: {type(exc).__name__}: {exc}")
+        return OSError(f"{what} {where}: {type(exc).__name__}: {why}")
 
 
 def _not_found(spec: StoreSpec) -> StoreNotFoundError:
@@ -143,7 +145,7 @@ def open_zarr_group(spec: StoreSpec) -> zarr.Group:
     except Exception as exc:  # the network after the client's retries: name the store
         if isinstance(exc, (ZStoreError, OSError)) and spec.redacted() in str(exc):
             raise  # it names the store already (and a zstore error the fix)
-        raise _io_error(f"cannot read {spec.redacted()}", exc) from exc
+        raise _io_error("cannot read", exc, spec.redacted()) from exc
     if group.attrs.get(_INCOMPLETE_ATTR):
         raise NotAZStoreError(f"{spec.redacted()} holds a buffer whose creation never finished")
     return group
@@ -195,7 +197,7 @@ def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None,
     except ZStoreError:
         raise
     except Exception as exc:  # the network after the client's retries: name the store
-        raise _io_error(f"cannot create a buffer at {spec.redacted()}", exc) from exc
+        raise _io_error("cannot create a buffer at", exc, spec.redacted()) from exc
     commit(group, meta, lease, spec.redacted())
     return group
 
