@@ -102,10 +102,12 @@ def _checksum_stripper(where: Callable[[], str]) -> Callable[[bytes], bytes]:
     def strip(payload: bytes) -> bytes:
         if len(payload) < 4:
             raise CorruptChunkError(f"{where()}: {len(payload)} bytes cannot hold a crc32c checksum")
-        body, stored = payload[:-4], int.from_bytes(bytes(payload[-4:]), "little")
-        if google_crc32c.value(bytes(body)) != stored:
+        # google_crc32c takes bytes or an array, not a memoryview: an array view of the
+        # payload is checked where it lies (``bytes(...)`` copied every chunk read first)
+        data = np.frombuffer(payload, dtype=np.uint8)
+        if google_crc32c.value(data[:-4]) != int.from_bytes(data[-4:].tobytes(), "little"):
             raise CorruptChunkError(f"{where()}: crc32c checksum mismatch (corrupt chunk)")
-        return body
+        return payload[:-4]
     return strip
 
 
