@@ -8,6 +8,7 @@ must read back through the other.
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -207,6 +208,31 @@ def test_obstore_takes_a_profile_s_credentials_and_region(aws_files):
     assert given.open().store.config["region"] == "ap-south-1"  # the option wins
     with pytest.raises(ValueError, match="nosuch.*name a profile"):
         StoreSpec.parse("s3://b/rb", {"transport": "obstore", "profile": "nosuch"}).open()
+
+
+@needs_obstore
+def test_refreshed_credentials_expire_and_pickle_as_their_profile(aws_files, monkeypatch):
+    """A ``credential_process`` profile gives temporary credentials: obstore is told when to
+    ask again, and the provider pickles (botocore's refreshing credentials hold a lock) as
+    its profile, resolved again where it is unpickled."""
+    script = aws_files / "issue.py"
+    script.write_text("import json\nprint(json.dumps({'Version': 1, 'AccessKeyId': 'temp', "
+                      "'SecretAccessKey': 's', 'SessionToken': 'tok', "
+                      "'Expiration': '2099-01-01T00:00:00Z'}))\n")
+    (aws_files / "config").write_text(f"[profile proc]\ncredential_process = {sys.executable} "
+                                      f"{script}\n")
+    store = StoreSpec.parse("s3://b/rb", {"transport": "obstore", "profile": "proc",
+                                          "endpoint_url": "http://127.0.0.1:9"}).open().store
+    provider = store.credential_provider
+    first = provider()
+    assert (first["access_key_id"], first["token"]) == ("temp", "tok")
+    assert first["expires_at"] is not None  # refreshed: obstore asks again
+    again = pickle.loads(pickle.dumps(provider))()
+    assert (again["access_key_id"], again["token"]) == ("temp", "tok")
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)  # unpickled where there are none
+    lost = pickle.loads(pickle.dumps(provider))
+    with pytest.raises(zstore.NoCredentialsError, match="no credentials to access s3://b/rb"):
+        lost()
 
 
 @pytest.mark.s3

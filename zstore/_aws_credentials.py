@@ -31,20 +31,42 @@ def no_credentials_error(where: str, detail: str = "") -> NoCredentialsError:
 
 
 class BotocoreCredentials:
-    """An obstore ``credential_provider`` handing out botocore's credentials."""
+    """An obstore ``credential_provider`` handing out botocore's credentials.
 
-    def __init__(self, credentials: Any):
-        self._credentials = credentials
+    It pickles as its profile: where it is unpickled (another process or machine), botocore's
+    chain is asked again, as s3fs asks it there.
+    """
+
+    def __init__(self, credentials: Any, profile: str | None, where: str):
+        self._credentials, self._profile, self._where = credentials, profile, where
+
+    def __reduce__(self) -> tuple[Any, tuple[str | None, str]]:
+        return _resolved, (self._profile, self._where)
 
     def __call__(self) -> dict[str, Any]:
         """The current credentials, as obstore's ``S3Credential``."""
         from botocore.credentials import RefreshableCredentials
 
+        if self._credentials is None:  # unpickled where botocore finds none
+            raise no_credentials_error(self._where, "botocore found none in this process"
+                                       + (f" for profile {self._profile!r}" if self._profile else ""))
         frozen = self._credentials.get_frozen_credentials()
         refreshed = isinstance(self._credentials, RefreshableCredentials)
         return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key,
                 "token": frozen.token,
                 "expires_at": datetime.now(timezone.utc) + REFRESH_EVERY if refreshed else None}
+
+
+def _resolved(profile: str | None, where: str) -> BotocoreCredentials:
+    """:class:`BotocoreCredentials` of ``profile``, found again here (unpickling)."""
+    import botocore.exceptions
+    import botocore.session
+
+    try:
+        credentials = botocore.session.Session(profile=profile).get_credentials()
+    except botocore.exceptions.ProfileNotFound:  # said at the first request, not in unpickling
+        credentials = None
+    return BotocoreCredentials(credentials, profile, where)
 
 
 def botocore_chain(profile: str | None, where: str) -> tuple[BotocoreCredentials | None, str | None]:
@@ -69,4 +91,4 @@ def botocore_chain(profile: str | None, where: str) -> tuple[BotocoreCredentials
     if credentials is None:
         raise no_credentials_error(where, "botocore found none: not in the environment, the "
                                           "AWS config and credentials files, nor from the machine")
-    return BotocoreCredentials(credentials), region
+    return BotocoreCredentials(credentials, profile, where), region
