@@ -48,8 +48,8 @@ class BotocoreCredentials:
         from botocore.credentials import RefreshableCredentials
 
         if self._credentials is None:  # unpickled where botocore finds none
-            raise no_credentials_error(self._where, "botocore found none in this process"
-                                       + (f" for profile {self._profile!r}" if self._profile else ""))
+            profile = f" for profile {self._profile!r}" if self._profile else ""
+            raise no_credentials_error(self._where, f"botocore found none in this process{profile}")
         frozen = self._credentials.get_frozen_credentials()
         refreshed = isinstance(self._credentials, RefreshableCredentials)
         return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key,
@@ -69,7 +69,8 @@ def _resolved(profile: str | None, where: str) -> BotocoreCredentials:
     return BotocoreCredentials(credentials, profile, where)
 
 
-def botocore_chain(profile: str | None, where: str) -> tuple[BotocoreCredentials | None, str | None]:
+def botocore_chain(profile: str | None,
+                   where: str) -> tuple[BotocoreCredentials | None, str | None]:
     """(credential provider, the profile's region) from botocore for the store at ``where``.
 
     ``(None, None)`` without botocore (obstore then searches on its own); raises
