@@ -120,11 +120,12 @@ _S3_FIXTURES = frozenset({"s3_server", "s3_options", "s3_bucket", "rclone_s3"})
 
 def pytest_collection_modifyitems(items):
     """Mark ``s3`` every test that talks to an S3 server (``make test-obstore`` reruns them
-    through the obstore transport): those using an S3 fixture or an S3 ``location``."""
+    through the obstore transport): those using an S3 fixture, and those parametrised with
+    an S3 place (``location="s3"``, ``kind="s3"``, ``"s3-rclone"``)."""
     for item in items:
-        location = getattr(getattr(item, "callspec", None), "params", {}).get("location")
+        params = getattr(getattr(item, "callspec", None), "params", {})
         if _S3_FIXTURES & set(getattr(item, "fixturenames", ())) or \
-                str(location).startswith("s3"):
+                any(isinstance(value, str) and value.startswith("s3") for value in params.values()):
             item.add_marker(pytest.mark.s3)
 
 
