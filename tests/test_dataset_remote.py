@@ -3,6 +3,7 @@ sampled by a second process, which cannot write to them."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -32,7 +33,7 @@ for request in json.loads(sys.argv[1]):
         refused = str(exc)
     fs, root = zstore.StoreSpec.parse(request["url"], request["options"]).filesystem()
     try:  # straight to the store, past zstore
-        fs.pipe_file(root + "/intruder", b"x")
+        fs.pipe_file(f"{root}/intruder-{len(answers)}", b"x")
         store_refused = False
     except Exception:  # noqa: BLE001 - S3 says PermissionError, HTTP servers say 4xx/5xx
         store_refused = True
@@ -96,20 +97,25 @@ def http_server(tmp_path):
 
 
 @pytest.mark.s3
-@pytest.mark.usefixtures("s3fs_transport")  # publishes with s3fs's s3_additional_kwargs
 def test_s3_and_http_datasets_read_by_another_process(s3_options, http_server):
     import s3fs
 
     bucket = f"zstore-public-{os.getpid()}"
     s3fs.S3FileSystem(**s3_options, skip_instance_cache=True).mkdir(bucket)
     s3_url = f"s3://{bucket}/published"
-    _publish(s3_url, {**s3_options, "s3_additional_kwargs": {"ACL": "public-read"}})
+    # published through s3fs, whose s3_additional_kwargs set the objects' ACL
+    _publish(s3_url, {**s3_options, "transport": "fsspec",
+                      "s3_additional_kwargs": {"ACL": "public-read"}})
     root, base = http_server
     _publish(str(root / "published"), {})
-    # the S3 reader has no credentials (anonymous, unsigned requests); HTTP is read-only
-    s3_reader = {"endpoint_url": s3_options["endpoint_url"], "anon": True}
-    s3_answer, http_answer = _read_in_another_process([
-        {"url": s3_url, "options": s3_reader}, {"url": f"{base}/published", "options": {}}])
+    # the S3 readers have no credentials (anonymous, unsigned requests), through each
+    # transport installed; HTTP is read-only
+    transports = ["fsspec"] + (["obstore"] if importlib.util.find_spec("obstore") else [])
+    answers = _read_in_another_process(
+        [{"url": s3_url, "options": {"endpoint_url": s3_options["endpoint_url"], "anon": True,
+                                     "transport": transport}} for transport in transports]
+        + [{"url": f"{base}/published", "options": {}}])
     # moto does not refuse anonymous writes as S3 would: only zstore's refusal is checked there
-    _check(s3_answer, s3_url, s3_options, store_refuses=False)
-    _check(http_answer, f"{base}/published", {}, store_refuses=True)
+    for s3_answer in answers[:-1]:
+        _check(s3_answer, s3_url, s3_options, store_refuses=False)
+    _check(answers[-1], f"{base}/published", {}, store_refuses=True)
