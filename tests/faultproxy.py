@@ -20,11 +20,14 @@ matches); the rule's fault then replaces or damages the exchange:
                           middlebox: only a checksum or size check catches it)
 ========================  ===================================================
 
-Every injected fault is counted in :attr:`FaultProxy.injected`.
+Every injected fault is counted in :attr:`FaultProxy.injected`, and every request logged
+in :attr:`FaultProxy.log`: :func:`logged` gives a test its storage options through a
+proxy and the requests seen (:class:`Requests`), whatever client sent them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import re
@@ -33,6 +36,7 @@ import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 FAULTS = ("slowdown", "error500", "reset", "reset_after", "latency", "truncate", "truncate_lying")
@@ -77,6 +81,8 @@ class FaultProxy:
         self.rules: list[Rule] = []
         self.injected: Counter = Counter()
         self.requests: Counter = Counter()
+        #: (method, path without the query) of every request, in arrival order
+        self.log: list[tuple[str, str]] = []
         self.lock = threading.Lock()
         proxy = self
 
@@ -101,6 +107,7 @@ class FaultProxy:
     def _pick(self, method: str, path: str) -> Rule | None:
         with self.lock:
             self.requests[method] += 1
+            self.log.append((method, path.split("?", 1)[0]))
             for rule in self.rules:
                 if rule.take(method, path):
                     self.injected[rule.fault] += 1
@@ -182,3 +189,31 @@ class _Handler(BaseHTTPRequestHandler):
             self._reset()
 
     do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle
+
+
+class Requests:
+    """Storage options through a proxy in front of the location's server, and what it saw:
+    every request of every transport (s3fs, obstore), not one client's calls."""
+
+    def __init__(self, proxy: FaultProxy, options: dict, bucket: str):
+        self.proxy, self.options, self._bucket = proxy, options, bucket
+
+    def clear(self) -> None:
+        """Forget the requests so far."""
+        self.proxy.log.clear()
+
+    def seen(self) -> list[tuple[str, str]]:
+        """(method, object key) of each request since :meth:`clear`."""
+        prefix = f"/{self._bucket}/"
+        return [(method, path.removeprefix(prefix)) for method, path in list(self.proxy.log)]
+
+    def gets(self) -> list[str]:
+        """The object key of each GET since :meth:`clear`."""
+        return [key for method, key in self.seen() if method == "GET"]
+
+
+@contextlib.contextmanager
+def logged(options: dict, bucket: str) -> Iterator[Requests]:
+    """:class:`Requests` of a proxy in front of ``options``' endpoint, for ``bucket``."""
+    with FaultProxy(options["endpoint_url"]) as proxy:
+        yield Requests(proxy, {**options, "endpoint_url": proxy.url}, bucket)

@@ -5,25 +5,27 @@ Every commit of a writer of a remote store carries a copy of every other node's
 at its first commit. A read-only ``zstore.open`` then reads that one object; so do
 zarr-python and xarray, without listing the store. A store without the copy (written
 before it) opens from the arrays' own documents, as before.
+
+Requests are counted at a proxy in front of the server (``faultproxy.logged``), so
+what is checked holds for both transports, s3fs and obstore.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 
 import pytest
-import s3fs
 import torch
 import zarr
+from faultproxy import Requests, logged
 from tensordict import TensorDict
 
 import zstore
 from zstore import StoreSpec
 
 REMOTE = pytest.mark.parametrize("location", ["s3", "s3-rclone"], indirect=True)
-#: Every test here counts s3fs's requests.
-pytestmark = pytest.mark.usefixtures("s3fs_transport")
 
 
 def _rows(n: int, offset: int = 0) -> TensorDict:
@@ -33,18 +35,12 @@ def _rows(n: int, offset: int = 0) -> TensorDict:
 
 
 @pytest.fixture
-def gets(monkeypatch) -> list[str]:
-    """The object key of every s3fs GET."""
-    seen: list[str] = []
-    call = s3fs.S3FileSystem._call_s3
-
-    async def recorded(self, method, *args, **kwargs):
-        if getattr(method, "__name__", method) == "get_object":
-            seen.append(kwargs.get("Key", ""))
-        return await call(self, method, *args, **kwargs)
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", recorded)
-    return seen
+def through_proxy():
+    """Makes :class:`Requests` for an S3 location (its proxies stop after the test)."""
+    with contextlib.ExitStack() as stack:
+        def make(location) -> Requests:
+            return stack.enter_context(logged(location.options, location.base.split("/")[2]))
+        yield make
 
 
 def _root(url: str, options: dict) -> dict:
@@ -52,10 +48,10 @@ def _root(url: str, options: dict) -> dict:
     return json.loads(fs.cat_file(f"{path}/zarr.json"))
 
 
-def _read_only(url, location, gets):
-    gets.clear()
-    reader = zstore.open(url, location.options, mode="r")
-    return reader, [key.split("/", 2)[-1] for key in gets]
+def _read_only(url, requests):
+    requests.clear()
+    reader = zstore.open(url, requests.options, mode="r")
+    return reader, requests.seen()
 
 
 def _same_rows(reader, data) -> None:
@@ -64,53 +60,57 @@ def _same_rows(reader, data) -> None:
         assert torch.equal(got[key], value), key
 
 
-def _one_request(url, location, gets, data) -> None:
-    reader, keys = _read_only(url, location, gets)
-    assert keys == [keys[0]] and keys[0].rsplit("/", 1)[-1] == "zarr.json", keys
+def _one_request(url, requests, data) -> None:
+    reader, seen = _read_only(url, requests)
+    assert seen == [("GET", f"{url.split('/', 3)[3]}/zarr.json")], seen
     _same_rows(reader, data)
 
 
 @REMOTE
-def test_a_buffer_opens_with_one_request_while_written_and_closed(location, gets):
+def test_a_buffer_opens_with_one_request_while_written_and_closed(location, through_proxy):
+    requests = through_proxy(location)
     data = _rows(20)
     storage = location.memmap(32, chunks=4, shards=8)
     storage.set(torch.arange(20), data)
     storage.flush()  # being written: its rows sit in a shard and log segments
     assert set(_root(storage.scratch_dir, location.options)["consolidated_metadata"]["metadata"]) \
         == {"obs", "action", "next", "next/reward"}
-    _one_request(storage.scratch_dir, location, gets, data)
+    _one_request(storage.scratch_dir, requests, data)
 
     more = _rows(4, offset=100)
     storage.set(torch.arange(20, 24), more)
     storage.flush()
-    _one_request(storage.scratch_dir, location, gets, torch.cat([data, more]))
+    _one_request(storage.scratch_dir, requests, torch.cat([data, more]))
     storage.close()
-    _one_request(storage.scratch_dir, location, gets, torch.cat([data, more]))
+    _one_request(storage.scratch_dir, requests, torch.cat([data, more]))
 
 
 @REMOTE
-def test_a_writer_fetches_the_copy_once_and_commits_it_every_time(location, gets):
+def test_a_writer_fetches_the_copy_once_and_commits_it_every_time(location, through_proxy):
+    requests = through_proxy(location)
     data = _rows(20)
     storage = location.memmap(32, chunks=4, shards=8)
     storage.set(torch.arange(20), data)
     storage.close()
     url = storage.scratch_dir
 
-    writer = zstore.open(url, location.options)
+    writer = zstore.open(url, requests.options)
     more = _rows(4, offset=100)
     writer.set(torch.arange(20, 21), more[:1])
-    gets.clear()
+    requests.clear()
     writer.flush()
+    gets = requests.gets()
     assert sum(key.endswith("obs/zarr.json") for key in gets) == 1, gets  # fetched once
     for step in (1, 2):
-        gets.clear()
+        requests.clear()
         writer.set(torch.arange(20 + step, 21 + step), more[step:step + 1])
         writer.flush()
+        gets = requests.gets()
         assert not any(key.endswith("obs/zarr.json") for key in gets), gets
         assert "consolidated_metadata" in _root(url, location.options)
-        _one_request(url, location, gets, torch.cat([data, more[:step + 1]]))
+        _one_request(url, requests, torch.cat([data, more[:step + 1]]))
     writer.close()
-    _one_request(url, location, gets, torch.cat([data, more[:3]]))
+    _one_request(url, requests, torch.cat([data, more[:3]]))
 
 
 @REMOTE
@@ -171,19 +171,21 @@ def test_a_failed_closing_copy_still_closes(s3_bucket, s3_options, monkeypatch):
     _same_rows(zstore.open(storage.scratch_dir, location.options, mode="r"), data)
 
 
-def test_close_publishes_the_copy_its_commits_lacked(s3_bucket, s3_options, monkeypatch, gets):
+def test_close_publishes_the_copy_its_commits_lacked(s3_bucket, s3_options, monkeypatch,
+                                                    through_proxy):
     from conftest import Location
 
     import zstore.storages.memmap as memmap
 
     location = Location("s3", f"s3://{s3_bucket}/late-copy", s3_options)
+    requests = through_proxy(location)
     data = _rows(8)
     storage = location.memmap(16, chunks=4)
     storage.set(torch.arange(8), data)
-    with monkeypatch.context() as patched:  # (the gets fixture's patch stays)
+    with monkeypatch.context() as patched:
         patched.setattr(memmap, "nodes_metadata", lambda group, meta: None)
         storage.flush()
-    reader, keys = _read_only(storage.scratch_dir, location, gets)
-    assert any(key.endswith("obs/zarr.json") for key in keys), keys  # no copy: two round trips
+    reader, seen = _read_only(storage.scratch_dir, requests)
+    assert any(key.endswith("obs/zarr.json") for _, key in seen), seen  # no copy: two round trips
     storage.close()
-    _one_request(storage.scratch_dir, location, gets, data)
+    _one_request(storage.scratch_dir, requests, data)
