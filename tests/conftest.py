@@ -110,7 +110,7 @@ class Location:
 @pytest.fixture
 def s3fs_transport(monkeypatch):
     """Pin the S3 transport to s3fs, whatever ``ZSTORE_S3_CLIENT`` says, for a test about s3fs
-    itself: its request counts, its wording, a fault injected into it, its own options."""
+    itself: its wording, a fault injected into it."""
     monkeypatch.setenv("ZSTORE_S3_CLIENT", "fsspec")
 
 

@@ -7,7 +7,7 @@ shared credentials and config files (``~/.aws``) and their profiles (``profile=`
 ``$AWS_PROFILE``), SSO, assumed roles and ``credential_process``, and honours that variable.
 A store that names no key of its own therefore gets its credentials from botocore here, so
 that a bucket s3fs can read, obstore can read too, and a machine with no credentials says so
-at once.
+as s3fs does (at once where the metadata service is disabled, else after botocore's one try).
 """
 
 from __future__ import annotations
