@@ -373,26 +373,48 @@ def committed_lengths() -> list[int]:
     return out
 
 
-def concurrent_writer(url: str, options: dict, layout: dict, done_path: str) -> None:
-    """Append rows whose code is their position + 1 (never wrapping); flush after most extends."""
-    storage = zstore.LazyMemmapStorage(sum(CONCURRENT_EXTENDS), scratch_dir=url,
-                                       storage_options=options, autocommit_seconds=1e9,
-                                       auto_cleanup=False, **layout)
-    start = 0
-    for j, n in enumerate(CONCURRENT_EXTENDS):
-        storage.set(torch.arange(start, start + n), coded(torch.arange(start, start + n) + 1))
-        start += n
-        if j % 4 != 3:
-            storage.flush()
-    storage.close()
-    with open(done_path, "w") as handle:
-        handle.write("done")
+#: Commits after which the concurrent writer waits until a reader has seen them: the readers
+#: then see at least that many lengths however slowly they start (the rest run free).
+LOCKSTEP_COMMITS = 3
+#: How long the writer waits for a reader to see a commit before it gives up (seconds).
+LOCKSTEP_TIMEOUT = 240.0
 
 
-def concurrent_reader(url: str, options: dict, done_path: str, out_path: str, rounds: int) -> None:
+def concurrent_writer(url: str, options: dict, layout: dict, done_path: str, seen: Any,
+                      changed: Any) -> None:
+    """Append rows whose code is their position + 1 (never wrapping); flush after most extends.
+
+    After each of the first :data:`LOCKSTEP_COMMITS` commits it waits on ``changed`` (a
+    condition) until ``seen`` (the longest length a reader has read) reaches it.
+    """
+    try:
+        storage = zstore.LazyMemmapStorage(sum(CONCURRENT_EXTENDS), scratch_dir=url,
+                                           storage_options=options, autocommit_seconds=1e9,
+                                           auto_cleanup=False, **layout)
+        start, commits = 0, 0
+        for j, n in enumerate(CONCURRENT_EXTENDS):
+            storage.set(torch.arange(start, start + n), coded(torch.arange(start, start + n) + 1))
+            start += n
+            if j % 4 != 3:
+                storage.flush()
+                commits += 1
+                if commits <= LOCKSTEP_COMMITS:
+                    with changed:
+                        if not changed.wait_for(lambda: seen.value >= start, LOCKSTEP_TIMEOUT):
+                            raise TimeoutError(
+                                f"no reader saw length {start} in {LOCKSTEP_TIMEOUT} s")
+        storage.close()
+    finally:  # the readers stop once this exists, the writer failed or not
+        with open(done_path, "w") as handle:
+            handle.write("done")
+
+
+def concurrent_reader(url: str, options: dict, done_path: str, out_path: str, rounds: int,
+                      seen_max: Any, changed: Any) -> None:
     """Reopen and read everything committed until the writer is done (at least ``rounds`` times).
 
-    Writes ``{"rounds": .., "lengths": [..]}`` or ``{"error": ..}`` to ``out_path``.
+    Writes ``{"rounds": .., "lengths": [..]}`` or ``{"error": ..}`` to ``out_path``; raises
+    ``seen_max`` to each length it read whole, and tells ``changed``.
     """
     allowed = set(committed_lengths())
     seen: list[int] = []
@@ -412,6 +434,10 @@ def concurrent_reader(url: str, options: dict, done_path: str, out_path: str, ro
                     assert not len(bad), f"row {int(bad[0])} of {column} holds {int(codes[bad[0]])}"
             reader.close()
             seen.append(n)
+            with changed:
+                if n > seen_max.value:
+                    seen_max.value = n
+                    changed.notify_all()
         result = {"rounds": len(seen), "lengths": sorted(set(seen))}
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         result = {"error": f"{type(exc).__name__}: {exc}", "rounds": len(seen)}
@@ -425,17 +451,19 @@ def readers_during_writes(url: str, options: dict, layout: dict, workdir: str,
     ctx = _context()
     done = os.path.join(workdir, "writer-done")
     outs = [os.path.join(workdir, f"reader-{i}.json") for i in range(n_readers)]
-    readers = [ctx.Process(target=concurrent_reader, args=(url, options, done, out, rounds))
-               for out in outs]
-    writer_process = ctx.Process(target=concurrent_writer, args=(url, options, layout, done))
+    seen, changed = ctx.Value("q", 0, lock=False), ctx.Condition()
+    readers = [ctx.Process(target=concurrent_reader,
+                           args=(url, options, done, out, rounds, seen, changed)) for out in outs]
+    writer_process = ctx.Process(target=concurrent_writer,
+                                 args=(url, options, layout, done, seen, changed))
     for process in (*readers, writer_process):
         process.start()
     for process in (writer_process, *readers):
         process.join()
-    if writer_process.exitcode != 0:
-        raise RuntimeError(f"writer exited with {writer_process.exitcode}")
     results = []
     for out in outs:
         with open(out) as handle:
             results.append(json.load(handle))
+    if writer_process.exitcode != 0:
+        raise RuntimeError(f"writer exited with {writer_process.exitcode}; the readers: {results}")
     return results
