@@ -422,8 +422,7 @@ def _obstore_s3(spec: StoreSpec) -> Store:
         config["region"] = region
     bucket, _, prefix = spec.url.split("://", 1)[1].partition("/")
     retry = None if max_retries is None else {"max_retries": max_retries}
-    chain = None if "access_key_id" in config or "skip_signature" in config else (profile,)
-    client = _s3_client(S3Store, bucket, prefix or None, config, http, retry, chain=chain,
+    client = _s3_client(S3Store, bucket, prefix or None, config, http, retry, profile=profile,
                         where=spec.redacted())
     return _ObjectStoreS3(client, read_only=spec.read_only, spec=spec)
 
@@ -463,28 +462,28 @@ def _warn_forked_obstore(spec: "StoreSpec") -> None:
 
 def _s3_client(factory: Callable[..., Any], bucket: str, prefix: str | None,
                config: dict[str, Any], http: dict[str, Any], retry: dict[str, Any] | None, *,
-               chain: tuple[str | None] | None, where: str) -> Any:
+               profile: str | None, where: str) -> Any:
     """obstore's ``S3Store`` for these settings, built once per process and reused.
 
     Building one took 3.4 ms (its HTTP client), as much as the rest of a ``zstore.open``,
     and a new one opens new connections. The key holds every argument and the
     ``AWS_*`` variables obstore and botocore read besides, so a changed credential builds a
     new client; the process id keeps a forked child from its parent's clients (and see
-    :func:`obstore_runtime_inherited`). ``chain`` (the profile, in a tuple) asks botocore
-    for the credentials and for a region ``config`` lacks
+    :func:`obstore_runtime_inherited`). Without a key or ``skip_signature`` in ``config``,
+    botocore's chain (for ``profile``) gives the credentials and a region ``config`` lacks
     (:func:`~zstore._aws_credentials.botocore_chain`, for the store at ``where``); a
     custom endpoint's region is otherwise ``us-east-1``, as s3fs's.
     """
     global _OBSTORE_PROCESS
     environment = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))
-    key = json.dumps([os.getpid(), bucket, prefix, config, http, retry, chain, environment],
+    key = json.dumps([os.getpid(), bucket, prefix, config, http, retry, profile, environment],
                      sort_keys=True, default=str)
     with _S3_CLIENTS_LOCK:
         client = _S3_CLIENTS.pop(key, None)
         if client is None:
             config, provider = dict(config), None
-            if chain is not None:
-                provider, region = botocore_chain(chain[0], where)
+            if "access_key_id" not in config and "skip_signature" not in config:
+                provider, region = botocore_chain(profile, where)
                 if region and "region" not in config:
                     config["region"] = region
             if "endpoint" in config:
