@@ -83,6 +83,30 @@ def test_set_non_tensor_strings_of_nested_keys(location):
     assert storage.get(5)["meta", "note"] == "second"
 
 
+def test_slices_and_slice_samples_of_tensordict_string_keys(location):
+    """``rb[:]``, ``rb[a:b]`` and TorchRL's ``SliceSampler`` (which reads ``storage[:]``) over
+    TensorDict rows carrying a string each, as TorchRL's storage gives them (a store read by
+    copies used to fail building its rows' template from an empty stack of strings)."""
+    sampler = dict(num_slices=2, traj_key="episode")
+    rb = T.TensorDictReplayBuffer(storage=zt.LazyMemmapStorage(
+        CAPACITY, scratch_dir=location.new(), storage_options=location.options),
+        sampler=T.SliceSampler(**sampler), batch_size=6)
+    reference = T.TensorDictReplayBuffer(storage=T.LazyTensorStorage(CAPACITY),
+                                         sampler=T.SliceSampler(**sampler), batch_size=6)
+    data = torch.stack([TensorDict(obs=torch.tensor(float(i)), episode=torch.tensor(i // 5),
+                                   note=f"step {i}") for i in range(20)])
+    for target in (rb, reference):
+        target.extend(data)
+    assert list(rb[:]["note"]) == list(reference[:]["note"])
+    assert list(rb[3:7]["note"]) == list(reference[3:7]["note"]) == [f"step {i}" for i in range(3, 7)]
+    for seed in range(3):
+        torch.manual_seed(seed)
+        got = rb.sample()
+        torch.manual_seed(seed)
+        want = reference.sample()
+        assert torch.equal(got["obs"], want["obs"]) and list(got["note"]) == list(want["note"])
+
+
 def test_a_2d_storage_keeps_a_string_per_cell(location):
     storage = zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
                                    storage_options=location.options, ndim=2)

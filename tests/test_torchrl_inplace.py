@@ -160,6 +160,48 @@ def test_assigning_a_new_key_is_refused(location):
         rb["new"] = torch.zeros(FILLED)
 
 
+#: Updates of one row, as TorchRL's buffers store them (``storage[i]`` is a view there).
+ROW_UPDATES = {
+    "rb[i].set_": lambda t: t[7].set_("obs", torch.full((3,), -2.0)),
+    "rb[-i].update_": lambda t: t[-3].update_(TensorDict(action=torch.tensor(-5))),
+    "rb[i].set_ nested": lambda t: t[12].set_(("next", "done"), torch.tensor([True])),
+    "rb[:][i].set_": lambda t: t[:][40].set_(("next", "reward"),
+                                             torch.full((1,), 9.0, dtype=torch.float64)),
+    "rb[:][i].update_": lambda t: t[:][41].update_(TensorDict(obs=torch.ones(3))),
+}
+
+
+@pytest.mark.parametrize("codec", [None, "zstd"])
+def test_updates_of_one_row_are_stored(location, codec):
+    """``rb[i]`` and ``rb[:][i]`` (a row, a 0-dim TensorDict) store their in-place updates
+    as TorchRL's storages do: ``rb[:][i].set_`` used to raise (and was lost on a copy), and
+    ``rb[i]`` was a copy whose updates were lost on every store."""
+    url = location.new()
+    rb, storage = memmap_buffer(location, url, codec)
+    model = extended(rb, rows(FILLED))
+    for update in ROW_UPDATES.values():
+        update(rb)
+        update(model)
+    assert_equal(rb[:], model)
+    storage.flush()
+    assert_equal(zstore.open(url, location.options, mode="r").get(slice(None)), model)
+
+
+@pytest.mark.parametrize("kind", ["LazyTensorStorage", "TensorStorage"])
+def test_updates_of_one_row_in_ram_match_torchrl(kind):
+    def buffer(module):
+        storage = (module.LazyTensorStorage(CAPACITY) if kind == "LazyTensorStorage"
+                   else module.TensorStorage(rows(CAPACITY).zero_()))
+        return T.TensorDictReplayBuffer(storage=storage)
+
+    ours, theirs = buffer(zt), buffer(T)
+    for rb in (ours, theirs):
+        rb.extend(rows(FILLED))
+        for update in ROW_UPDATES.values():
+            update(rb)
+    assert_equal(ours[:], theirs[:])
+
+
 def test_local_slices_are_views_of_the_files(tmp_path):
     """As TorchRL's memmap: a writable local raw buffer's slice is the files' memory."""
     storage = zt.LazyMemmapStorage(CAPACITY, scratch_dir=str(tmp_path / "rb"))

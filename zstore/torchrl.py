@@ -257,7 +257,8 @@ class _WriteThrough(TensorDict):
             self._source = source
         if source is not None:
             storage, start, step = source
-            rows = self._cell_rows()[index].reshape(-1).unique()
+            cells = self._cell_rows()  # 0-dim for one row (``rb[:][i]``): nothing to index
+            rows = (cells if cells.dim() == 0 else cells[index]).reshape(-1).unique()
             if len(rows):
                 storage.set(start + step * rows, TensorDict.__getitem__(self._whole(), rows),
                             set_cursor=False)
@@ -368,6 +369,13 @@ class TensorStorage(_z.TensorStorage, Storage, _trl.TensorStorage):
             # storage[a:b, lanes] (TorchRL's rb[:] of an ndim=2 storage reads [:, :]): a view
             # of the slice's rows, which stores its in-place updates as the slice does
             return self.get(index[0])[(slice(None), *index[1:])]
+        if (isinstance(index, int) and not isinstance(index, bool) and self.initialized
+                and -self._len_along_dim0 <= index < self._len_along_dim0
+                and self._rows_are_collections()):
+            # storage[i] (TorchRL's rb[i]) is a view of that row in TorchRL's storages, and
+            # rb[i].set_(...) lands: here the one-row slice's view, which stores it
+            row = index % self._len_along_dim0
+            return self.get(slice(row, row + 1))[0]
         out = super().get(index)
         if not isinstance(index, slice):
             return out
@@ -429,7 +437,10 @@ class LazyMemmapStorage(_z.LazyMemmapStorage, LazyTensorStorage, _trl.LazyMemmap
         cached = self.__dict__.get("_empty_rows")
         if cached is None or cached[0] is not self._schema:
             empty = self._read_rows(slice(0, 0))
-            plain = empty.to_tensordict() if type(empty) is _WriteThrough else None
+            # not to_tensordict(): it asks an empty stack of strings for names it cannot have
+            plain = (TensorDict._new_unsafe(dict(empty.items()), batch_size=empty.batch_size,
+                                            device=empty.device)
+                     if type(empty) is _WriteThrough else None)
             cached = self.__dict__["_empty_rows"] = (self._schema, plain)
         return cached[1]
 
