@@ -7,6 +7,7 @@ The reference is the list of rows written; the store is read back by a fresh
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -18,10 +19,13 @@ import time
 
 import pytest
 import torch
+import zarr
 from tensordict import TensorDict
+from zarr.core.sync import sync
 
 import zstore
 from zstore import autocommit
+from zstore.lease import LEASE_NAME
 
 ROWS, BURSTS = 200, 5
 WINDOW = 3.0  # seconds: far longer than the burst takes, so no write of it commits it
@@ -178,3 +182,39 @@ def test_sigterm_handler_leaves_a_program_handler_alone():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+LEFT_OPEN = textwrap.dedent("""
+    import json, os, signal, sys, threading, torch, zstore
+    from tensordict import TensorDict
+    url, how, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    storage = zstore.LazyMemmapStorage(1000, scratch_dir=url, storage_options=options,
+                                       codec="zstd", chunks=64)
+    writer = zstore.RoundRobinWriter()
+    writer.register_storage(storage)
+    writer.extend(TensorDict(step=torch.arange(57), batch_size=[57]))
+    if how == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+        threading.Event().wait()  # until the signal ends the process
+    # "exit": the script ends with the storage open
+""")
+
+
+@pytest.mark.parametrize("how", ["exit", "sigterm"])
+@pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
+def test_a_storage_left_open_is_closed_when_the_process_ends(location, how):
+    """At exit and on SIGTERM a compressed buffer is committed *and closed*: its log segments
+    folded into its chunks and its lease released, silently. Its close ran after
+    ``concurrent.futures`` had shut its pools down, failed to decode, and left the lease
+    (a restart elsewhere waited out its ttl) and a page of asyncio warnings."""
+    url = location.new()
+    done = subprocess.run([sys.executable, "-c", LEFT_OPEN, url, how, json.dumps(location.options)],
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == (0 if how == "exit" else 128 + signal.SIGTERM), done.stderr
+    assert done.stderr == ""
+    group = zarr.open_group(url, mode="r", storage_options=location.options or None)
+    block = group.attrs["zstore"]
+    assert block["length"] == 57 and "tail" not in block and block["format_version"] == 1
+    assert not sync(group.store.exists(LEASE_NAME))
+    assert zstore.open(url, location.options, mode="r").get(torch.arange(57))["step"].tolist() \
+        == list(range(57))

@@ -6,10 +6,18 @@ work that no thread ever runs: :class:`SharedPool` starts a fresh one there.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
+
+
+def at_exit_while_pools_work(fn: Callable[[], None]) -> None:
+    """Run ``fn`` when the main thread ends, before ``concurrent.futures`` shuts its
+    executors down: by the time plain ``atexit`` handlers run they refuse new work, and
+    stores upload and decode through them. Handlers registered later run first."""
+    getattr(threading, "_register_atexit", atexit.register)(fn)
 
 
 class SharedPool:

@@ -15,7 +15,6 @@ first) exit through that path too, instead of dying with nothing committed.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import math
 import os
@@ -24,6 +23,8 @@ import threading
 import time
 import weakref
 from typing import Any, Protocol
+
+from ._pools import at_exit_while_pools_work
 
 _log = logging.getLogger(__name__)
 
@@ -190,9 +191,7 @@ def _commit_pending_at_exit() -> None:
                          storage.spec.redacted(), type(exc).__name__, exc)
 
 
-# Run when the main thread ends, before ``concurrent.futures`` shuts its executors down
-# (they refuse new work by the time ``atexit`` runs, and stores upload through them).
-getattr(threading, "_register_atexit", atexit.register)(_commit_pending_at_exit)
+at_exit_while_pools_work(_commit_pending_at_exit)
 
 
 def _forget_thread() -> None:

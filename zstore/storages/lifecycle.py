@@ -9,11 +9,11 @@ rows, cache and file handles are not the child's.
 
 from __future__ import annotations
 
-import atexit
 import os
 import weakref
 from typing import Any
 
+from .._pools import at_exit_while_pools_work
 from ..store import StoreSpec, defer_memory_work
 
 _LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -29,13 +29,17 @@ def untrack(storage: Any) -> None:
     _LIVE.discard(storage)
 
 
-@atexit.register
 def _close_live_storages() -> None:
+    """Close every open storage at exit: its last commit, its log segments folded into its
+    chunks and its lease released (a compressed chunk's fold decodes on the shared pool)."""
     for storage in list(_LIVE):
         try:
             storage.close()
         except Exception:  # noqa: BLE001 - exit must go on; nothing more can be done here
             pass
+
+
+at_exit_while_pools_work(_close_live_storages)
 
 
 def _forget_parent_state() -> None:
