@@ -119,3 +119,23 @@ def test_s3_and_http_datasets_read_by_another_process(s3_options, http_server):
     for s3_answer in answers[:-1]:
         _check(s3_answer, s3_url, s3_options, store_refuses=False)
     _check(answers[-1], f"{base}/published", {}, store_refuses=True)
+
+
+def test_a_sharded_dataset_over_a_server_that_ignores_ranges(http_server):
+    """``python -m http.server`` answers a ranged read with the whole object: the rows read
+    are still exactly the stored ones (they failed a checksum, or were wrong, before), and a
+    warning names the cost and the fix."""
+    root, base = http_server
+    storage = zstore.LazyMemmapStorage(600, scratch_dir=str(root / "sharded"),
+                                       codec="zstd+crc32c", chunks=50, shards=200)
+    storage.set(torch.arange(600), _data())
+    storage.seal()
+    storage.close()
+    want = open_dataset(str(root / "sharded"))
+    ds = open_dataset(f"{base}/sharded")
+    rows = torch.tensor([450, 3, 599, 201])  # one chunk of a shard: ranged reads
+    with pytest.warns(RuntimeWarning, match=r"ignores Range requests.*honours Range"):
+        got = ds.get(rows)
+    for key in ("obs", "traj", ("next", "reward"), ("next", "done")):
+        assert torch.equal(got[key], want.get(rows)[key]), key
+    assert torch.equal(ds.get(torch.arange(600))["obs"], want.get(torch.arange(600))["obs"])

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import math
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -241,7 +242,27 @@ class ColumnReader:
             return None
         payload = memoryview(buffer.as_numpy_array()).cast("B")
         limit.bytes += len(payload)
-        return payload
+        return self._requested(payload, byte_range, key)
+
+    def _requested(self, payload: memoryview, byte_range, key: str) -> memoryview:
+        """The bytes ``byte_range`` asked for. A server that ignores ``Range`` (``python -m
+        http.server``) answers with the whole object: its bytes are cut out of it, and a
+        warning says what that costs and the fix (every such read fetches the whole shard)."""
+        if isinstance(byte_range, RangeByteRequest):
+            wanted = slice(byte_range.start, byte_range.end)
+            asked = byte_range.end - byte_range.start
+        elif isinstance(byte_range, SuffixByteRequest):
+            wanted, asked = slice(len(payload) - byte_range.suffix, None), byte_range.suffix
+        else:
+            return payload
+        if len(payload) <= asked:
+            return payload
+        warnings.warn(f"{self.where}: the server answered a ranged read of {key!r} with the whole "
+                      f"object ({len(payload)} bytes for {asked}): it ignores Range requests, so "
+                      "every read of a sharded array fetches whole shards. Serve the store with a "
+                      "server that honours Range, or serve an unsharded copy ('zstore convert SRC "
+                      "DIR --chunks ROWS' to a local directory writes one)", RuntimeWarning, stacklevel=2)
+        return payload[wanted]
 
     @property
     def _index_nbytes(self) -> int:
