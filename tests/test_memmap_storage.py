@@ -402,6 +402,28 @@ def test_uninitialised_then_existsok_adopts(location):
     assert other[:]["nested", "i"].tolist() == [0, 1, 2, 3]
 
 
+def test_existsok_keeps_the_stored_codec_and_refuses_another_capacity(location):
+    """Adopting (``existsok``) takes the stored buffer's codec, not the one asked for (it
+    reported ``lz4`` while writing ``zstd``), and refuses another capacity, naming both and
+    the fix (it took the stored capacity silently at the first write)."""
+    storage = location.memmap(8, codec="zstd")
+    url = storage.scratch_dir
+    storage.set(torch.arange(3), td_rows(0, 3))
+    storage.close()
+    bigger = location.memmap(20, scratch_dir=url, existsok=True, codec="lz4")
+    with pytest.raises(zstore.SchemaError, match=r"8 cells, this storage has max_size=20.*"
+                                                 r"Pass max_size=8"):
+        bigger.set(3, td_rows(3, 1)[0])
+    bigger.close()
+    same = location.memmap(8, scratch_dir=url, existsok=True, codec="lz4")
+    same.set(3, td_rows(3, 1)[0])
+    assert same.codec.name == "zstd"
+    same.close()
+    again = zstore.open(url, location.options, mode="r")
+    assert len(again) == 4 and again.max_size == 8
+    assert again[:]["nested", "i"].tolist() == [0, 1, 2, 3]
+
+
 def test_close_flushes_and_cleanup_deletes(location):
     storage, url = buffer_with_rows(location, 8, 4, chunks=3)
     storage.close()

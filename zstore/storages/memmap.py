@@ -60,8 +60,9 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         device: where samples are returned: ``"cpu"``, or a CUDA device with
             ``cache="cuda"``.
         ndim: cell dims (``2`` for ``[time, env]`` data).
-        existsok: adopt a buffer already at ``scratch_dir`` (its rows, length
-            and cursor) instead of refusing it.
+        existsok: adopt a buffer already at ``scratch_dir`` (its rows, length,
+            cursor, codecs and layout) at the first write instead of refusing it; one of
+            another capacity is refused.
         auto_cleanup: delete the store at exit (default: only for temporary ones).
         storage_options: fsspec options (``endpoint_url``, ``key``, ``secret`` ...).
         codec: compression preset (``None``, ``"zstd"``, ``"lz4"``, ``"blosc-zstd"``), or a
@@ -376,6 +377,11 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         if self._lease is not None:
             self._lease.read_metadata()
         group, meta = open_group(self.spec)
+        if meta.max_size != self.max_size:
+            raise SchemaError(
+                f"cannot adopt {self.spec.redacted()}: it holds a buffer of {meta.max_size} "
+                f"cells, this storage has max_size={self.max_size}: nothing was written. Pass "
+                f"max_size={meta.max_size}, reopen it with zstore.open(url), or use another URL")
         if meta.ndim != self.ndim or meta.schema.lane_shape != schema.lane_shape:
             raise SchemaError(
                 f"cannot adopt {self.spec.redacted()}: it was written with ndim={meta.ndim} "
@@ -387,6 +393,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                 f"{[leaf.to_json() for leaf in meta.schema.leaves]} differ from the data's "
                 f"{[leaf.to_json() for leaf in schema.leaves]}")
         meta.schema.tensorclass = schema.tensorclass
+        # the stored buffer's codecs and layout are what its rows are written with
+        self.codec, self.key_codecs = meta.codec, dict(meta.key_codecs)
         self._attach(group, meta)
         self._fence()
 
