@@ -19,7 +19,11 @@ loader passes over as metadata:
 * ``zstore/root/<key>``: root done/reward keys, unless all false (then restored as zeros);
 * ``zstore/next/<key>/index``, ``/value``: the steps whose ``("next", key)`` differs,
   bitwise, from what the layout implies (the next step's ``key`` inside a segment):
-  multi-step transforms, resets without done, the last written step of a lane.
+  multi-step transforms, resets without done, the last written step of a lane;
+* ``zstore/text/<key>`` (``uint8 [steps, width]``, lane-major, written steps only): the
+  string leaves as text cells (``zstore.text``: UTF-8, NUL-padded), one string per step.
+  TorchRL's loader has no place for strings (its own checkpointer drops them), so they
+  stay here, where it passes over them; its tensor keys load as before.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from ._ted import (
     _path,
     _starts,
     _ted,
+    with_text_cells,
 )
 
 #: The root group TorchRL's loader passes over.
@@ -86,9 +91,12 @@ def encode(data: TensorDictBase, *, rows: int, shift: int, is_full: bool,
     steps, lane_shape = data.batch_size[0], tuple(data.batch_size[1:])
     lanes = math.prod(lane_shape)
     turn = shift % steps if is_full and steps else 0
+    data, texts = with_text_cells(data)
     if turn:
         data = torch.cat([data[turn:], data[:turn]], 0)
     leaves = {k: _lane_major(v, len(lane_shape)) for k, v in _leaves(data).items()}
+    extras: dict[str, torch.Tensor] = {f"text/{path}": leaves.pop(tuple(path.split("/")))
+                                       for path in texts}
     done_set, reward_set = _keyset(done_keys), _keyset(reward_keys)
     flags = done_set | reward_set
     nxt = {k[1:]: v for k, v in leaves.items() if k[0] == "next" and len(k) > 1}
@@ -109,7 +117,6 @@ def encode(data: TensorDictBase, *, rows: int, shift: int, is_full: bool,
     bounds = ends | (t == steps - 1)
     pos = _starts(ends)
     columns: dict[str, torch.Tensor] = {}
-    extras: dict[str, torch.Tensor] = {}
     for k in expanded:
         r, x = root[k], nxt[k]
         buf = torch.empty((n + int(ends.sum()), *r.shape[1:]), dtype=r.dtype, device=r.device)
@@ -152,7 +159,8 @@ def encode(data: TensorDictBase, *, rows: int, shift: int, is_full: bool,
             start = cut
         table = torch.cat(parts)
     info = {"shift": turn, "is_full": bool(is_full), "storage_shape": [steps, *lane_shape],
-            "expanded": [_path(k) for k in expanded], "bare": bare, "zero_root": zero_root}
+            "expanded": [_path(k) for k in expanded], "bare": bare, "zero_root": zero_root,
+            "texts": texts}
     torchrl_shift = (turn or steps) if is_full else shift
     return H5Form(columns, table, extras, info, torchrl_shift)
 
@@ -184,10 +192,11 @@ def decode(columns: Mapping[str, torch.Tensor], segments: torch.Tensor,
         else:
             out[key] = value
     for path, value in extras.items():
-        if path.startswith("root/"):
-            out[tuple(path[len("root/"):].split("/"))] = value
+        kind, _, rest = path.partition("/")
+        if kind in ("root", "text"):
+            out[tuple(rest.split("/"))] = value
     for entry in info["zero_root"]:
         out[tuple(entry["path"].split("/"))] = torch.zeros(
             (n, *entry["shape"]), dtype=torch_dtype_from_name(entry["dtype"]))
     steps, lane_shape = info["storage_shape"][0], tuple(info["storage_shape"][1:])
-    return _ted(out, steps, lane_shape, info["shift"], info["is_full"])
+    return _ted(out, steps, lane_shape, info["shift"], info["is_full"], info.get("texts", ()))

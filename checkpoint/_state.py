@@ -19,6 +19,7 @@ import torch
 from zstore.layout import Schema
 from zstore.storages.checkpoint_contract import TensorCheckpointable
 from zstore.storages.tensor import lead_shape, map_leaves
+from zstore.text import widest
 
 from ._dest import CheckpointError
 
@@ -82,8 +83,9 @@ def shift_of(state: TensorState) -> int:
 
 
 def prepare(storage: TensorCheckpointable, example: Any, schema: Schema | None, rows: int,
-            max_size: int, where: str) -> None:
-    """Initialise ``storage`` for a checkpoint of ``rows`` rows, or check that it fits."""
+            max_size: int, where: str, text_bytes: int = 0) -> None:
+    """Initialise ``storage`` for a checkpoint of ``rows`` rows, or check that it fits;
+    without a schema, ``text_bytes`` is the width its strings need."""
     if not storage.initialized:
         lanes = math.prod(schema.lane_shape) if schema is not None else max(1, max_size // rows)
         if schema is not None and storage.ndim != len(schema.lane_shape) + 1:
@@ -96,7 +98,7 @@ def prepare(storage: TensorCheckpointable, example: Any, schema: Schema | None, 
         storage.max_size = max_size
         storage.checkpoint_allocate(example, max(
             (schema.by_path[path].shape[-1] for path in schema.texts), default=0)
-            if schema is not None else 0)
+            if schema is not None else text_bytes)
     shape = storage.checkpoint_shape()
     lanes = tuple(schema.lane_shape) if schema is not None else shape[1:]
     if shape != (rows, *lanes):
@@ -128,7 +130,7 @@ def restore(storage: TensorCheckpointable, data: Any, record: Any, schema: Schem
     """Fill ``storage`` with rows ``data`` (from row 0) and the counters of ``record``
     (``rows``, ``max_size``, ``length``, ``last_cursor``), initialising it if needed."""
     prepare(storage, map_leaves(data, lambda x: x[0]), schema, int(record["rows"]),
-            int(record["max_size"]), where)
+            int(record["max_size"]), where, widest(data) if schema is None else 0)
     storage.checkpoint_write(0, data)
     finish(storage, int(record["length"]), int(record["last_cursor"]),
            lead_shape(data, 1)[0])

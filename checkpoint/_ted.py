@@ -13,13 +13,16 @@ Unlike TorchRL's, this compaction loses nothing:
 * only the filled rows are compacted; with the write cursor known, the
   ongoing trajectory ends at the cursor and full buffers are unrolled from the
   oldest row;
-* lanes (``ndim >= 2``) are compacted one after the other (lane-major).
+* lanes (``ndim >= 2``) are compacted one after the other (lane-major);
+* string leaves (one string per row) are stored as text cells (``zstore.text``: UTF-8
+  in ``uint8`` rows, one width for all of them), compacted as any other key, and
+  decoded back; nothing is pickled.
 
 Compact TensorDict (batch ``[]``): compacted keys at their own key,
 ``[steps + segments, *feature]``; other root keys at their key, ``[steps, ...]``;
 next-only keys under ``"next"``; ``"_ted"`` holds the segment-end mask ``end``
 (``[steps]``) and JSON metadata (``shift``, ``is_full``, ``storage_shape``,
-``expanded``, ``zero_root``).
+``expanded``, ``zero_root``, ``texts``: the paths of the string leaves).
 
 :func:`from_torchrl` converts TorchRL's own compact form (Flat/Nested memmap
 directories, H5 files) back to TED, reproducing TorchRL's Flat2TED.
@@ -34,6 +37,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
+from zstore import text
 from zstore.dtypes import torch_dtype_from_name, torch_dtype_name
 
 DEFAULT_DONE_KEYS = ("done", "truncated", "terminated")
@@ -56,6 +60,19 @@ def _leaves(td: TensorDictBase) -> dict[tuple[str, ...], torch.Tensor]:
         if isinstance(value, torch.Tensor):
             out[key] = value
     return out
+
+
+def with_text_cells(data: TensorDictBase) -> tuple[TensorDict, list[str]]:
+    """TED rows with their string leaves as text cells (``[*batch, width]`` ``uint8``, one
+    width for all), and the paths of those leaves; a non-string value raises, naming its key."""
+    out = TensorDict(_leaves(data), batch_size=data.batch_size)
+    width = max(1, text.widest(data))
+    texts = []
+    for key, value in text.non_tensor_leaves(data):
+        key = (key,) if isinstance(key, str) else tuple(key)
+        out.set(key, text.encode(value, width, key))
+        texts.append(_path(key))
+    return out, texts
 
 
 def _lane_major(x: torch.Tensor, lane_ndim: int) -> torch.Tensor:
@@ -98,6 +115,7 @@ def compact(data: TensorDictBase, *, shift: int, is_full: bool,
         raise KeyError(f"key {META!r} is reserved by the TED compact form")
     steps, lane_shape = data.batch_size[0], tuple(data.batch_size[1:])
     lanes = math.prod(lane_shape)
+    data, texts = with_text_cells(data)
     if is_full and steps and shift % steps:
         data = torch.cat([data[shift % steps:], data[: shift % steps]], 0)
     leaves = {k: _lane_major(v, len(lane_shape)) for k, v in _leaves(data).items()}
@@ -141,7 +159,8 @@ def compact(data: TensorDictBase, *, shift: int, is_full: bool,
     meta = TensorDict(end=end, batch_size=[])
     meta.set_non_tensor("info", {"shift": int(shift), "is_full": bool(is_full),
                                  "storage_shape": [steps, *lane_shape],
-                                 "expanded": [_path(k) for k in expanded], "zero_root": zero_root})
+                                 "expanded": [_path(k) for k in expanded], "zero_root": zero_root,
+                                 "texts": texts})
     out.set(META, meta)
     return out
 
@@ -170,18 +189,22 @@ def expand(compact_td: TensorDictBase) -> TensorDict:
     for entry in info["zero_root"]:
         out[tuple(entry["path"].split("/"))] = torch.zeros(
             (len(end), *entry["shape"]), dtype=torch_dtype_from_name(entry["dtype"]))
-    return _ted(out, steps, lane_shape, info["shift"], info["is_full"])
+    return _ted(out, steps, lane_shape, info["shift"], info["is_full"], info.get("texts", ()))
 
 
 def _ted(leaves: Mapping[tuple[str, ...], torch.Tensor], steps: int, lane_shape: tuple[int, ...],
-         shift: int, is_full: bool) -> TensorDict:
-    """Lane-major leaves -> a ``[T, *lanes]`` TensorDict in ring order."""
+         shift: int, is_full: bool, texts: Iterable[str] = ()) -> TensorDict:
+    """Lane-major leaves -> a ``[T, *lanes]`` TensorDict in ring order; the text cells at
+    ``texts`` back as strings."""
     td = TensorDict(batch_size=[steps, *lane_shape])
     for k, v in leaves.items():
         td.set(k, _time_major(v, steps, lane_shape))
     if is_full and steps and shift % steps:
         cut = steps - shift % steps
         td = torch.cat([td[cut:], td[:cut]], 0)
+    for path in texts:
+        key = tuple(path.split("/"))
+        td.set(key, text.decode(td.get(key)))
     return td
 
 
