@@ -37,8 +37,11 @@ class NoCredentialsError(ZStoreError, PermissionError):
     """No credentials for a bucket: none given, none in the environment or from the machine."""
 
 
-class SchemaError(ZStoreError, ValueError):
-    """Data does not match the buffer's schema (dtype or shape of a key)."""
+class SchemaError(ZStoreError, ValueError, RuntimeError):
+    """Data does not match the buffer's schema (dtype or shape of a key).
+
+    Also a ``RuntimeError``: TorchRL's storages raise one for such a write.
+    """
 
 
 class MissingKeyError(ZStoreError, KeyError):

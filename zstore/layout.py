@@ -519,6 +519,12 @@ def ragged_keys(data: Any) -> list[str]:
     return [path for path in paths if len({part.get(path) for part in per_td}) > 1]
 
 
+def _tensor_or_text(cls: type) -> bool:
+    """Whether a collection's entry of type ``cls`` is a leaf: a tensor, or a non-tensor
+    (strings) entry, which a lazy stack's ``leaves_only`` walk would leave out."""
+    return issubclass(cls, torch.Tensor) or bool(getattr(cls, "_is_non_tensor", False))
+
+
 def _flat_leaves(td: TensorDictBase) -> dict[str, Any]:
     """``{path: leaf}`` of a tensor collection (fast walk over plain TensorDicts)."""
     out: dict[str, Any] = {}
@@ -526,7 +532,7 @@ def _flat_leaves(td: TensorDictBase) -> dict[str, Any]:
     while stack:
         prefix, node = stack.pop()
         if type(node) is not TensorDict:
-            for key in node.keys(include_nested=True, leaves_only=True):
+            for key in node.keys(include_nested=True, leaves_only=True, is_leaf=_tensor_or_text):
                 key = (key,) if isinstance(key, str) else tuple(key)
                 out[prefix + "/".join(key)] = node.get(key)
             continue

@@ -64,6 +64,11 @@ _ROOT = ".root"
 _PIECE = 4096  # rows copied at a time when a table is rebuilt
 
 
+def _key_name(path: str) -> str:
+    """How a refusal names key ``path``: ``key ('a', 'b')``, or ``the item tensor``."""
+    return "the item tensor" if path == SINGLE_TENSOR_KEY else f"key {tuple(path.split('/'))!r}"
+
+
 def _batch_column(node: str) -> str:
     """Column holding the batch dims of TensorDict node ``node`` (one path part, no nesting)."""
     return f"{_BATCH}/{node.replace('/', '.')}"
@@ -313,14 +318,15 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         if isinstance(data, torch.Tensor):
             return {SINGLE_TENSOR_KEY: data}, {}
         if not is_tensor_collection(data):
-            raise TypeError(f"{type(self).__name__} stores tensors, TensorDicts and tensorclasses; "
-                            f"got {type(data).__name__} (use ListStorage for arbitrary objects)")
+            raise TypeError(self._refusal(f"got a {type(data).__name__}, where it stores "
+                                          "tensors, TensorDicts and tensorclasses"))
         td = data._tensordict if is_tensorclass(data) else data
         leaves = _flat_leaves(td)
         for path, value in leaves.items():
             if not isinstance(value, torch.Tensor):
-                raise TypeError(f"key {path!r}: {type(self).__name__} stores tensors only, got "
-                                f"{type(value).__name__}")
+                raise TypeError(self._refusal(f"{_key_name(path)} holds a {type(value).__name__} "
+                                              "(a string or another non-tensor value), where it "
+                                              "stores tensors only"))
             key_to_path(tuple(path.split("/")))
         nodes = {_ROOT: tuple(td.batch_size[lead:])}
         for key in td.keys(include_nested=True):
@@ -347,29 +353,42 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             self._fixed = {p: tuple(v.shape[lead:]) for p, v in leaves.items()}
         self._table = self._new_table()
 
+    def _refusal(self, what: str) -> str:
+        """The message refusing an item: ``what`` differs, and the way out."""
+        return (f"{type(self).__name__} cannot store this data: {what}. Its items must be tensors "
+                "or TensorDicts (or tensorclasses) of tensors, with the keys, dtypes and numbers "
+                "of dims of the first item (shapes may vary); TorchRL's keeps any item as it is. "
+                "Store such items in a zstore.ListStorage or LazyStackStorage instead")
+
     def _check(self, leaves: dict[str, torch.Tensor], nodes: dict[str, tuple], lead: int) -> None:
+        if (SINGLE_TENSOR_KEY in leaves) != (self._kind == "tensor"):
+            got = "a tensor" if SINGLE_TENSOR_KEY in leaves else "a TensorDict"
+            raise SchemaError(self._refusal(f"it is {got}, and the first item was not"))
         if set(leaves) != set(self._dtypes):
             missing, extra = set(self._dtypes) - set(leaves), set(leaves) - set(self._dtypes)
-            raise MissingKeyError(f"item keys differ from the storage's: missing {sorted(missing)}, "
-                                  f"unknown {sorted(extra)} (keys are fixed by the first item)")
+            differ = [f"{word} {sorted(keys)}" for word, keys in (("lacks", missing),
+                                                                   ("adds", extra)) if keys]
+            raise MissingKeyError(self._refusal(f"it {' and '.join(differ)}, next to the first "
+                                                "item's keys"))
         for path, value in leaves.items():
             if value.dtype != self._dtypes[path]:
-                raise SchemaError(f"key {tuple(path.split('/'))!r}: dtype {value.dtype} does not "
-                                  f"match the storage's {self._dtypes[path]}")
+                raise SchemaError(self._refusal(f"{_key_name(path)} has dtype {value.dtype}, the "
+                                                f"first item's {self._dtypes[path]}"))
         if {n: len(b) for n, b in nodes.items()} != self._nodes:
-            raise SchemaError(f"batch dims {nodes} differ in number from the storage's "
-                              f"{self._nodes} (TensorDict node -> batch ndim)")
+            raise SchemaError(self._refusal(f"its batch dims {nodes} differ in number from the "
+                                            f"first item's {self._nodes} (TensorDict node -> "
+                                            "batch ndim)"))
+        item_dims = {path: len(shape) for path, shape in self._fixed.items()}
+        if not self.custom:
+            item_dims.update({path: rg.ndim for path, rg in self._ragged.items() if rg is not None})
+        for path, ndim in item_dims.items():
+            if leaves[path].ndim - lead != ndim:
+                raise SchemaError(self._refusal(f"{_key_name(path)} has {leaves[path].ndim - lead} "
+                                                f"dims, the first item's {ndim}"))
         for path, shape in list(self._fixed.items()):
             value = leaves[path]
             if tuple(value.shape[lead:]) != shape:
-                if value.ndim - lead != len(shape):
-                    raise SchemaError(f"key {tuple(path.split('/'))!r}: items with {len(shape)} "
-                                      f"dims cannot take one with {value.ndim - lead}")
                 self._make_ragged(path, tuple(value.shape[lead + 1:]) == shape[1:])
-        for path, ragged in self._ragged.items():
-            if ragged is not None and not self.custom and leaves[path].ndim - lead != ragged.ndim:
-                raise SchemaError(f"key {tuple(path.split('/'))!r}: items with {ragged.ndim} dims "
-                                  f"cannot take one with {leaves[path].ndim - lead}")
 
     def _make_ragged(self, path: str, keep_trailing: bool) -> None:
         """Move key ``path`` from the items table to the ragged layout (a one-off copy)."""
@@ -594,18 +613,13 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                 raise IndexError(f"Index {as_int} out of bounds or not set")
             return self._read(torch.tensor([as_int % self._len]))[0]
         if isinstance(index, slice):
-            return self._read(torch.arange(self._len)[index])
+            positions = range(*index.indices(self._len))  # a negative step too, as a list's
+            return self._read(torch.arange(positions.start, positions.stop, positions.step)
+                              if positions else torch.empty(0, dtype=torch.int64))
         return self._read(self._rows(index))
 
     def __len__(self) -> int:
         return self._len
-
-    def contains(self, item: Any) -> Any:
-        if isinstance(item, int) and not isinstance(item, bool):
-            return 0 <= item < self._len
-        if isinstance(item, torch.Tensor):
-            return (item >= 0) & (item < self._len)
-        raise NotImplementedError(f"type {type(item)} is not supported yet.")
 
     def _empty(self) -> None:
         self.spec.require_writable("empty the storage")

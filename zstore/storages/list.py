@@ -17,8 +17,7 @@ _INT_TYPES = (int, np.integer)
 
 
 def _as_int(cursor: Any) -> int | None:
-    if isinstance(cursor, bool):
-        return None
+    """``cursor`` as one int (a bool is one, as in TorchRL), else ``None``."""
     if isinstance(cursor, _INT_TYPES):
         return int(cursor)
     if isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0:
@@ -125,12 +124,14 @@ class ListStorage(Storage):
         self._bump_mutation_revision()
 
     def contains(self, item: Any) -> Any:
-        if isinstance(item, int) and not isinstance(item, bool):
+        """Whether index ``item`` (an int or a tensor of them, negative ones counted from the
+        end) holds an item, as TorchRL's ``ListStorage.contains``."""
+        n = len(self)
+        if isinstance(item, int):
             if item < 0:
-                item += len(self._storage)
-            return 0 <= item < len(self._storage)
+                item += n
+            return 0 <= item < n
         if isinstance(item, torch.Tensor):
-            n = len(self._storage)
             wrapped = torch.where(item < 0, item + n, item)
             return (wrapped >= 0) & (wrapped < n)
         raise NotImplementedError(f"type {type(item)} is not supported yet.")

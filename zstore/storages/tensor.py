@@ -606,7 +606,7 @@ def _refuse_misfits(cursor: Any, pairs: list) -> None:
         if not isinstance(value, torch.Tensor) or not isinstance(leaf, torch.Tensor):
             continue
         target = leaf.shape[1:] if is_int(cursor) else \
-            torch.empty(leaf.shape, device="meta")[_on_cpu(cursor)].shape
+            torch.empty(leaf.shape, device="meta")[_meta_index(cursor)].shape
         try:
             fits = torch.broadcast_shapes(value.shape, target) == target
         except RuntimeError:
@@ -617,12 +617,24 @@ def _refuse_misfits(cursor: Any, pairs: list) -> None:
                 f"written to rows of shape {list(target)}; nothing was written")
 
 
-def _on_cpu(cursor: Any) -> Any:
-    if isinstance(cursor, torch.Tensor):
-        return cursor.cpu()
+def _meta_index(cursor: Any) -> Any:
+    """``cursor`` as an index of a ``meta`` tensor: tensors on the CPU, NumPy arrays as
+    tensors, and boolean masks as the positions they select (``torch.nonzero`` has no
+    ``meta`` kernel; TorchRL's buffer hands ``rb[mask] = td`` over as a NumPy mask)."""
     if isinstance(cursor, tuple):
-        return tuple(_on_cpu(c) for c in cursor)
+        return tuple(part for c in cursor for part in _mask_parts(_meta_index(c)))
+    if isinstance(cursor, np.ndarray):
+        cursor = torch.from_numpy(np.ascontiguousarray(cursor))  # a reversed view too
+    if isinstance(cursor, torch.Tensor):
+        cursor = cursor.cpu()
+        if cursor.dtype == torch.bool:
+            return cursor.nonzero(as_tuple=True)
     return cursor
+
+
+def _mask_parts(index: Any) -> tuple:
+    """The parts one element of an index tuple stands for (a mask: one per dim it covers)."""
+    return index if isinstance(index, tuple) else (index,)
 
 
 def _last_written(revs: torch.Tensor) -> int:

@@ -1,0 +1,177 @@
+"""Edge cases where zstore.torchrl's storages did what TorchRL's do not, each against TorchRL.
+
+* ``CompressedListStorage.get`` of a negative-step slice, and ``contains`` of negative
+  indices, as TorchRL's list storages;
+* a ``bool`` cursor is the int it stands for (``ListStorage.set(True, x)``);
+* a boolean mask (NumPy, as TorchRL's buffer hands ``rb[mask] = td`` over) writes the masked
+  rows of a ``TensorStorage`` / ``LazyTensorStorage``;
+* a wrong shape or dtype on ``extend`` raises a ``RuntimeError``, as TorchRL's storages do;
+* items ``CompressedListStorage`` cannot store (TorchRL's keeps them as they are) are refused
+  with an error naming the key, what differs and the way out, which then stores them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict, TensorDictBase, is_non_tensor
+
+pytestmark = pytest.mark.torchrl
+T = pytest.importorskip("torchrl.data")
+zt = pytest.importorskip("zstore.torchrl")
+
+
+def as_plain(item):
+    """An item as nested lists / strings, for exact comparison."""
+    if isinstance(item, torch.Tensor):
+        return (str(item.dtype), item.tolist())
+    if isinstance(item, (list, tuple)):
+        return [as_plain(x) for x in item]
+    if isinstance(item, dict):
+        return {key: as_plain(value) for key, value in item.items()}
+    if isinstance(item, TensorDictBase):
+        return {key: as_plain(value) for key, value in item.items(include_nested=True)
+                if not isinstance(value, TensorDictBase)}
+    return item.tolist() if is_non_tensor(item) else item
+
+
+def filled(module, items):
+    storage = module.CompressedListStorage(10)
+    for i, item in enumerate(items):
+        storage.set(i, item)
+    return storage
+
+
+@pytest.mark.parametrize("index", [slice(None, None, -1), slice(3, 0, -2), slice(-1, -4, -1),
+                                   slice(0, 3, -1), slice(None, None, 2)])
+def test_compressed_get_negative_step_slice_as_torchrl(index):
+    items = [torch.full((2,), float(i)) for i in range(4)]
+    tds = [TensorDict(obs=torch.full((3,), float(i))) for i in range(4)]
+    for data in (items, tds):
+        ours, theirs = filled(zt, data).get(index), filled(T, data).get(index)
+        assert as_plain(list(ours)) == as_plain(list(theirs))
+
+
+def test_compressed_contains_wraps_negative_indices_as_torchrl():
+    items = [torch.ones(2) for _ in range(3)]
+    ours, theirs = filled(zt, items), filled(T, items)
+    for i in (-4, -3, -1, 0, 2, 3):
+        assert ours.contains(i) == theirs.contains(i), i
+    probe = torch.tensor([-1, -3, -4, 2, 3])
+    assert ours.contains(probe).tolist() == theirs.contains(probe).tolist() \
+        == [True, True, False, True, False]
+
+
+def test_bool_cursor_is_an_int_as_torchrl():
+    for name, first, second in (("ListStorage", "a", "b"),
+                                ("CompressedListStorage", torch.zeros(2), torch.ones(2))):
+        ours, theirs = getattr(zt, name)(10), getattr(T, name)(10)
+        for storage in (ours, theirs):
+            storage.set(0, first)
+            storage.set(True, second)
+        assert len(ours) == len(theirs) == 2, name
+        assert as_plain(ours.get(True)) == as_plain(theirs.get(True)), name
+        assert as_plain(list(ours.get(slice(None)))) == as_plain(list(theirs.get(slice(None))))
+        assert ours.contains(True) == theirs.contains(True)
+
+
+@pytest.mark.parametrize("kind", ["LazyTensorStorage", "TensorStorage"])
+def test_numpy_bool_mask_set_as_torchrl(kind):
+    def make(module):
+        if kind == "TensorStorage":
+            storage = module.TensorStorage(TensorDict(obs=torch.zeros(10), batch_size=[10]))
+        else:
+            storage = module.LazyTensorStorage(10)
+        storage.set(torch.arange(10), TensorDict(obs=torch.arange(10.0), batch_size=[10]))
+        return storage
+
+    mask = np.arange(10) % 3 == 0
+    got = {}
+    for module in (zt, T):
+        storage = make(module)
+        storage[mask] = TensorDict(obs=torch.full((4,), -1.0), batch_size=[4])
+        storage.set(torch.from_numpy(mask), TensorDict(obs=-torch.arange(4.0) - 2, batch_size=[4]),
+                    set_cursor=False)
+        got[module] = storage[:]["obs"].tolist()
+    assert got[zt] == got[T] == [-2.0, 1, 2, -3, 4, 5, -4, 7, 8, -5]
+
+
+def test_buffer_setitem_with_a_bool_mask_as_torchrl():
+    got = {}
+    for module in (zt, T):
+        rb = T.TensorDictReplayBuffer(storage=module.LazyTensorStorage(10))
+        rb.extend(TensorDict(obs=torch.arange(10.0), batch_size=[10]))
+        rb[torch.arange(10) % 3 == 0] = TensorDict(obs=torch.full((4,), -1.0),
+                                                   index=torch.arange(4), batch_size=[4])
+        got[module] = rb[:]["obs"].tolist()
+    assert got[zt] == got[T] == [-1.0, 1, 2, -1, 4, 5, -1, 7, 8, -1]
+
+
+def test_lazy_stack_of_strings_in_memmap_as_torchrl(tmp_path):
+    def batch():
+        return TensorDict.lazy_stack([TensorDict(obs=torch.tensor(float(i)), txt=f"str{i}")
+                                      for i in range(5)])
+    got = {}
+    for name, storage in (("ours", zt.LazyMemmapStorage(8, scratch_dir=tmp_path / "z")),
+                          ("theirs", T.LazyTensorStorage(8))):
+        rb = T.TensorDictReplayBuffer(storage=storage)
+        rb.extend(batch())
+        got[name] = (rb[:]["obs"].tolist(), list(rb[:]["txt"]))
+    assert got["ours"] == got["theirs"]
+
+
+@pytest.mark.parametrize("what", ["wrong shape", "wrong dtype"])
+def test_a_refused_extend_raises_runtime_error_as_torchrl(what, tmp_path):
+    good = TensorDict(obs=torch.zeros(3, 4), batch_size=[3])
+    bad = {"wrong shape": TensorDict(obs=torch.zeros(3, 5), batch_size=[3]),
+           "wrong dtype": TensorDict(obs=torch.zeros(3, 4, dtype=torch.float64), batch_size=[3])}[what]
+    caught = {}
+    for name, storage in (("ours", zt.LazyMemmapStorage(10, scratch_dir=tmp_path / "z")),
+                          ("theirs", T.LazyMemmapStorage(10, scratch_dir=tmp_path / "t"))):
+        rb = T.TensorDictReplayBuffer(storage=storage)
+        rb.extend(good.clone())
+        with pytest.raises(RuntimeError) as info:
+            rb.extend(bad.clone())
+        caught[name] = info.value
+    assert isinstance(caught["ours"], ValueError)  # `except ValueError` still catches it
+    assert "obs" in str(caught["ours"])
+
+
+HETEROGENEOUS = {
+    "ndim changes": ([TensorDict(obs=torch.zeros(2, 3)), TensorDict(obs=torch.arange(5.0))],
+                     ["('obs',)", "1 dims", "first item's 2"]),
+    "scalar then vector": ([torch.tensor(1.0), torch.arange(3.0)],
+                           ["item tensor", "1 dims", "first item's 0"]),
+    "dtype changes": ([TensorDict(obs=torch.zeros(3)), TensorDict(obs=torch.arange(3))],
+                      ["('obs',)", "torch.int64", "torch.float32"]),
+    "tensor dtype changes": ([torch.zeros(4, dtype=torch.uint8), torch.ones(4, dtype=torch.float16)],
+                             ["item tensor", "torch.float16", "torch.uint8"]),
+    "string field": ([TensorDict(obs=torch.zeros(3), instr="go left")],
+                     ["('instr',)", "NonTensorData", "tensors only"]),
+    "an extra key": ([TensorDict(obs=torch.zeros(3)),
+                      TensorDict(obs=torch.zeros(3), mask=torch.ones(3, dtype=torch.bool))],
+                     ["adds ['mask']"]),
+    "tensor then TensorDict": ([torch.zeros(3), TensorDict(obs=torch.zeros(3))],
+                               ["a TensorDict", "first item was not"]),
+    "a dict": ([{"obs": torch.zeros(3)}], ["got a dict"]),
+}
+
+
+@pytest.mark.parametrize("case", list(HETEROGENEOUS))
+def test_compressed_refuses_what_torchrl_keeps_naming_the_key_and_the_way_out(case):
+    items, named = HETEROGENEOUS[case]
+    theirs = filled(T, items)  # TorchRL's CompressedListStorage keeps every item as it is
+    storage = zt.CompressedListStorage(10)
+    with pytest.raises((TypeError, KeyError, ValueError)) as info:
+        for i, item in enumerate(items):
+            storage.set(i, item)
+    message = str(info.value)
+    for part in named + ["zstore.ListStorage", "LazyStackStorage"]:
+        assert part in message, (part, message)
+    assert len(storage) == len(items) - 1  # the items before the refused one stay
+    way_out = zt.ListStorage(10)  # the way out the error names holds them as TorchRL's does
+    for i, item in enumerate(items):
+        way_out.set(i, item)
+    assert as_plain(way_out.get(list(range(len(items))))) == \
+        as_plain(theirs.get(list(range(len(items)))))
