@@ -76,19 +76,25 @@ def test_d4rl_import_matches_the_file(location, tmp_path, next_obs):
     ds.close()
 
 
-def _write_minari(path, lengths=(5, 9, 3, 12), seed=0):
+def _write_minari(path, lengths=(5, 9, 3, 12), seed=0, dict_actions=False, infos=True):
+    """A Minari file; its observations a dict space, its actions too with ``dict_actions``."""
     rng = np.random.default_rng(seed)
     with h5py.File(path, "w") as f:
         for i, t in enumerate(lengths):
             g = f.create_group(f"episode_{i}")
             g["observations/pos"] = rng.standard_normal((t + 1, 2)).astype(np.float32)
             g["observations/image"] = rng.integers(0, 255, (t + 1, 3, 4), dtype=np.uint8)
-            g["actions"] = rng.integers(0, 4, t)
+            if dict_actions:
+                g["actions/move"] = rng.standard_normal((t, 2)).astype(np.float32)
+                g["actions/grip"] = rng.integers(0, 2, t)
+            else:
+                g["actions"] = rng.integers(0, 4, t)
             g["rewards"] = rng.standard_normal(t)
             g["terminations"] = np.eye(1, t, t - 1, dtype=bool)[0] if i % 2 == 0 else np.zeros(t, bool)
             g["truncations"] = np.zeros(t, bool) if i % 2 == 0 else np.eye(1, t, t - 1, dtype=bool)[0]
-            g["infos/success"] = rng.random(t + 1) < 0.5
-            g["infos/dist"] = rng.standard_normal(t)
+            if infos:
+                g["infos/success"] = rng.random(t + 1) < 0.5
+                g["infos/dist"] = rng.standard_normal(t)
     return path
 
 

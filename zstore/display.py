@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import math
 from typing import TYPE_CHECKING, Any
 
 from .store import StoreSpec
@@ -35,6 +36,8 @@ if TYPE_CHECKING:  # torch is imported where tensors are walked: the CLI formats
 
 #: Longest item repr shown for storages of arbitrary objects.
 MAX_ITEM_REPR = 80
+#: The dtype column of a string key (``NonTensorData`` / ``NonTensorStack`` of ``str``).
+TEXT_DTYPE = "str"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +45,10 @@ class KeyRow:
     """One key (column) of a storage.
 
     ``shape`` is the per-cell feature shape (a tuple, or text such as
-    ``"ragged"``); byte counts are ``None`` where they are unknown or too costly
-    to measure (e.g. listing an object store).
+    ``"ragged"``); ``dtype`` a tensor dtype's name, or :func:`text_dtype` for a
+    string key (its shape then leaves out the text cells' width); byte counts
+    are ``None`` where they are unknown or too costly to measure (e.g. listing
+    an object store).
     """
 
     key: str
@@ -101,24 +106,66 @@ class Summary:
 
 # -- building summaries ---------------------------------------------------------------------
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float32`` -> ``'float32'``."""
-    return str(dtype).removeprefix("torch.")
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """``torch.float32`` -> ``'float32'``; a name already (``'str'``) is kept."""
+    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
 
 
-def tensor_leaves(data: Any) -> list[tuple[str, torch.Tensor]]:
-    """``(key path, tensor)`` of every leaf of a tensor, TensorDict, tensorclass or pytree."""
+def text_dtype(width: int | None = None) -> str:
+    """The dtype column of a string key: ``'str'``, or ``'str (256 B cells)'`` for strings
+    stored as fixed-width UTF-8 cells of ``width`` bytes (:mod:`zstore.text`)."""
+    return TEXT_DTYPE if width is None else f"{TEXT_DTYPE} ({width} B cells)"
+
+
+@dataclasses.dataclass(frozen=True)
+class TextLeaf:
+    """A string leaf of a tensor collection, as :func:`tensor_leaves` lists it.
+
+    It offers what a key table reads of a tensor: ``shape`` (the leaf's batch
+    shape: one string per cell), ``dtype`` (``'str'``, or ``'object'`` for other
+    non-tensor values) and ``numel() * element_size()``, its bytes as cells as
+    wide as its longest UTF-8 string (``width``).
+    """
+
+    shape: tuple[int, ...]
+    width: int
+    dtype: str = TEXT_DTYPE
+
+    def numel(self) -> int:
+        """Cells (strings) in the leaf."""
+        return math.prod(self.shape)
+
+    def element_size(self) -> int:
+        """Bytes of one cell: the longest string's UTF-8 length."""
+        return self.width
+
+
+def _text_leaf(value: Any) -> TextLeaf:
+    """The :class:`TextLeaf` of a non-tensor leaf (``NonTensorData`` / ``NonTensorStack``)."""
+    from .text import is_text, values_of
+
+    shape = tuple(value.batch_size)
+    if not is_text(value):
+        return TextLeaf(shape, 0, "object")
+    width = max((len(v.encode()) for v in values_of(value) if v is not None), default=0)
+    return TextLeaf(shape, width)
+
+
+def tensor_leaves(data: Any) -> list[tuple[str, torch.Tensor | TextLeaf]]:
+    """``(key path, tensor)`` of every leaf of a tensor, TensorDict, tensorclass or pytree;
+    a tensor collection's string (non-tensor) leaves come as :class:`TextLeaf`."""
     import torch
-    from tensordict import is_tensor_collection, is_tensorclass
+    from tensordict import is_non_tensor, is_tensor_collection, is_tensorclass
     from torch.utils import _pytree as pytree
 
     if isinstance(data, torch.Tensor):
         return [("(tensor)", data)]
     if is_tensor_collection(data):
         td = data._tensordict if is_tensorclass(data) else data
-        return [("/".join(key) if isinstance(key, tuple) else key, value)
-                for key, value in td.items(include_nested=True, leaves_only=True)
-                if isinstance(value, torch.Tensor)]
+        return [("/".join(key) if isinstance(key, tuple) else key,
+                 _text_leaf(value) if is_non_tensor(value) else value)
+                for key, value in td.items(include_nested=True)
+                if isinstance(value, torch.Tensor) or is_non_tensor(value)]
     flat, _ = pytree.tree_flatten_with_path(data)
     return [(pytree.keystr(path), value) for path, value in flat if isinstance(value, torch.Tensor)]
 

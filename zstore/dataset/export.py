@@ -2,9 +2,13 @@
 
 Steps are written episode after episode, in the order of the episode index.
 TED keys map back to the layout's names (``observation`` -> ``observations``,
-``("next", "reward")`` -> ``rewards`` ...); ``("info", k)`` (D4RL) and
-``("next", "info", k)`` go to ``infos/k``; any other key is written at its
-path (``collector/traj_ids``), so nothing is dropped.
+``("next", "reward")`` -> ``rewards`` ...); the keys below a nested (dict)
+observation or action go to an HDF5 group of that name
+(``("observation", "pos")`` -> ``observations/pos``, and in D4RL
+``("next", "observation", "pos")`` -> ``next_observations/pos``), as the
+importers read them. ``("info", k)`` (D4RL) and ``("next", "info", k)`` go to
+``infos/k``; any other key is written at its path (``collector/traj_ids``),
+so nothing is dropped.
 """
 
 from __future__ import annotations
@@ -27,8 +31,12 @@ _MINARI = {ACTION: "actions", "next/reward": "rewards", "next/terminated": "term
 
 
 def _name(path: str, names: dict[str, str | None]) -> str | None:
+    """The HDF5 name of the TED key ``path``; ``None``: not written (``done``)."""
     if path in names:
         return names[path]
+    for key, name in names.items():  # a key below a nested observation or action
+        if name is not None and path.startswith(key + "/"):
+            return name + path[len(key):]
     for prefix in ("next/info/", "info/"):
         if path.startswith(prefix):
             return "infos/" + path[len(prefix):]

@@ -9,7 +9,9 @@ default (``codec="zstd+crc32c"``).
 
 * **D4RL**: one flat array per field over all steps: ``observations``,
   ``actions``, ``rewards``, ``terminals``, ``timeouts`` (optional),
-  ``next_observations`` (optional), ``infos/*``. Without
+  ``next_observations`` (optional), ``infos/*``. Dict spaces
+  (``observations/<name>``, ``next_observations/<name>``, ``actions/<name>``
+  groups) become nested keys. Without
   ``next_observations`` the next observation is the following row's
   observation and the last row is dropped, as TorchRL's D4RL loader and
   ``d4rl.qlearning_dataset`` do (at an episode end that is the next
@@ -100,6 +102,25 @@ class _Writer:
             self.storage.cleanup()
 
 
+def _members(node) -> list[tuple[str, Any]]:
+    """``(relative path, dataset)`` of an HDF5 dataset (``""``) or of every dataset below a group."""
+    return [("", node)] if hasattr(node, "shape") else list(_datasets(node))
+
+
+def _rows(file, name: str, where: str) -> int:
+    """Rows of the field ``name``: a dataset, or a group (dict space) whose datasets all have
+    that many rows (SchemaError naming the one that differs, or an empty group)."""
+    members = _members(file[name])
+    if not members:
+        raise SchemaError(f"{where}: the group {name!r} holds no arrays")
+    rows = len(members[0][1])
+    for sub, data in members[1:]:
+        if len(data) != rows:
+            raise SchemaError(f"{where}: '{name}/{sub}' has {len(data)} rows, "
+                              f"'{name}/{members[0][0]}' {rows}")
+    return rows
+
+
 def _require(file, names, where: str) -> None:
     missing = [name for name in names if name not in file]
     if missing:
@@ -117,10 +138,11 @@ def import_d4rl(h5_path: str | os.PathLike, url: str | os.PathLike,
     with h5py.File(h5_path, "r") as f:
         where = f"D4RL file {os.fspath(h5_path)}"
         _require(f, ("observations", "actions", "rewards", "terminals"), where)
-        steps = len(f["observations"])
+        steps = _rows(f, "observations", where)
         for name in ("actions", "rewards", "terminals", "timeouts", "next_observations"):
-            if name in f and len(f[name]) != steps:
-                raise SchemaError(f"{where}: {name!r} has {len(f[name])} rows, observations {steps}")
+            rows = _rows(f, name, where) if name in f else steps
+            if rows != steps:
+                raise SchemaError(f"{where}: {name!r} has {rows} rows, observations {steps}")
         has_next = "next_observations" in f
         total = steps if has_next else steps - 1
         infos = [name for name, _ in _datasets(f["infos"])] if "infos" in f else []
@@ -137,11 +159,11 @@ def _copy_d4rl(f, sink: _Writer, total: int, has_next: bool, infos: list[str]) -
     for start in range(0, total, BATCH_ROWS):
         rows = slice(start, min(start + BATCH_ROWS, total))
         n = rows.stop - rows.start
-        obs = _tensor(f["observations"][rows])
-        next_obs = _tensor(f["next_observations"][rows]) if has_next else \
-            _tensor(f["observations"][rows.start + 1: rows.stop + 1])
+        obs = _node(f["observations"], rows)
+        next_obs = _node(f["next_observations"], rows) if has_next else \
+            _node(f["observations"], slice(rows.start + 1, rows.stop + 1))
         timeouts = f["timeouts"][rows] if "timeouts" in f else np.zeros(n, dtype=bool)
-        batch = _ted(obs, _tensor(f["actions"][rows]), next_obs, f["rewards"][rows],
+        batch = _ted(obs, _node(f["actions"], rows), next_obs, f["rewards"][rows],
                      _flag(f["terminals"][rows]), _flag(timeouts), n)
         for name in infos:
             batch[("info", *name.split("/"))] = _tensor(f["infos"][name][rows])
@@ -171,8 +193,7 @@ def _check_minari_episode(group, where: str) -> int:
     expected = {"observations": steps + 1, "actions": steps, "terminations": steps,
                 "truncations": steps}
     for field, rows in expected.items():
-        node = group[field]
-        for name, data in _datasets(node) if not hasattr(node, "shape") else [("", node)]:
+        for name, data in _members(group[field]):
             if len(data) != rows:
                 raise SchemaError(f"{where}: {'/'.join(filter(None, (field, name)))!r} has "
                                   f"{len(data)} rows, expected {rows} (rewards: {steps})")

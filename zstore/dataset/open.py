@@ -167,10 +167,6 @@ class Dataset(LazyMemmapStorage):
         out = self._cells(rows.reshape(-1), lanes)
         return out.reshape(num_slices, slice_len)
 
-    def __repr__(self) -> str:
-        return super().__repr__().replace(
-            f"len={len(self)},", f"len={len(self)}, episodes={self.num_episodes},", 1)
-
 
 def _open_consolidated(spec: StoreSpec) -> zarr.Group:
     """The dataset's group from its root ``zarr.json`` alone: one request.

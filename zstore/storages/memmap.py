@@ -28,7 +28,7 @@ from ..cache import DEFAULT_CACHE_BYTES, CacheStats, cache_tier
 from ..codecs import choose_layout, is_remote, parse_codecs
 from ..errors import (LeaseError, MissingKeyError, ReadOnlyError, SchemaError, StoreExistsError,
                       ZStoreError)
-from ..display import KeyRow, Summary, dtype_name
+from ..display import KeyRow, Summary, dtype_name, text_dtype
 from ..group import (carrying_nodes, commit, create_group, existing_meta, nodes_metadata,
                      open_group)
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta, ragged_keys
@@ -987,9 +987,12 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             self._table.flush()  # written rows count as stored
         filled = self._len_along_dim0
         lanes = len(self._schema.lane_shape)
+        texts = self._schema.texts  # strings, stored as uint8 cells of UTF-8 (zstore.text)
         rows = tuple(
-            KeyRow("(tensor)" if leaf.path == SINGLE_TENSOR_KEY else leaf.path, leaf.shape[lanes:],
-                   dtype_name(leaf.dtype), codec=str(self.key_codecs.get(leaf.path, self.codec)),
+            KeyRow("(tensor)" if leaf.path == SINGLE_TENSOR_KEY else leaf.path,
+                   leaf.shape[lanes:-1] if leaf.path in texts else leaf.shape[lanes:],
+                   text_dtype(leaf.shape[-1]) if leaf.path in texts else dtype_name(leaf.dtype),
+                   codec=str(self.key_codecs.get(leaf.path, self.codec)),
                    stored_bytes=stored_bytes_under(self.spec, leaf.path) if listed else None,
                    raw_bytes=filled * leaf.row_bytes)
             for leaf in self._schema.leaves)
