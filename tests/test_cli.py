@@ -387,3 +387,115 @@ def test_a_refused_creation_through_obstore_names_the_store_once(s3_options):
     assert message.startswith(f"cannot create a buffer at {url} "), message
     assert message.count(url) == 1 and "403 Forbidden" in message, message
 
+
+
+# -- what `ls` and `info` find besides buffers; sources and destinations they cannot use -----
+
+from test_dataset import http_root  # noqa: E402,F401 - the fixture: a directory served over HTTP
+
+
+def _unfinished_creation(url: str, monkeypatch) -> None:
+    """Leave at ``url`` a buffer whose creation stopped just before its first commit, as a
+    writer killed there does (the crash point raises instead of SIGKILLing the test)."""
+    class Stop(Exception):
+        pass
+
+    def crash_point(site: str) -> None:
+        if site == "commit.before":
+            raise Stop
+
+    with monkeypatch.context() as patch:
+        patch.setattr(zstore._faults, "crash_point", crash_point)
+        storage = zstore.LazyMemmapStorage(10, scratch_dir=url)
+        with pytest.raises(Stop):
+            storage.set(torch.arange(2), TensorDict(obs=torch.zeros(2, 3), act=torch.zeros(2),
+                                                    batch_size=[2]))
+
+
+def test_an_unfinished_creation_is_one_line_of_ls_and_info_names_the_fix(capsys, tmp_path,
+                                                                          monkeypatch):
+    url = str(tmp_path / "runs" / "rb")
+    _unfinished_creation(url, monkeypatch)
+    # each array's zarr.json has a "zstore" attribute (its torch dtype): not a buffer of its own
+    assert _run(capsys, "ls", str(tmp_path)) == f"{url}\t?\tincomplete\t?\n"
+    for argv in (["info", url], ["info", "--json", url]):
+        _one_line(_run(capsys, *argv, code=1), f"{url} holds a buffer whose creation never "
+                  "finished", "delete it, or create the buffer there again")
+    storage = zstore.LazyMemmapStorage(10, scratch_dir=url)  # the advice: it replaces the remains
+    storage.set(torch.arange(2), TensorDict(obs=torch.ones(2, 3), batch_size=[2]))
+    storage.close()
+    assert _run(capsys, "ls", str(tmp_path)) == f"{url}\tLazyMemmapStorage\tbuffer\t2/10\n"
+    from zstore import cli_commands, group  # what `ls` reads without importing zarr
+
+    assert (cli_commands._BUFFER_ATTR, cli_commands._INCOMPLETE_ATTR) == \
+        (group.ZSTORE_ATTR, group._INCOMPLETE_ATTR)
+
+
+def test_ls_and_info_recognise_a_checkpoint(capsys, tmp_path):
+    storage = zstore.LazyTensorStorage(10)
+    storage.set(torch.arange(3), TensorDict(obs=torch.zeros(3, 2), batch_size=[3]))
+    dest = str(tmp_path / "ckpt")
+    generation = storage.dumps(dest).generation
+    # one line for the checkpoint, not its generation (a buffer) as a buffer of its own
+    assert _run(capsys, "ls", str(tmp_path)) == \
+        f"{dest}\tTensorStorageCheckpointer\tcheckpoint\t3/10\n"
+    err = _run(capsys, "info", dest, code=1)
+    _one_line(err, f"{dest} is a zstore checkpoint (TensorStorageCheckpointer, length 3/10), not a "
+                   "buffer: load it with storage.loads(URL)", "docs/checkpoints.md",
+              f"zstore info {dest}/{generation}")
+    assert "length 3 of capacity 10" in _run(capsys, "info", f"{dest}/{generation}")
+    from checkpoint._dest import COMMIT_ATTR  # what `ls` reads without importing torch
+
+    from zstore import cli_commands
+
+    assert cli_commands._CHECKPOINT_ATTR == COMMIT_ATTR
+
+
+def test_ls_over_http_prints_urls_that_info_opens(capsys, http_root):
+    root, base, _ = http_root
+    storage = zstore.LazyMemmapStorage(8, scratch_dir=str(root / "sets" / "rb"))
+    storage.set(torch.arange(3), TensorDict(obs=torch.zeros(3, 2), batch_size=[3]))
+    storage.close()
+    for url in (base, base + "/", f"{base}/sets"):
+        assert _run(capsys, "ls", url) == f"{base}/sets/rb\tLazyMemmapStorage\tbuffer\t3/8\n"
+    assert "length 3 of capacity 8" in _run(capsys, "info", f"{base}/sets/rb")
+
+
+def test_writes_to_http_are_refused_as_read_only(capsys, http_root, datasets):
+    root, base, requests = http_root
+    _, d4rl, _ = datasets
+    storage = zstore.LazyMemmapStorage(8, scratch_dir=str(root / "rb"))
+    storage.set(torch.arange(3), TensorDict(obs=torch.zeros(3, 2), batch_size=[3]))
+    storage.close()
+    fix = "write to a local path or a bucket (s3://...) instead"
+    err = _run(capsys, "seal", f"{base}/rb", code=1)
+    _one_line(err, f"cannot seal {base}/rb: http:// stores are read-only; copy it to a local path "
+                   f"or a bucket and seal the copy: zstore convert {base}/rb DST --seal")
+    err = _run(capsys, "convert", str(root / "rb"), f"{base}/copy", "--no-progress", code=1)
+    _one_line(err, f"cannot write the copy to {base}/copy: http:// stores are read-only; {fix}")
+    err = _run(capsys, "import", "d4rl", str(d4rl), f"{base}/hopper", "--no-progress", code=1)
+    _one_line(err, f"cannot import into {base}/hopper: http:// stores are read-only; {fix}")
+    assert {method for method, _ in requests} <= {"GET", "HEAD"}  # refused before any write
+
+
+def test_import_names_the_bad_source_file_and_the_fix(capsys, tmp_path, datasets):
+    _, d4rl, _ = datasets
+    (tmp_path / "text.hdf5").write_text("not hdf5")
+    (tmp_path / "cut.hdf5").write_bytes(d4rl.read_bytes()[:3000])
+    (tmp_path / "folder").mkdir()
+    d4rl_fix, minari_fix = ("pass the .hdf5 file of a D4RL dataset",
+                            "pass a Minari dataset's folder or its main_data.hdf5")
+    out = str(tmp_path / "out")
+    for layout, name, fragments in [
+            ("d4rl", "nope.hdf5", ["no such file: {file}", d4rl_fix]),
+            ("d4rl", "folder", ["{file} is a directory, not an HDF5 file", d4rl_fix]),
+            ("d4rl", "text.hdf5", ["{file} is not an HDF5 file", d4rl_fix]),
+            ("d4rl", "cut.hdf5", ["cannot read {file} as HDF5 (", "truncated file",
+                                  "pass a complete, undamaged copy of the .hdf5 file of a D4RL"]),
+            ("minari", "text.hdf5", ["{file} is not an HDF5 file", minari_fix]),
+            ("minari", "folder", ["the Minari dataset folder {file} holds no main_data.hdf5"])]:
+        file = str(tmp_path / name)
+        err = _run(capsys, "import", layout, file, out, code=1)
+        _one_line(err, *(fragment.format(file=file) for fragment in fragments))
+        assert out not in err  # the destination is not to blame
+    assert not os.path.exists(out)

@@ -23,13 +23,11 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from . import __version__
 from . import cli_commands as _commands
-from .cli_commands import UsageError, add_storage_options, codec_name, positive_int
+from .cli_commands import PROG, UsageError, add_storage_options, codec_name, positive_int
 from .errors import StoreExistsError, ZStoreError
 
 if TYPE_CHECKING:
     from .store import StoreSpec
-
-PROG = "zstore"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +115,10 @@ register(Command(
                 "cursor, and for a sealed dataset its episodes."))
 register(Command(
     "ls", "list the buffers and datasets under a directory or prefix",
-    _commands.ls_arguments, _commands.ls_run))
+    _commands.ls_arguments, _commands.ls_run,
+    description="Print one line per buffer, dataset and checkpoint at or below URL (its URL, class "
+                "or checkpointer, kind, length/capacity), and per buffer whose creation never "
+                "finished (kind 'incomplete'), without looking inside them."))
 register(Command(
     "convert", "copy a buffer or dataset with another codec or chunking",
     _commands.convert_arguments, _commands.convert_run,

@@ -12,14 +12,28 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from typing import Any
 
-from .errors import NotAZStoreError, StoreNotFoundError
+from .errors import NotAZStoreError, ReadOnlyError, StoreNotFoundError, ZStoreError
 from .format_version import check_format_version
+
+PROG = "zstore"
+
+#: Root attributes that tell what a Zarr group is, read as JSON by ``ls`` and ``info`` without
+#: importing their modules (``zstore.group`` imports zarr, the ``checkpoint`` package torch);
+#: tests/test_cli.py checks they match ``group.ZSTORE_ATTR``, ``group._INCOMPLETE_ATTR`` and
+#: ``checkpoint._dest.COMMIT_ATTR``.
+_BUFFER_ATTR, _INCOMPLETE_ATTR = "zstore", "zstore_incomplete"
+_CHECKPOINT_ATTR = "zstore_checkpoint"
 
 
 class UsageError(Exception):
     """A subcommand was called with options that do not fit together (exit code 2)."""
+
+
+class SourceFileError(ZStoreError, ValueError):
+    """The file a command reads (``zstore import``'s FILE) is missing, a directory, or not HDF5."""
 
 
 # -- argument types shared by subcommands ---------------------------------------------------
@@ -71,6 +85,9 @@ def add_storage_options(parser: argparse.ArgumentParser) -> None:
 
 # -- helpers of these subcommands ---------------------------------------------------------
 
+#: The fix for a write destination that takes no writes.
+_WRITE_ELSEWHERE = "write to a local path or a bucket (s3://...) instead"
+
 #: ``--codec`` not given (``--codec none`` means raw, so None cannot mark it).
 _DEFAULT = object()
 
@@ -87,6 +104,62 @@ def _progress(parser: argparse.ArgumentParser) -> None:
 def _url(parser: argparse.ArgumentParser, name: str = "url", help: str = "") -> None:
     parser.add_argument(name, metavar=name.upper(),
                         help=help or "a local path or fsspec URL (s3://bucket/rb, http://host/ds ...)")
+
+
+def _require_writable(url: str, options: dict[str, Any], action: str, fix: str) -> None:
+    """Refuse, before any work, to write at an ``http(s)://`` URL: a web server serves files and
+    takes no writes (it would answer the first PUT with 501)."""
+    from .store import StoreSpec
+
+    spec = StoreSpec.parse(url, options)
+    if spec.protocol in ("http", "https"):
+        raise ReadOnlyError(f"cannot {action} {spec.redacted()}: {spec.protocol}:// stores are "
+                            f"read-only; {fix}")
+
+
+def _node(fs, path: str) -> tuple[str, dict[str, Any]] | None:
+    """What the ``zarr.json`` at ``path`` holds, as ``(kind, block)``: ``("buffer", its zstore
+    block)``, ``("checkpoint", its commit record)``, ``("incomplete", {})`` (a buffer whose
+    creation never finished), ``("array", {})`` or ``("group", {})``; ``None`` without one."""
+    try:
+        node = json.loads(fs.cat_file(f"{path.rstrip('/')}/zarr.json"))
+    except (FileNotFoundError, IsADirectoryError, ValueError):
+        return None
+    if not isinstance(node, dict):
+        return None
+    if node.get("node_type") == "array":  # an array's own zstore attribute is its torch dtype
+        return "array", {}
+    attrs = node.get("attributes")
+    attrs = attrs if isinstance(attrs, dict) else {}
+    for kind, name in (("buffer", _BUFFER_ATTR), ("checkpoint", _CHECKPOINT_ATTR)):
+        if isinstance(attrs.get(name), dict):
+            return kind, attrs[name]
+    return ("incomplete" if attrs.get(_INCOMPLETE_ATTR) else "group"), {}
+
+
+def _not_a_buffer(spec, kind: str, block: dict[str, Any]) -> NotAZStoreError | None:
+    """The error for ``info`` on an unfinished creation or a checkpoint: what it is and the fix."""
+    where = spec.redacted()
+    if kind == "incomplete":
+        return NotAZStoreError(
+            f"{where} holds a buffer whose creation never finished (its writer stopped before the "
+            "first commit, so it holds no rows): delete it, or create the buffer there again with "
+            "the API (e.g. zstore.LazyMemmapStorage(N, scratch_dir=URL)), which replaces it")
+    if kind == "checkpoint":
+        generation = block.get("generation") if block.get("form") == "buffer" else None
+        inspect = (f", or inspect its current generation, a buffer: {PROG} info "
+                   f"{spec.url}/{generation}" if generation else "")
+        return NotAZStoreError(
+            f"{where} is a zstore checkpoint ({block.get('checkpointer', '?')}, length "
+            f"{_size(block)}), not a buffer: load it with storage.loads(URL) into a storage "
+            f"of the kind that dumped it (docs/checkpoints.md){inspect}")
+    return None
+
+
+def _size(block: dict[str, Any]) -> str:
+    """``length/max_size`` of a zstore block or checkpoint record, ``?`` when it has none."""
+    length = block.get("length")
+    return f"{length:,}/{block.get('max_size', 0):,}" if length is not None else "?"
 
 
 def _codec_and_chunks(parser: argparse.ArgumentParser, default: str) -> None:
@@ -112,8 +185,17 @@ def info_run(args: argparse.Namespace) -> int:
     from .store import StoreSpec
 
     spec = StoreSpec.parse(args.url, _options(args), read_only=True)
-    group = open_zarr_group(spec)
-    block = group.attrs.asdict().get(ZSTORE_ATTR)
+    try:
+        group = open_zarr_group(spec)
+    except NotAZStoreError:
+        found = _node(*spec.filesystem())  # read again only to name what is there instead
+        if found and (error := _not_a_buffer(spec, *found)):
+            raise error from None
+        raise
+    attrs = group.attrs.asdict()
+    block = attrs.get(ZSTORE_ATTR)
+    if not isinstance(block, dict) and isinstance(attrs.get(_CHECKPOINT_ATTR), dict):
+        raise _not_a_buffer(spec, "checkpoint", attrs[_CHECKPOINT_ATTR])
     if args.json:
         print(json.dumps(block or {}, indent=2))
         return 0
@@ -233,39 +315,41 @@ def ls_run(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         raise StoreNotFoundError(f"no such location: {spec.redacted()}") from None
     found = 0
-    for path, block in _buffers(fs, root, args.depth):
+    for path, kind, block in _buffers(fs, root, args.depth):
         found += 1
-        kind = "dataset" if block.get("sealed") else "buffer"
+        name = block.get("checkpointer" if kind == "checkpoint" else "storage_class", "?")
+        if kind == "buffer" and block.get("sealed"):
+            kind = "dataset"
         episodes = (block.get("extra") or {}).get("episodes", {}).get("count")
         note = f", {episodes:,} episodes" if episodes is not None else ""
-        length = block.get("length")
-        size = f"{length:,}/{block.get('max_size', 0):,}" if length is not None else "?"
-        prefix = spec.url.split("://", 1)[0] + "://" if "://" in spec.url else ""
-        print(f"{prefix}{path}\t{block.get('storage_class', '?')}\t{kind}\t{size}{note}")
+        print(f"{_child_url(spec, fs, root, path)}\t{name}\t{kind}\t{_size(block)}{note}")
     if not found:
         print(f"no zstore buffer under {spec.redacted()}")
     return 0
 
 
 def _buffers(fs, root: str, depth: int):
-    """``(path, zstore block)`` of every buffer at or below ``root`` (not inside buffers)."""
-    try:
-        raw = fs.cat_file(f"{root.rstrip('/')}/zarr.json")
-    except (FileNotFoundError, IsADirectoryError):
-        raw = None
-    if raw is not None:
-        try:
-            block = json.loads(raw).get("attributes", {}).get("zstore")
-        except (ValueError, AttributeError):
-            block = None
-        if isinstance(block, dict):
-            yield root, block
-            return
+    """``(path, kind, block)`` (see :func:`_node`) of every buffer, unfinished buffer and
+    checkpoint at or below ``root``, not looking inside them nor inside arrays."""
+    found = _node(fs, root)
+    if found and found[0] != "group":
+        if found[0] != "array":
+            yield root, *found
+        return
     if depth <= 0:
         return
     for entry in sorted(fs.ls(root, detail=True), key=lambda e: e["name"]):
         if entry.get("type") == "directory":
             yield from _buffers(fs, entry["name"], depth - 1)
+
+
+def _child_url(spec, fs, root: str, path: str) -> str:
+    """The URL of ``path``, a name ``fs`` listed below ``root``, spelt as ``spec.url`` is
+    (``fs.ls`` gives bucket paths on S3 but whole URLs over HTTP)."""
+    path, root = path.rstrip("/"), root.rstrip("/")
+    if path == root or path.startswith(root + "/"):
+        return spec.url.rstrip("/") + path[len(root):]
+    return path if spec.is_local else fs.unstrip_protocol(path)
 
 
 # -- zstore convert -------------------------------------------------------------------------
@@ -292,8 +376,10 @@ def convert_run(args: argparse.Namespace) -> int:
 
     if args.shards and args.chunks and args.shards % args.chunks:
         raise UsageError(f"--shards {args.shards} must be a multiple of --chunks {args.chunks}")
-    copy = convert(args.src, args.dst, _options(args),
-                   dst_options=None if args.dst_options is None else dict(args.dst_options),
+    dst_options = None if args.dst_options is None else dict(args.dst_options)
+    _require_writable(args.dst, _options(args) if dst_options is None else dst_options,
+                      "write the copy to", _WRITE_ELSEWHERE)
+    copy = convert(args.src, args.dst, _options(args), dst_options=dst_options,
                    codec=_KEEP if args.codec is _DEFAULT else args.codec,
                    chunks=args.chunks, shards=args.shards, seal=args.seal, progress=args.progress)
     per_key = "".join(f", {path}: {spec}" for path, spec in copy.key_codecs.items())
@@ -315,11 +401,36 @@ def import_arguments(parser: argparse.ArgumentParser) -> None:
     _progress(parser)
 
 
+def _check_source(layout: str, file: str) -> None:
+    """Refuse an import's FILE that is missing, a directory (a Minari folder without its HDF5
+    file) or not HDF5, naming it and the fix (h5py's errors name neither)."""
+    import h5py
+
+    from .dataset.importers import minari_main_file
+
+    expected = ("the .hdf5 file of a D4RL dataset" if layout == "d4rl" else
+                "a Minari dataset's folder or its main_data.hdf5")
+    if not os.path.exists(file):
+        raise SourceFileError(f"no such file: {file}; pass {expected}")
+    path = minari_main_file(file) if layout == "minari" else file  # a folder without it: raises
+    if os.path.isdir(path):
+        raise SourceFileError(f"{file} is a directory, not an HDF5 file; pass {expected}")
+    if not h5py.is_hdf5(path):
+        raise SourceFileError(f"{path} is not an HDF5 file (no HDF5 signature); pass {expected}")
+    try:
+        h5py.File(path, "r").close()
+    except OSError as exc:  # a truncated or damaged file
+        raise SourceFileError(f"cannot read {path} as HDF5 ({exc}); pass a complete, undamaged "
+                              f"copy of {expected}") from exc
+
+
 def import_run(args: argparse.Namespace) -> int:
     """Run `zstore import LAYOUT FILE URL` (a D4RL or Minari HDF5 file as a sealed dataset); the exit code."""
     from .dataset import import_d4rl, import_minari
     from .dataset.importers import DEFAULT_CODEC
 
+    _check_source(args.layout, args.file)
+    _require_writable(args.url, _options(args), "import into", _WRITE_ELSEWHERE)
     run = import_d4rl if args.layout == "d4rl" else import_minari
     dataset = run(args.file, args.url, _options(args), codec=DEFAULT_CODEC if args.codec is _DEFAULT else args.codec,
                   chunks=args.chunks, progress=args.progress)
@@ -342,6 +453,9 @@ def seal_run(args: argparse.Namespace) -> int:
     from .dataset import seal
     from .store import StoreSpec
 
+    _require_writable(args.url, _options(args), "seal",
+                      f"copy it to a local path or a bucket and seal the copy: {PROG} convert "
+                      f"{args.url} DST --seal")
     episodes = seal(args.url, _options(args))
     print(f"sealed {StoreSpec.parse(args.url, _options(args)).redacted()}: {episodes:,} episodes")
     return 0
