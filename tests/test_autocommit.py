@@ -218,3 +218,36 @@ def test_a_storage_left_open_is_closed_when_the_process_ends(location, how):
     assert not sync(group.store.exists(LEASE_NAME))
     assert zstore.open(url, location.options, mode="r").get(torch.arange(57))["step"].tolist() \
         == list(range(57))
+
+
+def test_exit_lets_a_background_commit_end_and_starts_none(monkeypatch):
+    """At exit the shared pools shut down right after the exit commit: a background commit
+    still running then failed with a warning (seen on a memory:// CompressedListStorage
+    whose commit was compressing when the script ended). The exit commit now waits for one
+    in flight, and the background thread starts none after it."""
+    monkeypatch.setattr(autocommit, "_exiting", False)
+    storage = zstore.CompressedListStorage(10, autocommit_seconds=math.inf)
+    storage.set(0, torch.zeros(3))
+    in_flight, release = threading.Event(), threading.Event()
+    order = []
+
+    def background_commit():  # holds the storage as _commit_if_idle does while it flushes
+        with storage._commit_lock:
+            in_flight.set()
+            release.wait(timeout=60)
+            order.append("background commit ended")
+
+    committer = threading.Thread(target=background_commit)
+    committer.start()
+    assert in_flight.wait(timeout=60)
+    exited = threading.Event()
+    at_exit = threading.Thread(target=lambda: (autocommit._commit_pending_at_exit(),
+                                               order.append("exit commit ended"), exited.set()))
+    at_exit.start()
+    assert not exited.wait(timeout=0.5), "the exit commit returned with a commit in flight"
+    release.set()
+    committer.join(timeout=60)
+    at_exit.join(timeout=60)
+    assert order == ["background commit ended", "exit commit ended"]
+    assert storage._has_uncommitted()
+    assert storage._commit_if_idle() and storage._has_uncommitted()  # it starts no commit

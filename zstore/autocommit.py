@@ -113,6 +113,8 @@ class CommitClock:
         if not self._commit_lock.acquire(blocking=False):
             return False
         try:
+            if _exiting:
+                return True  # the exit commit has taken over (and skips memory:// stores)
             lease = self._lease
             if lease is not None and not (lease.active and lease.held):
                 return True  # released or lost: only the writer's own next write may act
@@ -126,6 +128,7 @@ class CommitClock:
 _pending: "weakref.WeakSet[Committable]" = weakref.WeakSet()
 _wake = threading.Condition()
 _thread: threading.Thread | None = None
+_exiting = False  # set at exit: the background thread starts no commit from then on
 
 
 def schedule(storage: Committable) -> None:
@@ -180,10 +183,18 @@ def _commit(storage: Committable) -> None:
 
 
 def _commit_pending_at_exit() -> None:
-    """Commit what is still uncommitted when the interpreter exits (SIGTERM included)."""
+    """Commit what is still uncommitted when the interpreter exits (SIGTERM included).
+
+    From here on the background thread starts no commit, and one in flight ends before this
+    returns: the pools it uploads through shut down next (a ``memory://`` store's commit
+    then failed with a warning, though that store ends with the process)."""
+    global _exiting
+    _exiting = True
     for storage in list(_pending):
-        if storage.spec.is_memory:
-            continue  # it ends with the process
+        if storage.spec.is_memory:  # nothing to commit: the store ends with the process,
+            with storage._commit_lock:  # but a background commit in flight ends first
+                pass
+            continue
         try:
             storage.flush()
         except Exception as exc:  # noqa: BLE001 - exit must go on; nothing more can be done
