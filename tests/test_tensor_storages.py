@@ -363,3 +363,21 @@ def test_random_ops_match_torchrl(seed):
         if theirs.initialized:
             assert ours.shape == (theirs._total_shape if length == cap else torch.Size([length]))
 
+
+
+def test_a_key_the_rows_lack_is_zero_where_unwritten_as_torchrl(monkeypatch):
+    """TorchRL's buffer adds an ``index`` key to what it extends; a ``TensorStorage`` given
+    rows without it creates it, zeros where nothing was written (as TorchRL's). It was
+    ``torch.empty``: whatever the allocator handed back (here made visible: ones)."""
+    T = pytest.importorskip("torchrl.data")
+    zt = pytest.importorskip("zstore.torchrl")
+    got = {}
+    for module in (T, zt):
+        if module is zt:  # uninitialised memory, made deterministic
+            real = torch.empty
+            monkeypatch.setattr(torch, "empty", lambda *a, **k: real(*a, **k).fill_(1))
+        rb = T.TensorDictReplayBuffer(storage=module.TensorStorage(
+            TensorDict(obs=torch.zeros(64, 3), batch_size=[64])))
+        rb.extend(TensorDict(obs=torch.ones(10, 3), batch_size=[10]))
+        got[module] = rb.storage.get(torch.arange(64))["index"].tolist()
+    assert got[zt] == got[T] == list(range(10)) + [0] * 54

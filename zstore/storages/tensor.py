@@ -227,10 +227,10 @@ class TensorStorage(Storage):
         if is_tensor_collection(container):
             new = [k for k in data.keys(include_nested=True, leaves_only=True)
                    if k not in container.keys(include_nested=True, leaves_only=True)]
-            for key in new:
+            for key in new:  # a key the rows lack: zeros where unwritten, as TorchRL's
                 value = data.get(key)
                 lead = 0 if is_int(cursor) else 1
-                container.set(key, torch.empty((*self._container_shape(), *value.shape[lead + self.ndim - 1:]),
+                container.set(key, torch.zeros((*self._container_shape(), *value.shape[lead + self.ndim - 1:]),
                                                dtype=value.dtype, device=_first_leaf(container).device))
             if not isinstance(data, LazyStackedTensorDict):  # a lazy stack is written item-wise
                 _refuse_misfits(cursor, [(container.get(key), data.get(key), key) for key in
