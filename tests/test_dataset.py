@@ -165,6 +165,9 @@ def test_sample_slices_stay_inside_episodes(location):
     batch = ds.sample(32, generator=torch.Generator().manual_seed(0))
     rows = batch["obs"][:, 0].long()
     assert (batch == td[rows]).all()
+    assert ds.sample(0).batch_size == (0,)
+    with pytest.raises(ValueError, match="batch_size must be >= 0, got -1"):
+        ds.sample(-1)  # was torch's "negative dimension"
     ds.close()
 
 
