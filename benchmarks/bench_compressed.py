@@ -6,6 +6,7 @@ Run (from the repository root, in the project's virtual environment)::
     python benchmarks/bench_compressed.py --n 2000 --repeats 5
     python benchmarks/bench_compressed.py --checkpoint-only --proprio-n 1000000 --s3 200000 --repeats 5
     python benchmarks/bench_compressed.py --cold-only --n 3000 --repeats 9
+    python benchmarks/bench_compressed.py --n 40000 --repeats 7 --beyond-cache 1024 256
 
 Both storages use their defaults. Data: ``make_atari`` from ``bench_storage.py``
 (4-frame stacks of a scrolling textured background with a bouncing ball and
@@ -30,7 +31,11 @@ after a fresh ``zstore.open``: every chunk touched fetched, checked and decoded)
 *warm* (repeated); beside them the *decode limit*: crc32c + zstd of exactly the
 chunks that cold read touched, into resident buffers, on 1 and on 2 threads, and on 2
 threads into fresh memory (a new slab, as a cold cache's, whose pages the decode faults in).
-Writes benchmarks/results/compressed.json.
+``--beyond-cache MIB ...`` runs only this: sampling with each of those zstore cache sizes, in
+its steady state (after as many warm-up batches as measured ones), once the decoded items
+outgrow the cache; beside it TorchRL's ``get`` + ``torch.stack`` of the same batches.
+Writes benchmarks/results/compressed.json (or compressed_cold.json, compressed_checkpoint.json,
+compressed_beyond_cache.json).
 """
 
 from __future__ import annotations
@@ -207,6 +212,42 @@ def cold_rows(data, repeats: int, seed: int) -> dict:
     return out
 
 
+def beyond_cache_rows(data, repeats: int, seed: int, caches_mib: list[int],
+                      chunks: int | None = None) -> dict:
+    """Sampling once the decoded items outgrow zstore's cache: per ``cache_bytes``, the same
+    random 256-item batches through TorchRL's ``get`` + ``torch.stack`` and zstore's ``get``
+    + ``stack_items``, after ``repeats`` warm-up batches (the cache in its steady state);
+    medians of ``repeats`` batches. A cache smaller than one batch's chunks reads in rounds.
+    ``chunks``: zstore's items per chunk (default: its own choice, ~1 MiB chunks)."""
+    from torchrl.data import CompressedListStorage as TorchRLCompressed
+
+    reference = TorchRLCompressed(len(data))
+    fill(reference, data)
+    out = {}
+    for mib in caches_mib:
+        storage = zstore.CompressedListStorage(len(data), cache_bytes=mib << 20, chunks=chunks)
+        fill(storage, data)
+        gen = torch.Generator().manual_seed(seed)
+        times = {"torchrl": [], "zstore": []}
+        for r in range(2 * repeats):
+            idx = torch.randint(0, len(data), (BATCH,), generator=gen)
+            if r == repeats:
+                before = storage.cache_stats
+            t_zstore = timed(lambda: zstore.stack_items(storage.get(idx)))
+            t_torchrl = timed(lambda: torch.stack(reference.get(idx)))
+            if r >= repeats:
+                times["zstore"].append(t_zstore)
+                times["torchrl"].append(t_torchrl)
+        row = {f"{k}_s": statistics.median(v) for k, v in times.items()}
+        after = storage.cache_stats
+        hits, misses = after.hits - before.hits, after.misses - before.misses
+        row["hit_rate"] = hits / max(1, hits + misses)  # rows served cached, measured batches
+        row["torchrl_vs_zstore"] = row["torchrl_s"] / row["zstore_s"]
+        out[f"{mib} MiB"] = row
+        storage.close()
+    return out
+
+
 def dump_rows(data, repeats: int, base: str | None = None, options: dict | None = None) -> dict:
     """Full dump vs a second dump after 1% new items (both after a flush, so they time the
     checkpoint only), below ``base`` (default: a local temporary directory); medians of
@@ -247,6 +288,11 @@ def main(argv=None) -> int:
                              "with --checkpoint-only)")
     parser.add_argument("--checkpoint-only", action="store_true", help="only the dumps")
     parser.add_argument("--cold-only", action="store_true", help="only the cold sampling rows")
+    parser.add_argument("--beyond-cache", type=int, nargs="+", metavar="MIB", default=None,
+                        help="only sampling with these zstore cache sizes (MiB), e.g. smaller "
+                             "than the decoded items")
+    parser.add_argument("--chunks", type=int, default=None,
+                        help="zstore's items per chunk for --beyond-cache (default: its own)")
     parser.add_argument("--proprio-n", type=int, default=100_000,
                         help="proprioceptive transitions for the dumps")
     parser.add_argument("--s3", type=int, default=0, metavar="N",
@@ -256,6 +302,16 @@ def main(argv=None) -> int:
     td = make_atari(args.n, args.seed)
     results = {"n": args.n, "repeats": args.repeats, "torch": torch.__version__, "workloads": {},
                "checkpoint": {}}
+    if args.beyond_cache:
+        results["beyond_cache"] = beyond_cache_rows(td, args.repeats, args.seed, args.beyond_cache,
+                                                    args.chunks)
+        for cache, row in results["beyond_cache"].items():
+            print(f"cache {cache:>9}: zstore {row['zstore_s'] * 1e3:7.1f} ms (hit rate "
+                  f"{row['hit_rate']:.0%}), TorchRL {row['torchrl_s'] * 1e3:7.1f} ms: "
+                  f"{row['torchrl_vs_zstore']:.2f}x")
+        Path(args.json or HERE / "results" / "compressed_beyond_cache.json").write_text(
+            json.dumps(results, indent=2))
+        return 0
     if not args.checkpoint_only:
         results["cold_sampling"] = cold_rows(td, args.repeats, args.seed)
     if not (args.checkpoint_only or args.cold_only):
