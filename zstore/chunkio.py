@@ -261,7 +261,8 @@ class ColumnReader:
                       f"object ({len(payload)} bytes for {asked}): it ignores Range requests, so "
                       "every read of a sharded array fetches whole shards. Serve the store with a "
                       "server that honours Range, or serve an unsharded copy ('zstore convert SRC "
-                      "DIR --chunks ROWS' to a local directory writes one)", RuntimeWarning, stacklevel=2)
+                      "DIR --chunks ROWS' to a local directory writes one)", RuntimeWarning,
+                      stacklevel=2)
         return payload[wanted]
 
     @property

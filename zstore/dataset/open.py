@@ -136,7 +136,8 @@ class Dataset(LazyMemmapStorage):
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Any:
         """``batch_size`` transitions drawn uniformly (with replacement) from every filled cell."""
         if batch_size < 0:
-            raise ValueError(f"batch_size must be >= 0, got {batch_size} (sampling {self.spec.redacted()})")
+            raise ValueError(f"batch_size must be >= 0, got {batch_size} (sampling "
+                             f"{self.spec.redacted()})")
         lanes = math.prod(self._schema.lane_shape)
         cells = torch.randint(self._len_along_dim0 * lanes, (batch_size,), generator=generator)
         if self.ndim == 1:
