@@ -9,6 +9,7 @@ import pytest
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict
 
+import zstore
 from zstore import LazyStackStorage, ListStorage
 
 torchrl_data = pytest.importorskip("torchrl.data")
@@ -264,3 +265,23 @@ def test_lazy_stack_inherits_list_rules():
         s.set(2, item(2))
     assert isinstance(s, ListStorage)
     assert s.contains(0) and not s.contains(1)
+
+
+@pytest.mark.parametrize("kind", ["ListStorage", "LazyStackStorage", "CompressedListStorage"])
+@pytest.mark.parametrize("extends", [[15], [6, 6, 6], [9, 1, 4, 3]])
+def test_slice_windows_over_a_wrapped_list_storage_match_a_tensor_storage(kind, extends):
+    """zstore's SliceSampler orders a full ring by the item written last; list storages did
+    not record it, so windows ran from the newest item into the oldest ([12, 13, 14, 5]).
+    The reference: the same writes into a LazyTensorStorage, sampled with the same seed."""
+    def windows(storage):
+        rb = zstore.ReplayBuffer(storage, sampler=zstore.SliceSampler(slice_len=4), batch_size=40)
+        first = 0
+        for n in extends:  # one long episode, then the ring wraps
+            steps = torch.arange(first, first + n)
+            rb.extend(TensorDict({"step": steps, ("next", "done"): (steps == 18)[:, None]}, [n]))
+            first += n
+        return rb.sample(generator=torch.Generator().manual_seed(0))["step"].reshape(10, 4)
+
+    got, want = windows(getattr(zstore, kind)(10)), windows(zstore.LazyTensorStorage(10))
+    assert torch.equal(got, want)
+    assert all(w.tolist() == list(range(int(w[0]), int(w[0]) + 4)) for w in got)

@@ -53,7 +53,8 @@ def _figure(width: float = 6.4, height: float = 3.6):
 def time_ordered(data: Storage | TensorDictBase) -> TensorDictBase:
     """The rows of a storage oldest first (a wrapped ring buffer is rotated), or ``data`` itself.
 
-    List storages record no cursor (as in TorchRL), so they are read in index order.
+    List storages order by the item their writer wrote last in this process (they record no
+    cursor for TorchRL, as TorchRL's do not); unknown there (a reopened one), in index order.
 
     The whole storage is read: for a large buffer, pass a TensorDict of the keys to plot.
     """
@@ -62,7 +63,7 @@ def time_ordered(data: Storage | TensorDictBase) -> TensorDictBase:
     if not isinstance(data, Storage):
         raise TypeError(f"expected a zstore storage or a TensorDict, got {type(data).__name__}")
     lanes = math.prod(data.shape[1:]) if data.ndim > 1 and len(data) else 1  # [T, B] storages
-    return _read(data, ring_order(len(data), data.max_size, data._last_cursor_index, lanes=lanes))
+    return _read(data, ring_order(len(data), data.max_size, data._newest_row(), lanes=lanes))
 
 
 def _read(storage: Storage, rows: torch.Tensor) -> TensorDictBase:

@@ -40,6 +40,13 @@ class Sampler:
         storage's mutation revision before that write."""
 
 
+def _newest_row(storage: Any) -> int | None:
+    """The row ``storage`` wrote last (a zstore storage's, list storages' included; else
+    TorchRL's ``_last_cursor_index``); ``None`` when unknown."""
+    newest = getattr(storage, "_newest_row", None)
+    return newest() if newest is not None else getattr(storage, "_last_cursor_index", None)
+
+
 def _require_rows(storage: Any) -> int:
     n = len(storage)
     if n == 0:
@@ -162,7 +169,7 @@ class SliceSampler(Sampler):
         if self._revision != storage._mutation_revision or self._marks is None \
                 or self._marks.shape[0] < n:
             self._scan(storage, n)
-        last = getattr(storage, "_last_cursor_index", None)
+        last = _newest_row(storage)
         key = (self._revision, n, last)
         if self._spans is not None and self._spans[0] == key:
             return self._spans[1:]

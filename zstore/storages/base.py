@@ -164,6 +164,11 @@ class Storage:
         value = self._last_cursor_value
         return None if value < 0 else value
 
+    def _newest_row(self) -> int | None:
+        """The row written last, by which zstore's samplers order a full ring (oldest first):
+        ``_last_cursor_index``, TorchRL's name for it, unless the storage keeps it otherwise."""
+        return self._last_cursor_index
+
     def _set_last_cursor(self, cursor: Any) -> None:
         """Record ``cursor`` and the last time index it writes (SPEC §1.6)."""
         self._last_cursor = cursor

@@ -249,6 +249,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
     def _reset(self) -> None:
         self._mark_clean()
         self._len = 0
+        self._newest = None
         self._kind: str | None = None          # "tensor" | "tensordict"
         self._tensorclass: type | None = None
         self._dtypes: dict[str, torch.dtype] = {}
@@ -534,7 +535,10 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
     # -- the contract ---------------------------------------------------------------------------
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         with self._commit_lock:
+            newest = self._newest
             self._set_locked(cursor, data)
+            if not set_cursor:
+                self._newest = newest  # an update in place: the newest item stays
             if self._commit_due():
                 self.flush()
 
@@ -593,6 +597,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             return
         self.spec.require_writable("write")
         self._write_batch(torch.tensor(checked), data, 0 if single else 1)
+        self._newest = checked[-1]
         self._len = length
         self._mark_dirty()
         if bump:

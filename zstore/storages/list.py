@@ -37,6 +37,7 @@ class ListStorage(Storage):
     """
 
     _default_checkpointer = "ListStorageCheckpointer"
+    _newest: int | None = None  # the item written last by a write that moves the cursor
 
     def __init__(self, max_size: int | None = None, *, compilable: bool = False, device: Any = None):
         if max_size is None:
@@ -77,10 +78,15 @@ class ListStorage(Storage):
                 self._storage.append(data)
             else:
                 self._storage[index] = data
+            if set_cursor:
+                self._newest = index % len(self._storage)
             self._bump_mutation_revision()
             return
         if isinstance(cursor, slice):
             self._storage[cursor] = [self._move(x) for x in data]
+            written = range(*cursor.indices(len(self._storage)))
+            if set_cursor and written:
+                self._newest = written[-1]
             self._bump_mutation_revision()
             return
         if not isinstance(data, (list, tuple, torch.Tensor, TensorDictBase, range, set, np.ndarray)) \
@@ -94,7 +100,13 @@ class ListStorage(Storage):
         elif isinstance(cursor, np.ndarray):
             cursor = cursor.tolist()
         for index, item in zip(cursor, data, strict=True):
-            self.set(index, item)
+            self.set(index, item, set_cursor=set_cursor)
+
+    def _newest_row(self) -> int | None:
+        """The item written last by a write that moves the cursor (a writer's extend), which
+        zstore's samplers order a full ring by. TorchRL's list storages record no
+        ``_last_cursor_index``, and neither do these: TorchRL's samplers see what they see."""
+        return self._newest
 
     def get(self, index: Any) -> Any:
         if isinstance(index, tuple):
@@ -121,6 +133,7 @@ class ListStorage(Storage):
 
     def _empty(self) -> None:
         self._storage = []
+        self._newest = None
         self._bump_mutation_revision()
 
     def contains(self, item: Any) -> Any:
