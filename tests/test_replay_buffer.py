@@ -403,3 +403,21 @@ def test_loads_names_what_is_missing_or_foreign(tmp_path):
     (tmp_path / "foreign" / "buffer.json").write_text(json.dumps({"name": "other", "version": 1}))
     with pytest.raises(zstore.FormatVersionError, match="'other' version 1"):
         rb.loads(tmp_path / "foreign")
+
+
+@pytest.mark.parametrize("own", [None, 3])
+def test_loads_restores_the_saved_batch_size(own, tmp_path):
+    rb = ReplayBuffer(zstore.LazyTensorStorage(10), batch_size=6)
+    rb.extend(episodes([5]))
+    rb.dumps(tmp_path / "ckpt")
+    fresh = ReplayBuffer(zstore.LazyTensorStorage(10), batch_size=own)
+    fresh.loads(tmp_path / "ckpt")
+    assert fresh.batch_size == 6 and fresh.sample()["t"].shape == (6,)
+
+
+def test_a_storage_ensemble_is_refused_with_the_ways_out():
+    ensemble = zstore.StorageEnsemble(zstore.LazyTensorStorage(5), zstore.LazyTensorStorage(5))
+    for prefetch in (0, 1):
+        with pytest.raises(TypeError, match="StorageEnsemble cannot back.*ReplayBufferEnsemble"
+                                            ".*one zstore.ReplayBuffer per member"):
+            ReplayBuffer(ensemble, writer=zstore.ImmutableDatasetWriter(), prefetch=prefetch)

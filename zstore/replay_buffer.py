@@ -18,7 +18,7 @@ from tensordict import is_tensor_collection
 
 from .errors import FormatVersionError, StoreNotFoundError
 from .samplers import RandomSampler, Sampler
-from .storages import Storage, stack_items
+from .storages import Storage, StorageEnsemble, stack_items
 from .store import StoreSpec
 from .writers import RoundRobinWriter, Writer
 
@@ -39,8 +39,8 @@ class ReplayBuffer:
     """A storage, a writer (where items go) and a sampler (which rows a batch reads).
 
     Args:
-        storage: any zstore storage (a :class:`~zstore.LazyMemmapStorage` at a URL
-            makes the buffer persistent).
+        storage: any zstore storage but a :class:`~zstore.StorageEnsemble` (a
+            :class:`~zstore.LazyMemmapStorage` at a URL makes the buffer persistent).
         sampler: default :class:`~zstore.RandomSampler`; :class:`~zstore.SliceSampler`
             for trajectory windows.
         writer: default :class:`~zstore.RoundRobinWriter` (a ring buffer; it continues
@@ -68,6 +68,12 @@ class ReplayBuffer:
                  prefetch: int = 0):
         if not isinstance(storage, Storage):
             raise TypeError(f"storage must be a zstore storage, got {type(storage).__name__}")
+        if isinstance(storage, StorageEnsemble):
+            raise TypeError(
+                f"a {type(storage).__name__} cannot back a zstore.ReplayBuffer: its len() counts "
+                "members and its get() takes {'buffer_ids', 'index'}, while the samplers draw "
+                "row indices. Use TorchRL's ReplayBufferEnsemble over zstore.torchrl storages, "
+                "or one zstore.ReplayBuffer per member (ensemble[i])")
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
             raise ValueError(f"prefetch must be a number of batches (an int >= 0), "
                              f"got {prefetch!r}")
@@ -158,7 +164,8 @@ class ReplayBuffer:
         fs.pipe_file(f"{root}/{BUFFER_FILE}", json.dumps(state).encode())
 
     def loads(self, path: str | os.PathLike) -> None:
-        """Restore what :meth:`dumps` saved at ``path``."""
+        """Restore what :meth:`dumps` saved at ``path``: the storage, the writer's state and
+        ``batch_size`` (the saved one replaces the buffer's, as in TorchRL's ``loads``)."""
         spec = StoreSpec.parse(path)
         fs, root = spec.filesystem()
         try:
@@ -172,6 +179,7 @@ class ReplayBuffer:
                                      f"{state.get('version')!r})")
         self.storage.loads(f"{spec.url}/storage")
         self.writer.load_state_dict(state["writer"])
+        self.batch_size = state.get("batch_size", self.batch_size)
 
     def __repr__(self) -> str:
         storage = repr(self.storage).replace("\n", "\n    ")
