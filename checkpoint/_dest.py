@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from zstore._aws_credentials import credentials_named
 from zstore.errors import ZStoreError
 from zstore.progress import progress
 from zstore.store import StoreSpec
@@ -111,7 +112,8 @@ class Destination:
         """A JSON object below the destination, or None when absent."""
         self.fs.invalidate_cache()
         try:
-            raw = self.fs.cat_file(self.path_of(name))
+            with credentials_named(self.redacted()):
+                raw = self.fs.cat_file(self.path_of(name))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
         try:
@@ -168,7 +170,8 @@ class Destination:
         """Names directly below the destination ([] when it does not exist)."""
         self.fs.invalidate_cache()
         try:
-            entries = self.fs.ls(self.root, detail=False)
+            with credentials_named(self.redacted()):
+                entries = self.fs.ls(self.root, detail=False)
         except (FileNotFoundError, NotADirectoryError):
             return []
         return [str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries]

@@ -7,6 +7,7 @@ must read back through the other.
 
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 import signal
@@ -442,3 +443,65 @@ def test_a_child_forked_after_obstore_was_used_reads_through_s3fs(s3_options, s3
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert not isinstance(zstore.open(url, options, mode="r").spec.open(), FsspecStore)
+
+
+#: Both S3 transports, for a behaviour that must not depend on the client.
+BOTH = ["fsspec", pytest.param("obstore", marks=needs_obstore)]
+
+
+@pytest.mark.parametrize("transport", BOTH)
+def test_region_means_the_same_through_both_transports(s3_options, s3_bucket, transport):
+    """s3fs has no ``region`` option: it was refused as "not a zstore buffer" (a TypeError)."""
+    options = {**s3_options, "region": "us-east-1", "transport": transport}
+    url = f"s3://{s3_bucket}/region-{uuid.uuid4().hex[:8]}"
+    writer = zstore.LazyMemmapStorage(10, scratch_dir=url, storage_options=options)
+    writer.set(torch.arange(3), TensorDict(x=torch.arange(3), batch_size=[3]))
+    writer.flush()
+    assert zstore.open(url, options, mode="r").get(torch.arange(3))["x"].tolist() == [0, 1, 2]
+    writer.close()
+
+
+@pytest.mark.parametrize("transport", BOTH)
+def test_a_refused_lease_write_names_the_store_and_the_fix(rclone_s3, transport):
+    """A wrong secret (rclone checks signatures) was a bare PermissionError from the lease."""
+    url = f"s3://zstore-rclone/wrong-secret-{uuid.uuid4().hex[:8]}"
+    options = {**rclone_s3, "secret": "WRONG-SECRET-4f1c", "transport": transport}
+    storage = zstore.LazyMemmapStorage(10, scratch_dir=url, storage_options=options)
+    with pytest.raises(PermissionError, match="key= and secret=") as info:
+        storage.set(torch.arange(2), TensorDict(x=torch.arange(2), batch_size=[2]))
+    assert url in str(info.value) and "WRONG-SECRET-4f1c" not in str(info.value)
+
+
+@pytest.mark.parametrize("transport", BOTH)
+def test_missing_credentials_name_the_store_and_the_fix(s3_server, s3_bucket, transport,
+                                                        monkeypatch, tmp_path):
+    """s3fs's missing credentials were an OSError (``zstore.open``) and botocore's bare
+    NoCredentialsError (a checkpoint load): both are zstore's, as the obstore transport's."""
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    options = {"endpoint_url": s3_server, "skip_instance_cache": True, "transport": transport}
+    url = f"s3://{s3_bucket}/no-credentials"
+    with pytest.raises(zstore.NoCredentialsError, match="key= and secret=") as info:
+        zstore.open(url, options, mode="r")
+    assert url in str(info.value)
+    with pytest.raises(zstore.NoCredentialsError, match="key= and secret=") as info:
+        zstore.LazyMemmapStorage(10).loads(StoreSpec.parse(f"{url}-ckpt", options))
+    assert f"{url}-ckpt" in str(info.value)
+
+
+@pytest.mark.parametrize("transport", BOTH)
+def test_the_callers_nested_options_are_left_alone(s3_options, s3_bucket, transport):
+    """botocore changed a ``config_kwargs["retries"]`` dict it was given in place."""
+    options = {**s3_options, "transport": transport,
+               "config_kwargs": {"retries": {"total_max_attempts": 3}}}
+    before = copy.deepcopy(options)
+    url = f"s3://{s3_bucket}/options-{uuid.uuid4().hex[:8]}"
+    writer = zstore.LazyMemmapStorage(10, scratch_dir=url, storage_options=options)
+    writer.set(torch.arange(3), TensorDict(x=torch.arange(3), batch_size=[3]))
+    writer.flush()
+    assert len(zstore.open(url, options, mode="r")) == 3
+    writer.close()
+    assert options == before

@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from ._aws_credentials import credentials_named
 from .store import StoreSpec
 
 #: Name prefix of the scratch objects of :meth:`S3Objects.atomic`'s probe (one left by a
@@ -197,7 +198,8 @@ class S3Objects(ConditionalObjects):
                     out["Data"] = await body.read()
             return out
 
-        result = sync(fs.loop, run)
+        with credentials_named(self.spec.redacted()):
+            result = sync(fs.loop, run)
         fs.invalidate_cache(path)
         return result
 

@@ -34,7 +34,8 @@ from zarr.errors import GroupNotFoundError, NodeNotFoundError
 from zarr.storage import LocalStore, MemoryStore, StorePath
 
 from . import _faults
-from .errors import NotAZStoreError, StoreNotFoundError, ZStoreError
+from ._aws_credentials import credentials_error
+from .errors import NoCredentialsError, NotAZStoreError, StoreNotFoundError, ZStoreError
 from .store import StoreSpec
 
 if TYPE_CHECKING:  # layout and dtypes import torch: opening a group (zstore info) needs none
@@ -109,7 +110,11 @@ def open_group(spec: StoreSpec) -> tuple[zarr.Group, StoreMeta]:
 
 def _io_error(what: str, exc: Exception, where: str) -> OSError:
     """An ``OSError`` (of ``exc``'s type when it is one) saying ``what`` failed at ``where``
-    (the store, named once: an error that starts with it loses that start) and why."""
+    (the store, named once: an error that starts with it loses that start) and why; botocore's
+    missing credentials as :class:`~zstore.errors.NoCredentialsError`, with the fix."""
+    missing = credentials_error(exc, where)
+    if isinstance(missing, NoCredentialsError):
+        return missing
     kind = type(exc) if isinstance(exc, OSError) else OSError
     why = str(exc).removeprefix(f"{where}: ")
     try:

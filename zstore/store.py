@@ -114,7 +114,33 @@ class StoreSpec:
             text = text[len("file://"):]
         if "://" not in text:
             text = str(Path(text).expanduser().absolute())
-        return cls(text.rstrip("/") or "/", dict(storage_options or {}), read_only)
+        spec = cls(text.rstrip("/") or "/", dict(storage_options or {}), read_only)
+        spec._refuse_ambiguous(text)
+        return spec
+
+    def _refuse_ambiguous(self, text: str) -> None:
+        """Raise ``ValueError`` for what the two S3 clients would read differently: an empty
+        path segment of an object store's URL ``text`` (``s3://bucket//rb``), an S3
+        ``endpoint_url`` without ``http://`` or ``https://``, and two different regions."""
+        if self.is_object_store:
+            path = self.url.split("://", 1)[1]
+            if not path or path.startswith("/") or "//" in path:
+                fixed = f"{self.protocol}://" + "/".join(part for part in path.split("/") if part)
+                raise ValueError(f"{text!r} has an empty path segment ('//'), which object store "
+                                 f"clients read differently: write it as {fixed!r}")
+        if self.protocol not in ("s3", "s3a"):
+            return
+        options = self.storage_options
+        client = options.get("client_kwargs") or {}
+        for name, value in (("endpoint_url", options.get("endpoint_url")),
+                            ('client_kwargs["endpoint_url"]', client.get("endpoint_url"))):
+            if value and not str(value).startswith(("http://", "https://")):
+                raise ValueError(f"{self.url}: storage option {name}={value!r} has no scheme: "
+                                 f"write it as 'http://{value}' or 'https://{value}'")
+        region, region_name = options.get("region"), client.get("region_name")
+        if region and region_name and region != region_name:
+            raise ValueError(f"{self.url}: storage options region={region!r} and "
+                             f'client_kwargs["region_name"]={region_name!r} differ: give one')
 
     @property
     def protocol(self) -> str:
@@ -206,7 +232,18 @@ class StoreSpec:
         return chosen
 
     def _fsspec_options(self) -> dict[str, Any]:
-        return {k: v for k, v in self.storage_options.items() if k != TRANSPORT_OPTION}
+        """The options for fsspec: their dicts and lists copied (s3fs and botocore change
+        nested dicts such as ``config_kwargs["retries"]`` in place), without ``transport``, and
+        on S3 with ``region`` as s3fs's ``client_kwargs["region_name"]`` (as the obstore
+        transport reads it)."""
+        options = _copy_containers({k: v for k, v in self.storage_options.items()
+                                    if k != TRANSPORT_OPTION})
+        if self.protocol in ("s3", "s3a") and "region" in options:
+            region = options.pop("region")
+            client = options["client_kwargs"] = dict(options.get("client_kwargs") or {})
+            if region and not client.get("region_name"):
+                client["region_name"] = region
+        return options
 
     def filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
         """The fsspec filesystem and the path inside it (a fresh instance per process)."""
@@ -362,6 +399,16 @@ class _MemoryFsspecStore(FsspecStore):
                 self.fs.sync_fs.cat_file(f"{root}/{key}" if root else key, start, end))
         except FileNotFoundError:
             return None
+
+
+def _copy_containers(value: Any) -> Any:
+    """``value`` with its dicts, lists and tuples copied all the way down; other objects (a
+    session, a credential provider) are shared, not copied."""
+    if isinstance(value, dict):
+        return {k: _copy_containers(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copy_containers(v) for v in value)
+    return value
 
 
 def _obstore_s3(spec: StoreSpec) -> Store:
