@@ -190,6 +190,13 @@ def test_missing_key_is_named(rollouts):
         plots.episode_stats([1, 2])
 
 
+@pytest.mark.parametrize("cls", ["LazyTensorStorage", "ListStorage", "CompressedListStorage"])
+def test_an_empty_storage_says_there_is_nothing_to_plot(cls):
+    """(It raised the storage's "Cannot get elements out of a non-initialized storage".)"""
+    with pytest.raises(ValueError, match=f"nothing to plot: this {cls} holds no rows yet"):
+        plots.episode_stats(getattr(zstore, cls)(10))
+
+
 def test_figure_renders_to_png(rollouts, tmp_path):
     plots.episode_return_hist(rollouts).savefig(tmp_path / "f.png")
     assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -62,6 +62,9 @@ def time_ordered(data: Storage | TensorDictBase) -> TensorDictBase:
         return data
     if not isinstance(data, Storage):
         raise TypeError(f"expected a zstore storage or a TensorDict, got {type(data).__name__}")
+    if not len(data):
+        raise ValueError(f"nothing to plot: this {type(data).__name__} holds no rows yet "
+                         "(write some first, or plot a TensorDict)")
     lanes = math.prod(data.shape[1:]) if data.ndim > 1 and len(data) else 1  # [T, B] storages
     return _read(data, ring_order(len(data), data.max_size, data._newest_row(), lanes=lanes))
 
