@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -251,3 +252,32 @@ def test_exit_lets_a_background_commit_end_and_starts_none(monkeypatch):
     assert order == ["background commit ended", "exit commit ended"]
     assert storage._has_uncommitted()
     assert storage._commit_if_idle() and storage._has_uncommitted()  # it starts no commit
+
+
+def _closes_nothing_of_its_parent(storage) -> None:
+    """In a forked child: run the exit hook that closes live storages; exit 1 if it closed
+    the parent's ``storage``."""
+    from zstore.storages import lifecycle
+
+    lifecycle._close_live_storages()
+    os._exit(0 if storage._table is not None else 1)
+
+
+@pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
+def test_a_forked_child_leaves_its_parents_storages_open(location):
+    """The exit hooks run where multiprocessing's children end too (it calls threading's
+    shutdown there): a child closed its parent's storages, whose clients and I/O loop are the
+    parent's (make test-obstore timed out on test_multiwriter, a writer child never ending)."""
+    url = location.new()
+    storage = zstore.LazyMemmapStorage(100, scratch_dir=url, storage_options=location.options,
+                                       codec="zstd", chunks=10, autocommit_seconds=math.inf)
+    storage.set(torch.arange(5), burst(0)[:5])
+    storage.flush()
+    child = mp.get_context("fork").Process(target=_closes_nothing_of_its_parent, args=(storage,))
+    child.start()
+    child.join(timeout=120)
+    assert child.exitcode == 0, "the child closed its parent's storage"
+    storage.set(torch.arange(5, 10), burst(0)[5:10])
+    storage.flush()
+    assert_rows(url, location.options, 10)
+    storage.close()

@@ -9,6 +9,7 @@ rows, cache and file handles are not the child's.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import weakref
 from typing import Any
@@ -16,23 +17,31 @@ from typing import Any
 from .._pools import at_exit_while_pools_work
 from ..store import StoreSpec, defer_memory_work
 
-_LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_LIVE: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # -> its process
 
 
 def track(storage: Any) -> None:
     """Close ``storage`` at exit, and reset it in forked children, while it is open."""
-    _LIVE.add(storage)
+    _LIVE[storage] = os.getpid()
 
 
 def untrack(storage: Any) -> None:
     """Stop tracking ``storage`` (closed, cleaned up, or replaced by an unpickled copy)."""
-    _LIVE.discard(storage)
+    _LIVE.pop(storage, None)
 
 
 def _close_live_storages() -> None:
-    """Close every open storage at exit: its last commit, its log segments folded into its
-    chunks and its lease released (a compressed chunk's fold decodes on the shared pool)."""
-    for storage in list(_LIVE):
+    """Close every open storage of this process at exit: its last commit, its log segments
+    folded into its chunks and its lease released (a compressed chunk's fold decodes on the
+    shared pool). A forked child leaves its parent's storages alone: they are the parent's,
+    lease and clients included. multiprocessing runs these hooks as its children end; they
+    close nothing there, as before the hooks ran there (a child's storage is its writer's to
+    close, or its parent's: the group's lease holder commits for it)."""
+    if multiprocessing.parent_process() is not None:
+        return
+    for storage, owner in list(_LIVE.items()):
+        if owner != os.getpid():
+            continue
         try:
             storage.close()
         except Exception:  # noqa: BLE001 - exit must go on; nothing more can be done here
