@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from zstore._aws_credentials import credentials_named
+from zstore.credentials import credentials_named
 from zstore.errors import ZStoreError
 from zstore.progress import progress
 from zstore.store import StoreSpec

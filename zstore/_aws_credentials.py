@@ -12,12 +12,10 @@ as s3fs does (at once where the metadata service is disabled, else after botocor
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .errors import NoCredentialsError, ZStoreError
+from .errors import NoCredentialsError
 
 #: How long obstore keeps credentials that botocore refreshes (assumed roles, SSO, the
 #: instance's) before asking again; botocore hands back the same ones until they near expiry.
@@ -30,43 +28,6 @@ def no_credentials_error(where: str, detail: str = "") -> NoCredentialsError:
         f"no credentials to access {where}: pass storage_options key= and secret= (or "
         "anon=True for a public bucket), or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
         + (f" ({detail})" if detail else ""))
-
-
-#: What to check when an S3 server refuses a request's credentials.
-CHECK_CREDENTIALS = ("check storage_options key= and secret= (or AWS_ACCESS_KEY_ID and "
-                     "AWS_SECRET_ACCESS_KEY) and the bucket's policy")
-
-
-def credentials_error(exc: BaseException, where: str) -> PermissionError | None:
-    """zstore's error for ``exc``, raised reaching the store at ``where``, when it is about
-    credentials: :class:`NoCredentialsError` when botocore found none (``exc`` or an error it
-    comes from), a ``PermissionError`` naming the store and what to check when the server
-    refused them; ``None`` for any other error and for zstore's own."""
-    if isinstance(exc, ZStoreError):
-        return None
-    error: BaseException | None = exc
-    while error is not None:
-        if type(error).__module__.startswith("botocore") and type(error).__name__ in (
-                "NoCredentialsError", "PartialCredentialsError"):
-            return no_credentials_error(where, str(error))
-        error = error.__cause__ or error.__context__
-    if isinstance(exc, PermissionError):
-        why = str(exc).removeprefix(f"{where}: ").rstrip(". ")
-        return PermissionError(f"{where}: {why}; {CHECK_CREDENTIALS}")
-    return None
-
-
-@contextlib.contextmanager
-def credentials_named(where: str) -> Iterator[None]:
-    """Raise :func:`credentials_error` (about the store at ``where``) in place of the errors
-    of the block that it covers."""
-    try:
-        yield
-    except Exception as exc:
-        error = credentials_error(exc, where)
-        if error is None:
-            raise
-        raise error from exc
 
 
 class BotocoreCredentials:

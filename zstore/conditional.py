@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from ._aws_credentials import credentials_named
+from .credentials import credentials_named
 from .store import StoreSpec
 
 #: Name prefix of the scratch objects of :meth:`S3Objects.atomic`'s probe (one left by a

@@ -34,7 +34,7 @@ from zarr.errors import GroupNotFoundError, NodeNotFoundError
 from zarr.storage import LocalStore, MemoryStore, StorePath
 
 from . import _faults
-from ._aws_credentials import credentials_error
+from .credentials import credentials_error
 from .errors import NoCredentialsError, NotAZStoreError, StoreNotFoundError, ZStoreError
 from .store import StoreSpec
 
