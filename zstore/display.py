@@ -142,13 +142,12 @@ class TextLeaf:
 
 def _text_leaf(value: Any) -> TextLeaf:
     """The :class:`TextLeaf` of a non-tensor leaf (``NonTensorData`` / ``NonTensorStack``)."""
-    from .text import is_text, values_of
+    from .text import is_text, longest
 
     shape = tuple(value.batch_size)
     if not is_text(value):
         return TextLeaf(shape, 0, "object")
-    width = max((len(v.encode()) for v in values_of(value) if v is not None), default=0)
-    return TextLeaf(shape, width)
+    return TextLeaf(shape, longest(value))
 
 
 def tensor_leaves(data: Any) -> list[tuple[str, torch.Tensor | TextLeaf]]:

@@ -50,10 +50,14 @@ def is_text(value: Any) -> bool:
     return all(v is None or isinstance(v, str) for v in values_of(value))
 
 
+def longest(value: Any) -> int:
+    """UTF-8 bytes of the longest string of a leaf (0 without any)."""
+    return max((len(v.encode()) for v in values_of(value) if isinstance(v, str)), default=0)
+
+
 def width_for(value: Any, at_least: int) -> int:
     """The cell width for a leaf: ``at_least``, or a power of two holding its longest string."""
-    longest = max((len(v.encode()) for v in values_of(value) if isinstance(v, str)), default=0)
-    return max(at_least, 1 << max(0, longest - 1).bit_length())
+    return max(at_least, 1 << max(0, longest(value) - 1).bit_length())
 
 
 def widest(data: Any) -> int:
