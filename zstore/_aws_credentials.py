@@ -15,19 +15,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .errors import NoCredentialsError
+from .credentials import no_credentials_error
 
 #: How long obstore keeps credentials that botocore refreshes (assumed roles, SSO, the
 #: instance's) before asking again; botocore hands back the same ones until they near expiry.
 REFRESH_EVERY = timedelta(minutes=5)
-
-
-def no_credentials_error(where: str, detail: str = "") -> NoCredentialsError:
-    """The error for a store at ``where`` that no credential source could serve."""
-    return NoCredentialsError(
-        f"no credentials to access {where}: pass storage_options key= and secret= (or "
-        "anon=True for a public bucket), or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-        + (f" ({detail})" if detail else ""))
 
 
 class BotocoreCredentials:

@@ -8,8 +8,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from ._aws_credentials import no_credentials_error
-from .errors import ZStoreError
+from .errors import NoCredentialsError, ZStoreError
+
+
+def no_credentials_error(where: str, detail: str = "") -> NoCredentialsError:
+    """The error for a store at ``where`` that no credential source could serve."""
+    return NoCredentialsError(
+        f"no credentials to access {where}: pass storage_options key= and secret= (or "
+        "anon=True for a public bucket), or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+        + (f" ({detail})" if detail else ""))
 
 
 #: What to check when an S3 server refuses a request's credentials.

@@ -32,7 +32,8 @@ from zarr.abc.store import (ByteRequest, OffsetByteRequest, RangeByteRequest, St
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import FsspecStore, LocalStore, ObjectStore
 
-from ._aws_credentials import botocore_chain, no_credentials_error
+from ._aws_credentials import botocore_chain
+from .credentials import no_credentials_error
 from .errors import BackendNotInstalledError, NotAZStoreError, ReadOnlyError, StoreNotFoundError
 
 _INSTALL_HINTS = {
