@@ -7,6 +7,7 @@ it enforces conditional writes like AWS. Nothing leaves the loopback interface.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import tempfile
 import uuid
@@ -105,6 +106,23 @@ class Location:
 
     def __repr__(self) -> str:
         return f"Location({self.kind})"
+
+
+def denying_bucket(s3_options: dict, action: str = "s3:GetObject", objects: str = "*") -> str:
+    """A new bucket holding ``rb/zarr.json`` whose policy refuses ``action`` on ``objects``."""
+    import boto3
+    import s3fs
+
+    bucket = f"zstore-denied-{uuid.uuid4().hex[:8]}"
+    fs = s3fs.S3FileSystem(**s3_options, skip_instance_cache=True)
+    fs.mkdir(bucket)
+    fs.pipe(f"{bucket}/rb/zarr.json", b"{}")
+    client = boto3.client("s3", endpoint_url=s3_options["endpoint_url"], region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    client.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Statement": [{
+        "Effect": "Deny", "Principal": "*", "Action": action,
+        "Resource": f"arn:aws:s3:::{bucket}/{objects}"}]}))
+    return bucket
 
 
 @pytest.fixture

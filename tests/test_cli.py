@@ -8,13 +8,13 @@ import os
 import socket
 import subprocess
 import sys
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from tensordict import TensorDict
+from conftest import denying_bucket
 from test_importers import _write_d4rl, _write_minari
 from test_s3_transport import needs_obstore
 
@@ -273,28 +273,11 @@ def test_an_unreachable_endpoint_is_named(capsys, command):
               "check the endpoint (-o endpoint_url=URL)")
 
 
-def _denying_bucket(s3_options: dict, action: str = "s3:GetObject", objects: str = "*") -> str:
-    """A new bucket holding ``rb/zarr.json`` whose policy refuses ``action`` on ``objects``."""
-    import boto3
-    import s3fs
-
-    bucket = f"zstore-denied-{uuid.uuid4().hex[:8]}"
-    fs = s3fs.S3FileSystem(**s3_options, skip_instance_cache=True)
-    fs.mkdir(bucket)
-    fs.pipe(f"{bucket}/rb/zarr.json", b"{}")
-    client = boto3.client("s3", endpoint_url=s3_options["endpoint_url"], region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
-    client.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Statement": [{
-        "Effect": "Deny", "Principal": "*", "Action": action,
-        "Resource": f"arn:aws:s3:::{bucket}/{objects}"}]}))
-    return bucket
-
-
 @pytest.mark.s3
 @pytest.mark.usefixtures("s3fs_transport")  # about s3fs's own wording
 def test_a_refused_request_names_the_url(capsys, s3_options):
     """A 403, as S3 answers wrong credentials (moto takes any key, so its bucket policy refuses)."""
-    bucket = _denying_bucket(s3_options)
+    bucket = denying_bucket(s3_options)
     opts = [f"-o{k}={v}" for k, v in s3_options.items()]
     for argv in (["info", f"s3://{bucket}/rb"], ["ls", f"s3://{bucket}"]):
         _one_line(_run(capsys, *argv, *opts, code=1), "access denied: ", f"{argv[1]} {{",
@@ -323,10 +306,10 @@ def test_obstore_errors_are_one_line_naming_the_store_and_the_fix(capsys, no_cre
     _one_line(err, "cannot connect to the server: s3://zstore-nowhere/rb {", "error sending request",
               "check the endpoint")
 
-    bucket = _denying_bucket(s3_options)
+    bucket = denying_bucket(s3_options)
     opts = [f"-o{k}={v}" for k, v in s3_options.items()]
     err = _run(capsys, "info", f"s3://{bucket}/rb", *opts, "-otransport=obstore", code=1)
-    _one_line(err, f"access denied: s3://{bucket}/rb {{", "403 Forbidden",
+    _one_line(err, f"access denied: cannot read s3://{bucket}/rb {{", "403 Forbidden",
               "check the credentials and the bucket's policy")
 
 
@@ -377,7 +360,7 @@ def test_public_names_are_imported_on_first_use():
 def test_a_refused_creation_through_obstore_names_the_store_once(s3_options):
     """A bucket that refuses the new buffer's ``zarr.json`` objects (but not its lease): the
     error says the creation failed, where, and why, naming the store once."""
-    bucket = _denying_bucket(s3_options, "s3:PutObject", "new/*zarr.json")
+    bucket = denying_bucket(s3_options, "s3:PutObject", "new/*zarr.json")
     url = f"s3://{bucket}/new"
     storage = zstore.LazyMemmapStorage(8, scratch_dir=url,
                                        storage_options={**s3_options, "transport": "obstore"})

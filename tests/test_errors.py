@@ -13,6 +13,7 @@ import os
 import pytest
 import torch
 import zarr
+from conftest import denying_bucket
 from tensordict import TensorDict
 
 import zstore
@@ -315,6 +316,20 @@ def test_error_messages_hide_s3_secrets(s3_options):
     with pytest.raises(StoreNotFoundError) as info:
         zstore.open("s3://zstore-no-such-bucket-4f1c/rb", options)
     assert "very-secret-value" not in str(info.value)
+
+
+def test_a_refused_read_names_the_store_and_the_fix(s3_options):
+    """A reader the server refuses (403, as S3 answers wrong credentials; moto takes any key,
+    so a bucket policy refuses) is told which store refused it and what to check, through
+    either transport (``make test-obstore`` runs this through obstore)."""
+    url = f"s3://{denying_bucket(s3_options)}/rb"
+    for attempt in (lambda: zstore.open(url, s3_options, mode="r"), lambda: zstore.open(url, s3_options)):
+        with pytest.raises(PermissionError) as info:
+            attempt()
+        message = str(info.value)
+        assert message.startswith(f"cannot read {url} ") and "Forbidden" in message, message
+        assert message.endswith("check storage_options key= and secret= (or AWS_ACCESS_KEY_ID and "
+                                "AWS_SECRET_ACCESS_KEY) and the bucket's policy"), message
 
 
 def test_corrupt_chunk_names_key_and_chunk(tmp_path):

@@ -472,6 +472,23 @@ def test_a_refused_lease_write_names_the_store_and_the_fix(rclone_s3, transport)
     assert url in str(info.value) and "WRONG-SECRET-4f1c" not in str(info.value)
 
 
+@needs_obstore
+def test_an_error_obstore_leaves_unclassified_is_one_line_with_the_servers_code(rclone_s3):
+    """rclone refuses unsigned requests (``anon=True``) with a 400. obstore's GenericError
+    came through whole: the server's XML on the next lines and a 20-line Rust debug dump."""
+    url = f"s3://zstore-rclone/unsigned-{uuid.uuid4().hex[:8]}"
+    writer = zstore.LazyMemmapStorage(10, scratch_dir=url, storage_options=rclone_s3)
+    writer.set(torch.arange(2), TensorDict(x=torch.arange(2), batch_size=[2]))
+    writer.close()
+    options = {"endpoint_url": rclone_s3["endpoint_url"], "anon": True, "transport": "obstore"}
+    with pytest.raises(OSError) as info:
+        zstore.open(url, options, mode="r")
+    message = str(info.value)
+    assert "\n" not in message and "Debug" not in message, message
+    assert message.startswith(url) and message.endswith(
+        "400 Bad Request: UnsupportedAlgorithm (Encountered an unsupported algorithm.)"), message
+
+
 @pytest.mark.parametrize("transport", BOTH)
 def test_missing_credentials_name_the_store_and_the_fix(s3_server, s3_bucket, transport,
                                                         monkeypatch, tmp_path):

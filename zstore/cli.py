@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from . import __version__
 from . import cli_commands as _commands
 from .cli_commands import PROG, UsageError, add_storage_options, codec_name, positive_int
+from .credentials import CHECK_CREDENTIALS
 from .errors import StoreExistsError, ZStoreError
 
 if TYPE_CHECKING:
@@ -190,7 +191,7 @@ def error_message(exc: BaseException, args: argparse.Namespace) -> str:
                           if spec.is_remote) or where
     names = [name for name in (getattr(args, "file", None), *(spec.url for spec in stores)) if name]
 
-    def about(error: BaseException) -> str:  # the error, with the store unless it names one
+    def about(error: BaseException | str) -> str:  # the error, with the store unless it names one
         return str(error) if any(name in str(error) for name in names) else f"{where}: {error}"
 
     if _cause(exc, _named("NoCredentialsError", "PartialCredentialsError")):
@@ -204,8 +205,9 @@ def error_message(exc: BaseException, args: argparse.Namespace) -> str:
                 "destination, or delete it first")
     elif isinstance(exc, ZStoreError):
         text = str(exc)
-    elif cause := _cause(exc, _denied):
-        text = f"access denied: {about(cause)}; " + (
+    elif cause := _cause(exc, _denied):  # in the CLI's words, not those for Python callers
+        refusal = str(cause).removesuffix(f"; {CHECK_CREDENTIALS}")
+        text = f"access denied: {about(refusal)}; " + (
             "check the file's permissions" if getattr(cause, "filename", None) else
             f"check the credentials and the bucket's policy; for other credentials, {_CREDENTIALS}")
     elif isinstance(exc, FileNotFoundError):

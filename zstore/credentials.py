@@ -38,7 +38,7 @@ def credentials_error(exc: BaseException, where: str) -> PermissionError | None:
             return no_credentials_error(where, str(error))
         error = error.__cause__ or error.__context__
     if isinstance(exc, PermissionError):
-        why = str(exc).removeprefix(f"{where}: ").rstrip(". ")
+        why = str(exc).removeprefix(f"{where}: ").rstrip(".: ")
         return PermissionError(f"{where}: {why}; {CHECK_CREDENTIALS}")
     return None
 

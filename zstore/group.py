@@ -111,10 +111,13 @@ def open_group(spec: StoreSpec) -> tuple[zarr.Group, StoreMeta]:
 def _io_error(what: str, exc: Exception, where: str) -> OSError:
     """An ``OSError`` (of ``exc``'s type when it is one) saying ``what`` failed at ``where``
     (the store, named once: an error that starts with it loses that start) and why; botocore's
-    missing credentials as :class:`~zstore.errors.NoCredentialsError`, with the fix."""
-    missing = credentials_error(exc, where)
-    if isinstance(missing, NoCredentialsError):
-        return missing
+    missing credentials and a server's refusal as :func:`~zstore.credentials.credentials_error`
+    words them, with the fix."""
+    refused = credentials_error(exc, where)
+    if isinstance(refused, NoCredentialsError):
+        return refused
+    if refused is not None:
+        return PermissionError(f"{what} {refused}")
     kind = type(exc) if isinstance(exc, OSError) else OSError
     why = str(exc).removeprefix(f"{where}: ")
     try:
@@ -148,7 +151,8 @@ def open_zarr_group(spec: StoreSpec) -> zarr.Group:
     except (ValueError, TypeError, KeyError) as exc:
         raise NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: {exc}") from exc
     except Exception as exc:  # the network after the client's retries: name the store
-        if isinstance(exc, (ZStoreError, OSError)) and spec.redacted() in str(exc):
+        if (isinstance(exc, (ZStoreError, OSError)) and spec.redacted() in str(exc)
+                and credentials_error(exc, spec.redacted()) is None):
             raise  # it names the store already (and a zstore error the fix)
         raise _io_error("cannot read", exc, spec.redacted()) from exc
     if group.attrs.get(_INCOMPLETE_ATTR):

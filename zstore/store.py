@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import threading
 import warnings
 from collections import OrderedDict
@@ -553,11 +554,12 @@ def _obstore_error(exc: Exception, where: str) -> Exception:
     """obstore's error ``exc`` about the store at ``where`` as the error s3fs raises in its
     place: :class:`NoCredentialsError` when obstore found no credentials (its last resort,
     the instance metadata service, failed), ``PermissionError`` for a refusal (403),
-    ``ConnectionError`` when the server cannot be reached; ``exc`` itself otherwise. Each
-    keeps the first line of obstore's message, not the Rust debug dump that follows."""
+    ``ConnectionError`` when the server cannot be reached, ``OSError`` for any other error
+    the server answered (obstore's ``GenericError``); ``exc`` itself otherwise. Each keeps
+    the first line of obstore's message, not the Rust debug dump that follows."""
     if not type(exc).__module__.startswith("obstore"):
         return exc
-    first = str(exc).strip().split("\n", 1)[0]
+    first = _first_line(str(exc))
     if any(path in first for path in _METADATA_PATHS):
         return no_credentials_error(
             where, f"the instance metadata service did not give any: {first}")
@@ -566,7 +568,19 @@ def _obstore_error(exc: Exception, where: str) -> Exception:
         return PermissionError(f"{where}: {first}")
     if "error sending request" in first:
         return ConnectionError(f"{where}: {first}")
+    if type(exc).__name__ == "GenericError":
+        return OSError(f"{where}: {first}")
     return exc
+
+
+def _first_line(message: str) -> str:
+    """The first line of obstore's ``message``, ending in the S3 error's code and message
+    where the server's XML answer follows it on the next lines."""
+    first = re.sub(r"\s*<\?xml[^>]*\?>\s*$", "", message.strip().split("\n", 1)[0])
+    code, text = (re.search(f"<{tag}>(.*?)</{tag}>", message) for tag in ("Code", "Message"))
+    if code is None or code[1] in first:
+        return first
+    return f"{first.rstrip(': ')}: {code[1]}" + (f" ({text[1]})" if text else "")
 
 
 #: obstore's refusal of a ranged GET answered ``200`` (with a ``Content-Range``).
