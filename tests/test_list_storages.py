@@ -285,3 +285,24 @@ def test_slice_windows_over_a_wrapped_list_storage_match_a_tensor_storage(kind, 
     got, want = windows(getattr(zstore, kind)(10)), windows(zstore.LazyTensorStorage(10))
     assert torch.equal(got, want)
     assert all(w.tolist() == list(range(int(w[0]), int(w[0]) + 4)) for w in got)
+
+
+def test_a_reopened_compressed_storage_knows_its_newest_item(location):
+    """A ``CompressedListStorage`` at a URL records the item written last in its commits: a
+    reopened one knew none, so zstore's SliceSampler read its full ring in index order and
+    drew windows across the wrap. Reference: the same writes into a LazyTensorStorage."""
+    def windows(storage):
+        rb = zstore.ReplayBuffer(storage, sampler=zstore.SliceSampler(slice_len=4), batch_size=40)
+        return rb.sample(generator=torch.Generator().manual_seed(0))["step"].reshape(10, 4)
+
+    writer, want = location.compressed(10), zstore.LazyTensorStorage(10)
+    for storage in (writer, want):
+        rb = zstore.ReplayBuffer(storage)
+        for first, n in ((0, 6), (6, 6), (12, 3)):  # one long episode wrapping the ring at 5
+            steps = torch.arange(first, first + n)
+            rb.extend(TensorDict({"step": steps, ("next", "done"): (steps == 18)[:, None]}, [n]))
+    writer.set(2, writer.get(2), set_cursor=False)  # an update in place moves no cursor
+    writer.close()
+    again = zstore.open(writer.scratch_dir, location.options)
+    assert again._newest_row() == 4
+    assert torch.equal(windows(again), windows(want))

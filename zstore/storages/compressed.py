@@ -719,7 +719,8 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
 
         return {
             "format_version": FORMAT_VERSION, "storage_class": type(self).__name__,
-            "max_size": self.max_size, "length": self._len, "kind": self._kind,
+            "max_size": self.max_size, "length": self._len, "newest": self._newest,
+            "kind": self._kind,
             "class_name": None if self._tensorclass is None else
             f"{self._tensorclass.__module__}.{self._tensorclass.__qualname__}",
             "custom_codec": self.custom, "compression_level": self.compression_level,
@@ -749,6 +750,8 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             if block["kind"] is None:
                 return
             self._len = int(block["length"])
+            newest = block.get("newest")  # absent from stores written before it was recorded
+            self._newest = None if newest is None else int(newest)
             self._kind = "tensor" if block["kind"] == "tensor" else "tensordict"
             self._dtypes = {p: torch_dtype_from_name(d) for p, d in block["dtypes"].items()}
             self._fixed = {p: tuple(int(x) for x in s) for p, s in block["fixed"].items()}
