@@ -69,10 +69,10 @@ class TensorState:
         return self.schema.build(self.read(lo, hi), (hi - lo, *self.lanes))
 
 
-def changed_rows(revisions: torch.Tensor | None, since: int) -> np.ndarray | None:
+def changed_rows(revisions: Any, since: int) -> np.ndarray | None:
     """The rows a storage stamped after write revision ``since`` (its
     ``checkpoint_revisions``); None when it stamped none."""
-    return None if revisions is None else np.flatnonzero(revisions.numpy() > since)
+    return None if revisions is None else revisions.changed_since(since)
 
 
 def shift_of(state: TensorState) -> int:

@@ -77,9 +77,9 @@ class TensorCheckpointable(Checkpointable, Protocol):
         """The write revision of its last write."""
 
     @property
-    def checkpoint_revisions(self) -> torch.Tensor | None:
-        """Per-row write revisions (``None`` before the first); a new tensor whenever they
-        restart."""
+    def checkpoint_revisions(self) -> Any:
+        """Per-row write revisions (``None`` before the first): ``changed_since(revision)``
+        gives the rows stamped after ``revision``; a new object whenever they restart."""
 
 
 class CompressedCheckpointable(Checkpointable, Protocol):

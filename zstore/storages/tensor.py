@@ -36,6 +36,7 @@ from ..text import TEXT_BYTES, holds_value, is_text, non_tensor_leaves, widest
 from .base import Storage, refuse_spawn_sharing
 from .checkpoint_contract import TensorExport
 from .row_index import is_int
+from .row_stamps import RowStamps
 from .shared_rows import create_shared_rows, open_shared_rows
 
 
@@ -129,8 +130,7 @@ class TensorStorage(Storage):
         self._len_value = int(max_size) if storage is not None else 0
         self._last_cursor = None
         # per-row write revisions: checkpoints know which chunks changed without hashing
-        self._row_rev: torch.Tensor | None = None
-        self._row_rev_array: np.ndarray | None = None  # a NumPy view of it (add()'s hot path)
+        self._row_rev: RowStamps | None = None
         self._write_rev = 0
         self.checkpoint_marks: dict[str, tuple[str, int]] = {}  # checkpoint_contract.py
         if device == "auto" and storage is not None:
@@ -279,9 +279,7 @@ class TensorStorage(Storage):
         self._refuse_sharing_uninitialized()
         if get_spawning_popen() is not None:
             self._share_with_processes()
-        state = super().__getstate__()
-        state["_row_rev_array"] = None  # a view of _row_rev: a copy takes a view of its own
-        return state
+        return super().__getstate__()
 
     def _share_with_processes(self) -> None:
         """Pickled for a process that multiprocessing starts: from now on the counters live in
@@ -290,10 +288,9 @@ class TensorStorage(Storage):
         self._use_shared_counters(self._counts.to_shared())
         if self.initialized:  # the per-row write stamps, in shared memory too (checkpoints)
             if self._row_rev is None:
-                self._row_rev = torch.zeros(self._container_shape()[0], dtype=torch.int64)
-            self._row_rev.share_memory_()
+                self._row_rev = RowStamps(self._container_shape()[0])
+            self._row_rev = self._row_rev.shared()
             self._revisions_shared = True
-        self._row_rev_array = None  # a NumPy view of _row_rev from before would go stale
 
     def _use_shared_counters(self, counts: Any) -> None:
         """From now on the counters are ``counts``, shared with other processes."""
@@ -311,25 +308,20 @@ class TensorStorage(Storage):
     def _mark_rows(self, cursor: Any) -> None:
         """Stamp the rows ``cursor`` wrote with a new write revision (read by checkpoints)."""
         rows = self._container_shape()[0]
-        if self._row_rev is None or len(self._row_rev) != rows:
-            self._row_rev = torch.zeros(rows, dtype=torch.int64)
-            self._row_rev_array = None
+        if self._row_rev is None or self._row_rev.rows != rows:
+            self._row_rev = RowStamps(rows)
             self.checkpoint_marks = {}
-        if self._row_rev_array is None:  # one row: NumPy stores it for less
-            self._row_rev_array = self._row_rev.numpy()
         counts = self._counts
         counts.write_rev = revision = counts.write_rev + 1
         if type(cursor) is int and -rows <= cursor < rows:  # add()'s hot path
-            self._row_rev_array[cursor] = revision
+            self._row_rev.stamp_row(cursor, revision)
             return
         first = cursor[0] if isinstance(cursor, tuple) else cursor
-        if isinstance(first, range):
-            first = slice(first.start, first.stop, first.step)
-        elif not isinstance(first, (int, slice, np.integer)):
+        if not isinstance(first, (int, slice, range, np.integer)):
             first = torch.as_tensor(first).to("cpu")
             if first.dtype == torch.bool and first.ndim > 1:
                 first = first.nonzero(as_tuple=True)[0]
-        self._row_rev[first] = revision
+        self._row_rev.stamp(first, revision)
 
     # -- package-internal: the checkpoint contract (checkpoint_contract.py) ---------------
     def checkpoint_export(self) -> TensorExport:
@@ -339,7 +331,7 @@ class TensorStorage(Storage):
                                      max(TEXT_BYTES, widest(container)))
         columns = schema.columns(container, 1)
         rows = self._container_shape()[0]
-        written = rows if self._row_rev is None else _last_written(self._row_rev) + 1
+        written = rows if self._row_rev is None else self._row_rev.last_written() + 1
         return TensorExport(schema, rows, self._last_cursor_value, written,
                             lambda lo, hi: {path: value[lo:hi] for path, value in columns.items()},
                             columns)
@@ -365,7 +357,7 @@ class TensorStorage(Storage):
         self._last_cursor_value = int(last_cursor)
         self._last_cursor = int(last_cursor) if last_cursor >= 0 else None
         self._mark_rows(slice(0, loaded))
-        self._row_rev[loaded:] = 0
+        self._row_rev.clear_from(loaded)
 
     @property
     def checkpoint_revision(self) -> int:
@@ -373,15 +365,15 @@ class TensorStorage(Storage):
         return self._write_rev
 
     @property
-    def checkpoint_revisions(self) -> torch.Tensor | None:
-        """Per-row write revisions (read-only; ``None`` before the first stamp), a new tensor
+    def checkpoint_revisions(self) -> RowStamps | None:
+        """Per-row write revisions (read-only; ``None`` before the first stamp), a new object
         whenever they restart. Where processes share the rows but not these stamps (a
         ``shared_init`` storage: its rows were not known when it was handed out), every row
         counts as written at the group's last write, so a checkpoint misses none."""
         revisions = self._row_rev
         if revisions is not None and self._counts.shared \
                 and not self._revisions_shared:
-            return torch.full_like(revisions, self._counts.write_rev)
+            return RowStamps.everywhere(revisions.rows, self._counts.write_rev)
         return revisions
 
     def _empty(self) -> None:
@@ -635,17 +627,6 @@ def _meta_index(cursor: Any) -> Any:
 def _mask_parts(index: Any) -> tuple:
     """The parts one element of an index tuple stands for (a mask: one per dim it covers)."""
     return index if isinstance(index, tuple) else (index,)
-
-
-def _last_written(revs: torch.Tensor) -> int:
-    """The last row with a nonzero write revision (-1 when none), without materialising the
-    indices of every written row."""
-    if len(revs) and revs[-1]:  # the usual case once a buffer is full
-        return len(revs) - 1
-    written = revs.numpy()[::-1] != 0  # (NumPy: a third of torch's time for these small ops)
-    if not written.any():
-        return -1
-    return len(revs) - 1 - int(written.argmax())  # argmax: the first True from the end
 
 
 def map_leaves(container: Any, fn) -> Any:
