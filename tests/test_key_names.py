@@ -78,6 +78,42 @@ def test_key_parts_that_would_escape_the_group_are_still_refused(tmp_path):
             storage.set(torch.arange(2), TensorDict({bad: torch.ones(2)}, batch_size=[2]))
 
 
+def test_keys_named_as_zstores_own_objects_are_refused_before_anything_is_written(tmp_path):
+    """A key named ``zstore-lease.json`` passed the key rules, then the creation failed with
+    a ``FileExistsError`` naming no key and left a buffer "whose creation never finished"."""
+    from zstore.conditional import PROBE_PREFIX
+    from zstore.layout import ZSTORE_OBJECT_PREFIX
+    from zstore.lease import LEASE_NAME
+    from zstore.tail import TAIL_PREFIX
+
+    assert all(name.startswith(ZSTORE_OBJECT_PREFIX) for name in (LEASE_NAME, PROBE_PREFIX, TAIL_PREFIX))
+    url = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(4, scratch_dir=url)
+    for data in (TensorDict({LEASE_NAME: torch.ones(2)}, batch_size=[2]),
+                 {f"{TAIL_PREFIX}-0": torch.ones(2)}):
+        with pytest.raises(zstore.errors.InvalidKeyError, match="zstore's own objects.*rename the key"):
+            storage.set(torch.arange(2), data)
+    assert not storage.initialized and sorted(p.name for p in (tmp_path / "rb").iterdir()) == [LEASE_NAME]
+    storage.set(torch.arange(2), TensorDict({"zstore": torch.ones(2)}, batch_size=[2]))  # not a prefix
+    storage.close()
+    assert zstore.open(url).get(1)["zstore"].item() == 1
+
+
+def test_a_dtype_zstore_cannot_store_is_refused_naming_the_key_and_the_way_out(tmp_path):
+    """The error named neither the key nor a way out (and left a coroutine never awaited)."""
+    storage = zstore.LazyMemmapStorage(4, scratch_dir=str(tmp_path / "rb"))
+    data = TensorDict(obs=torch.ones(2, 3), nested=TensorDict(
+        spectrum=torch.zeros(2, 8, dtype=torch.complex32), batch_size=[2]), batch_size=[2])
+    with pytest.raises(zstore.errors.SchemaError,
+                       match=r"key 'nested/spectrum': dtype torch.complex32 cannot be stored .*"
+                             r"complex64.*convert the key first, e.g. .to\(torch.complex64\)"):
+        storage.set(torch.arange(2), data)
+    data["nested", "spectrum"] = data["nested", "spectrum"].to(torch.complex64)
+    storage.set(torch.arange(2), data)
+    storage.close()
+    assert zstore.open(str(tmp_path / "rb")).get(0)["nested", "spectrum"].dtype == torch.complex64
+
+
 def pytree(n: int = 8):
     """A TorchRL-style pytree: int keys, a nested mix of dicts, tuples and lists."""
     base = torch.arange(n, dtype=torch.float32)

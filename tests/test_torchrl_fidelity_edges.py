@@ -3,6 +3,7 @@
 * ``CompressedListStorage.get`` of a negative-step slice, and ``contains`` of negative
   indices, as TorchRL's list storages;
 * a ``bool`` cursor is the int it stands for (``ListStorage.set(True, x)``);
+* a ``uint8`` index is a mask, and ``None`` / ``True`` add a leading dim, as torch indexes;
 * a boolean mask (NumPy, as TorchRL's buffer hands ``rb[mask] = td`` over) writes the masked
   rows of a ``TensorStorage`` / ``LazyTensorStorage``;
 * a wrong shape or dtype on ``extend`` raises a ``RuntimeError``, as TorchRL's storages do;
@@ -106,6 +107,27 @@ def test_buffer_setitem_with_a_bool_mask_as_torchrl():
                                                    index=torch.arange(4), batch_size=[4])
         got[module] = rb[:]["obs"].tolist()
     assert got[zt] == got[T] == [-1.0, 1, 2, -1, 4, 5, -1, 7, 8, -1]
+
+
+@pytest.mark.parametrize("where", ["memory", "local"])
+def test_uint8_none_and_bool_indices_read_as_torchrl(where, tmp_path):
+    """A uint8 index read rows 0 and 1 over and over (torch, and TorchRL, take it as a mask),
+    ``rb[None]`` dropped the new leading dim and ``rb[True]`` raised IndexError."""
+    url = "memory://zstore-tests/u8-{}".format(id(tmp_path)) if where == "memory" else str(tmp_path / "rb")
+    data = TensorDict(obs=torch.arange(6) * 10, batch_size=[6])
+    ours = T.TensorDictReplayBuffer(storage=zt.LazyMemmapStorage(6, scratch_dir=url))
+    theirs = T.TensorDictReplayBuffer(storage=T.LazyMemmapStorage(6))  # full: its mask's length
+    for rb in (ours, theirs):
+        rb.extend(data.clone())
+    mask = torch.tensor([0, 1, 0, 1, 1, 0], dtype=torch.uint8)
+    for index in (mask, None, True, False, Ellipsis, mask.bool()):
+        got, want = ours[index], theirs[index]
+        # (TorchRL's TensorDict says batch [6] for the uint8 mask, over its 3 rows of obs)
+        assert got.batch_size == want["obs"].shape, index
+        assert torch.equal(got["obs"], want["obs"]), index
+    assert ours.storage.get(mask)["obs"].tolist() == [10, 30, 40]
+    with pytest.raises(IndexError, match="boolean index of shape"):
+        ours[mask[:4]]
 
 
 def test_lazy_stack_of_strings_in_memmap_as_torchrl(tmp_path):

@@ -172,6 +172,27 @@ ROW_UPDATES = {
 
 
 @pytest.mark.parametrize("codec", [None, "zstd"])
+def test_assigned_rows_lacking_keys_keep_their_other_keys(location, codec):
+    """``rb[i] = td`` without the ``index`` key a TensorDictReplayBuffer adds (or any other
+    key) raised MissingKeyError; TorchRL's storages keep the keys it leaves out. New rows
+    still need every key."""
+    url = location.new()
+    rb, storage = memmap_buffer(location, url, codec)
+    model = extended(rb, rows(FILLED))
+    for target in (rb, model):
+        target[2] = TensorDict(obs=torch.full((3,), -2.0), batch_size=[])
+        target[torch.tensor([60, 5, 60])] = TensorDict(
+            {"obs": -torch.ones(3, 3), ("next", "reward"): torch.full((3, 1), 0.5).double()},
+            batch_size=[3])
+    assert_equal(rb[:], model)
+    with pytest.raises(zstore.errors.MissingKeyError, match=r"row\(s\) \[101\] were never written"):
+        storage.set(101, TensorDict(obs=torch.zeros(3), batch_size=[]), set_cursor=False)
+    storage.flush()
+    assert_equal(zt.open(url, location.options).get(slice(None)), model)
+    storage.close()
+
+
+@pytest.mark.parametrize("codec", [None, "zstd"])
 def test_updates_of_one_row_are_stored(location, codec):
     """``rb[i]`` and ``rb[:][i]`` (a row, a 0-dim TensorDict) store their in-place updates
     as TorchRL's storages do: ``rb[:][i].set_`` used to raise (and was lost on a copy), and

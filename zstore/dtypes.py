@@ -43,6 +43,16 @@ _BY_NAME: dict[str, torch.dtype] = {
 }
 
 
+def require_storable(dtype: torch.dtype, key: str) -> None:
+    """Refuse the dtype of ``key`` when zstore cannot store it, naming the key, the dtypes
+    it stores and the way out."""
+    if dtype not in _NATIVE and dtype not in _VIEWED:
+        wider = {torch.complex32: "torch.complex64"}.get(dtype, "torch.float32")
+        raise SchemaError(
+            f"key {key!r}: dtype {dtype} cannot be stored by zstore (it stores "
+            f"{', '.join(sorted(_BY_NAME))}); convert the key first, e.g. .to({wider})")
+
+
 def torch_dtype_name(dtype: torch.dtype) -> str:
     """The name recorded in metadata for ``dtype`` (``"bfloat16"``, ``"float32"`` ...)."""
     name = str(dtype).removeprefix("torch.")

@@ -250,10 +250,10 @@ def _create_arrays(store, meta: StoreMeta, key_separator: str) -> zarr.Group:
         return parent.create_group(sub, attributes={
             TENSORDICT_ATTR: _tensordict_attrs(root_batch if batch is None else [meta.rows, *batch])})
 
-    def array(leaf):
+    async def array(leaf):  # async: an error in its arguments leaves no coroutine unawaited
         np_dtype = storage_numpy_dtype(leaf.dtype)
         chunk_rows, shard_rows = meta.layout[leaf.path]
-        return parent.create_array(
+        return await parent.create_array(
             leaf.path, shape=(meta.rows, *leaf.shape), dtype=np_dtype,
             chunks=(chunk_rows, *leaf.shape),
             shards=None if shard_rows is None else (shard_rows, *leaf.shape),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.utils._pytree as pytree
@@ -20,7 +20,7 @@ from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_non
 from tensordict import is_tensor_collection, is_tensorclass
 
 from .codecs import CodecSpec
-from .dtypes import torch_dtype_from_name, torch_dtype_name
+from .dtypes import require_storable, torch_dtype_from_name, torch_dtype_name
 from .errors import (
     CorruptChunkError,
     InvalidKeyError,
@@ -98,6 +98,21 @@ def key_to_path(key: str | tuple[str, ...]) -> str:
     return "/".join(parts)
 
 
+#: How the names of zstore's own objects beside the arrays begin (its lease, its tail log,
+#: its conditional-write probes): a new buffer refuses top-level keys that begin so.
+ZSTORE_OBJECT_PREFIX = "zstore-"
+
+
+def refuse_zstore_names(leaves: Sequence["Leaf"]) -> None:
+    """Refuse leaves whose top-level key part is named as zstore's own objects are."""
+    for leaf in leaves:
+        if leaf.key[0].startswith(ZSTORE_OBJECT_PREFIX):
+            raise InvalidKeyError(
+                f"key {leaf.key[0]!r} cannot be stored: top-level names beginning "
+                f"{ZSTORE_OBJECT_PREFIX!r} are zstore's own objects (its lease, tail log and "
+                "probes); rename the key")
+
+
 def path_to_key(path: str) -> tuple[str, ...]:
     """Inverse of :func:`key_to_path` (validated)."""
     key = tuple(path.split("/"))
@@ -116,6 +131,7 @@ class Leaf:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", "/".join(self.key))  # the column's Zarr path
+        require_storable(self.dtype, self.path)
 
     @property
     def row_bytes(self) -> int:
@@ -227,6 +243,7 @@ class Schema:
                     groups[key_to_path(key)] = list(sub.batch_size)
             if not leaves:
                 raise SchemaError("cannot store an item without any tensor")
+            refuse_zstore_names(leaves)
             if is_tensorclass(example):
                 name = f"{type(example).__module__}.{type(example).__qualname__}"
                 return cls(tuple(leaves), "tensorclass", lane_shape, groups, class_name=name,
@@ -247,6 +264,7 @@ class Schema:
         leaves = tuple(Leaf(_keypath(path), v.dtype, tuple(v.shape)) for path, v in flat)
         for leaf in leaves:
             key_to_path(leaf.key)
+        refuse_zstore_names(leaves)
         paths = [leaf.path for leaf in leaves]
         if len(set(paths)) != len(paths):
             twice = sorted({p for p in paths if paths.count(p) > 1})

@@ -545,7 +545,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             if not -self._meta.rows <= row < self._meta.rows:
                 raise IndexError(f"index {row} is out of bounds for dimension 0 with size "
                                  f"{self._meta.rows}")
-            table.write_row(row % self._meta.rows, self._schema.columns(data, 0))
+            table.write_row(row % self._meta.rows, self._columns(row, row, data, 0))
             self._mark_dirty()
             return
         if not isinstance(cursor, (slice, range)):
@@ -558,7 +558,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             return
         self._refuse_non_tensors(data)
         lead = 1 if shape is None else len(shape)
-        columns = self._schema.columns(data, lead)
+        columns = self._columns(rows, cursor, data, lead)
         if lead != 1:
             columns = {p: c.reshape(-1, *c.shape[lead:]) for p, c in columns.items()}
         if next(iter(columns.values())).shape[0] != len(rows):
@@ -566,6 +566,27 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                               f"{next(iter(columns.values())).shape[0]}")
         table.write(rows, columns)
         self._mark_dirty()
+
+    def _columns(self, rows: torch.Tensor | int, cursor: Any, data: Any,
+                 lead: int) -> dict[str, torch.Tensor]:
+        """The columns of ``data`` to write at ``rows`` (``cursor``). A TensorDict lacking
+        some of the buffer's keys keeps their stored values where every row was written
+        before, as TorchRL's in-place update does (``rb[i] = td`` without the ``"index"``
+        key a ``TensorDictReplayBuffer`` adds); rows never written need every key."""
+        try:
+            return self._schema.columns(data, lead)
+        except MissingKeyError as exc:
+            rows = torch.as_tensor(rows).reshape(-1) % self._meta.rows
+            unwritten = rows[rows >= (self._len_along_dim0 or 0)]
+            if unwritten.numel():
+                raise MissingKeyError(
+                    f"{exc}: row(s) {unwritten.unique()[:5].tolist()} were never written, and "
+                    "new rows need every key (rows already written keep the keys an update "
+                    "leaves out)") from None
+            current = self._read(cursor)
+            current = current._tensordict if is_tensorclass(current) else current
+            current.update(data._tensordict if is_tensorclass(data) else data)
+            return self._schema.columns(current, lead)
 
     def _write_cells(self, cursor: tuple, data: Any) -> None:
         first = cursor[0]

@@ -63,14 +63,17 @@ def rows_of(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...] | None, b
         return torch.tensor([i % n]), (), True
     if isinstance(index, slice):
         return span_tensor(range(*index.indices(n))), None, False
-    if index is Ellipsis or index is None:
+    if index is Ellipsis:
         return torch.arange(n), None, False
+    if index is None or isinstance(index, bool):  # as torch: a new leading dim of 1 (False: 0)
+        return (torch.arange(n), (1, n), False) if index is not False else \
+            (torch.empty(0, dtype=torch.int64), (0, n), False)
     if isinstance(index, (list, range)) and len(index) == 0:
         return torch.empty(0, dtype=torch.int64), (0,), False
     rows = torch.as_tensor(index if not isinstance(index, range) else list(index))
-    if rows.dtype == torch.bool:
-        if rows.shape[0] != n:
-            raise IndexError(f"boolean index of length {rows.shape[0]} does not match {n} rows")
+    if rows.dtype in (torch.bool, torch.uint8):  # torch takes a uint8 index as a mask too
+        if rows.ndim != 1 or rows.shape[0] != n:
+            raise IndexError(f"boolean index of shape {list(rows.shape)} does not match {n} rows")
         rows = torch.nonzero(rows).squeeze(-1)
     if rows.is_floating_point():
         raise IndexError(f"row indices must be integers, got {rows.dtype}")
