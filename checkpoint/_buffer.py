@@ -356,8 +356,9 @@ def _in_memory_columns(storage: Any, schema) -> dict[str, np.ndarray] | None:
     columns = schema.columns(storage._storage, 1)  # checked against the checkpoint's schema
     if any(c.device.type != "cpu" or not c.is_contiguous() for c in columns.values()):
         return None
-    return {leaf.path: to_storage(columns[leaf.path]).numpy().view(storage_numpy_dtype(leaf.dtype))
-            for leaf in schema.leaves}
+    # detached: a column that requires grad is filled in place, as TorchRL's loads does
+    return {leaf.path: to_storage(columns[leaf.path].detach()).numpy().view(
+        storage_numpy_dtype(leaf.dtype)) for leaf in schema.leaves}
 
 
 def _read(arrays, schema, lo: int, hi: int) -> dict[str, torch.Tensor]:

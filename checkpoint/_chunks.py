@@ -55,6 +55,14 @@ def _each(fn: Callable[[Any], None], items: Sequence[Any]) -> None:
         pass
 
 
+def _as_bytes(array: np.ndarray) -> np.ndarray:
+    """The bytes of a C-contiguous array as a flat ``uint8`` view (never a copy: reads fill
+    it), zero-size arrays included (e.g. rows of shape ``(0, 3)``: their chunks hold 0 bytes)."""
+    if not array.flags.c_contiguous:
+        raise ValueError("raw chunk I/O needs C-contiguous arrays")
+    return array.reshape(-1).view(np.uint8)
+
+
 def write_raw(spec: StoreSpec, pieces: Sequence[tuple[str, np.ndarray, int, int]],
               separator: str = "/") -> None:
     """Store raw chunk objects (keys using ``separator``), all pieces at once: each piece is
@@ -72,7 +80,7 @@ def write_raw(spec: StoreSpec, pieces: Sequence[tuple[str, np.ndarray, int, int]
                 padded[: len(part)] = part
                 part = padded
             key = chunk_key(path, 1 + len(row_shape), first_chunk + i, separator)
-            objects[f"{root.rstrip('/')}/{key}"] = np.ascontiguousarray(part)
+            objects[f"{root.rstrip('/')}/{key}"] = _as_bytes(np.ascontiguousarray(part))
     if not objects:
         return
     if spec.is_local:
@@ -81,7 +89,7 @@ def write_raw(spec: StoreSpec, pieces: Sequence[tuple[str, np.ndarray, int, int]
 
         def store(item: tuple[str, np.ndarray]) -> None:
             with open(item[0], "wb") as handle:
-                handle.write(memoryview(item[1]).cast("B"))
+                handle.write(item[1])
             fault_point("write")
 
         _each(store, list(objects.items()))
@@ -100,7 +108,7 @@ def read_raw(spec: StoreSpec, targets: Sequence[tuple[str, np.ndarray, int, int]
     spans: list[tuple[str, np.ndarray]] = []  # (object key, the bytes of out it fills)
     for path, out, lo, chunk_rows in targets:
         chunk_bytes = chunk_rows * math.prod(out.shape[1:]) * out.dtype.itemsize
-        flat = out.reshape(len(out), -1).view(np.uint8).reshape(-1) if out.size else out
+        flat = _as_bytes(out)
         for i in range(-(-len(out) // chunk_rows)):
             key = f"{root.rstrip('/')}/{chunk_key(path, out.ndim, lo // chunk_rows + i, separator)}"
             spans.append((key, flat[i * chunk_bytes:(i + 1) * chunk_bytes]))

@@ -50,7 +50,12 @@ class _Reader:
         return value
 
     def array(self, rel: str, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+        """The tensor of ``dtype`` and ``shape`` in the headerless file ``rel`` (none is read
+        for an empty tensor: TorchRL writes no file for it)."""
         np_dtype = storage_numpy_dtype(dtype)
+        numel = math.prod(shape)
+        if numel == 0:
+            return as_torch(np.empty(shape, dtype=np_dtype), dtype)
         path = self.dest.path_of(rel)
         try:
             if self.dest.spec.is_local:
@@ -59,7 +64,6 @@ class _Reader:
                 raw = np.frombuffer(self.dest.fs.cat_file(path), dtype=np_dtype).copy()
         except FileNotFoundError:
             raise CheckpointError(f"{self.dest.redacted()}: {rel} is missing") from None
-        numel = math.prod(shape)
         if raw.size < numel:
             raise CheckpointError(f"{self.dest.redacted()}: {rel} holds {raw.size} values, "
                                   f"its meta.json says shape {shape}")

@@ -1,0 +1,158 @@
+"""Checkpoints of edge-case data, each against TorchRL's own storages as the reference.
+
+* keys with a zero-size dim (rows of shape ``(0, 3)``): dumped and loaded by zstore's
+  storages at every location, and zstore loads TorchRL's dump of them (TorchRL writes no
+  file for an empty tensor);
+* rows written from tensors that require grad: ``loads`` (raw, the default codec) into
+  the in-RAM storage holding them works, as TorchRL's does.
+"""
+
+from __future__ import annotations
+
+import fsspec
+import pytest
+import torch
+from tensordict import TensorDict
+
+import zstore
+from zstore import StoreSpec
+
+pytestmark = pytest.mark.torchrl
+T = pytest.importorskip("torchrl.data")
+
+CAPACITY = 10
+
+#: zstore storages with a zero-size key: name -> factory(location)
+ZSTORE_STORAGES = {
+    "tensor": lambda location: zstore.LazyTensorStorage(CAPACITY),
+    "memmap": lambda location: location.memmap(CAPACITY),
+    "memmap-zstd": lambda location: location.memmap(CAPACITY, codec="zstd"),
+}
+
+
+def zero_size_rows(n: int, start: int = 0) -> TensorDict:
+    """``n`` rows with keys of zero size (top-level and nested) beside ordinary ones."""
+    b = torch.arange(start, start + n, dtype=torch.float32)
+    return TensorDict(a=torch.zeros(n, 0, 3), b=b,
+                      nested=TensorDict(empty=torch.zeros(n, 2, 0, dtype=torch.int64), c=-b,
+                                        batch_size=[n]),
+                      batch_size=[n])
+
+
+def assert_same_rows(ours, theirs, written: int) -> None:
+    """Same length, and the first ``written`` rows equal key by key (shape, dtype, values;
+    TorchRL counts rows never written in its length, their values are undefined)."""
+    assert len(ours) == len(theirs)
+    rows = torch.arange(written)
+    got, want = ours.get(rows), theirs.get(rows)
+    keys = set(want.keys(include_nested=True, leaves_only=True))
+    assert set(got.keys(include_nested=True, leaves_only=True)) == keys
+    for key in keys:
+        x, y = got.get(key), want.get(key)
+        assert (x.shape, x.dtype) == (y.shape, y.dtype), key
+        assert torch.equal(x.detach(), y.detach()), key
+
+
+def spec(location, name: str) -> StoreSpec:
+    """A new destination at ``location``."""
+    return StoreSpec.parse(location.new(name), location.options)
+
+
+def upload(local_dir, location, name: str) -> StoreSpec:
+    """A copy of the local directory ``local_dir`` at a new destination at ``location``."""
+    dest = spec(location, name)
+    fs, root = fsspec.core.url_to_fs(dest.url, **location.options)
+    for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
+        fs.pipe_file(f"{root}/{path.relative_to(local_dir).as_posix()}", path.read_bytes())
+    return dest
+
+
+@pytest.mark.parametrize("kind", sorted(ZSTORE_STORAGES))
+def test_zero_size_key_round_trips_as_torchrl(location, tmp_path, kind):
+    """Before: dumps failed locally (memoryview cannot cast a view with zeros in its shape)
+    and a memory:// / S3 dump succeeded but could not be loaded (could not broadcast)."""
+    theirs, ours = T.LazyTensorStorage(CAPACITY), ZSTORE_STORAGES[kind](location)
+    dest = spec(location, "ck")
+    for storage in (theirs, ours):
+        storage.set(torch.arange(7), zero_size_rows(7))
+    theirs.dumps(tmp_path / "torchrl")
+    ours.dumps(dest)
+    for storage in (theirs, ours):  # an incremental dump: rows 0..2 changed, the rest carried over
+        storage.set(torch.arange(3), zero_size_rows(3, start=100))
+    theirs.dumps(tmp_path / "torchrl")
+    assert ours.dumps(dest).incremental
+
+    theirs_again = T.LazyTensorStorage(CAPACITY)
+    theirs_again.loads(tmp_path / "torchrl")
+    for ours_again in (ZSTORE_STORAGES[kind](location), ours):  # a new storage, the filled one
+        ours_again.loads(dest)
+        assert_same_rows(ours_again, theirs_again, 7)
+        assert ours_again.get(torch.arange(7))["a"].shape == (7, 0, 3)
+
+
+@pytest.mark.parametrize("kind", sorted(ZSTORE_STORAGES))
+def test_zero_size_key_of_a_torchrl_dump_loads(location, tmp_path, kind):
+    """Before: zstore refused TorchRL's dump of such a buffer ("a.memmap is missing"):
+    TorchRL writes no file for an empty tensor."""
+    theirs = T.LazyTensorStorage(CAPACITY)
+    theirs.set(torch.arange(7), zero_size_rows(7))
+    theirs.dumps(tmp_path / "torchrl")
+    assert not (tmp_path / "torchrl" / "a.memmap").exists()  # what the loader must cope with
+    theirs_again = T.LazyTensorStorage(CAPACITY)
+    theirs_again.loads(tmp_path / "torchrl")
+
+    dest = tmp_path / "torchrl" if location.kind == "local" else \
+        upload(tmp_path / "torchrl", location, "torchrl")
+    filled = ZSTORE_STORAGES[kind](location)
+    filled.set(torch.arange(4), zero_size_rows(4, start=50))
+    for ours in (ZSTORE_STORAGES[kind](location), filled):
+        ours.loads(dest)
+        assert_same_rows(ours, theirs_again, 7)
+
+
+def test_zero_size_key_through_torchrl_replay_buffers(location, tmp_path):
+    """Before: ``rb.dumps`` of a TorchRL buffer over a zstore storage failed (memoryview
+    cast) where TorchRL's own buffer dumps and loads back."""
+    zt = pytest.importorskip("zstore.torchrl")
+
+    def memmap():
+        return zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
+                                    storage_options=location.options)
+
+    theirs = T.TensorDictReplayBuffer(storage=T.LazyTensorStorage(CAPACITY))
+    ours = T.TensorDictReplayBuffer(storage=memmap())
+    for rb in (theirs, ours):
+        rb.extend(zero_size_rows(5))
+    theirs.dumps(tmp_path / "torchrl")
+    url = location.new("ckpt")
+    zt.dumps(ours, url, location.options)
+
+    theirs_again = T.TensorDictReplayBuffer(storage=T.LazyTensorStorage(CAPACITY))
+    theirs_again.loads(tmp_path / "torchrl")
+    ours_again = T.TensorDictReplayBuffer(storage=memmap())
+    zt.loads(ours_again, url, location.options)
+    assert_same_rows(ours_again.storage, theirs_again.storage, 5)
+
+
+def grad_rows(n: int, scale: float = 1.0) -> TensorDict:
+    """``n`` rows whose float key requires grad (as a policy's output does)."""
+    x = torch.linspace(-1, 1, n * 3).reshape(n, 3) * scale
+    return TensorDict(a=x.requires_grad_(), b=torch.arange(n), batch_size=[n])
+
+
+def test_loads_into_storage_holding_requires_grad_rows(location, tmp_path):
+    """Before: ``loads`` into a zstore LazyTensorStorage holding such rows raised
+    "Can't call numpy() on Tensor that requires grad" (TorchRL's loads them)."""
+    theirs, ours = T.LazyTensorStorage(CAPACITY), zstore.LazyTensorStorage(CAPACITY)
+    dest = spec(location, "ck")
+    for storage in (theirs, ours):
+        storage.set(torch.arange(6), grad_rows(6))
+    theirs.dumps(tmp_path / "torchrl")
+    ours.dumps(dest)
+    for storage in (theirs, ours):  # the rows loads must replace
+        storage.set(torch.arange(6), grad_rows(6, scale=5.0))
+    theirs.loads(tmp_path / "torchrl")
+    ours.loads(dest)
+    assert_same_rows(ours, theirs, 6)
+    assert ours._storage["a"].requires_grad == theirs._storage["a"].requires_grad
+
