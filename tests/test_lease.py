@@ -249,6 +249,22 @@ def test_a_storage_that_wrote_nothing_never_commits_its_stale_view(location):
     assert lease_record(url, location.options) is None
 
 
+def test_a_second_storage_of_the_process_writes_on_from_the_others_commit(location):
+    """The second storage object wrote under the lease the process already held without
+    reloading: it committed the length it saw at its open (2) over the first one's commit
+    of 6 rows, and rows 2..5 were gone from the store."""
+    url, first, second = written_and_reopened(location)
+    first.set(torch.arange(2, 6), rows(2, 4))
+    first.flush()
+    writer = zstore.RoundRobinWriter()
+    writer.register_storage(second)
+    writer.extend(rows(100, 2))
+    second.flush()
+    assert committed(url, location.options) == [0, 1, 2, 3, 4, 5, 100, 101]
+    first.close()
+    second.close()
+
+
 def stored_objects(spec: StoreSpec) -> dict[str, bytes]:
     """Every object of the store but the lease record, with its bytes."""
     fs, root = spec.filesystem()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import random
 
 import pytest
@@ -264,6 +265,55 @@ def test_resume_after_reopen_continues_at_cursor(location, n_before):
     again.flush()
     assert zstore.open(url, location.options, mode="r")[:]["step"].tolist() == \
         ref._storage[:]["step"].tolist()
+
+
+def _older_writer(url: str, options: dict, opened, go, done) -> None:
+    """Another process's writer: commits rows 0..9, then (once told) 10..19, and leaves."""
+    storage = LazyMemmapStorage(30, scratch_dir=url, storage_options=options)
+    writer = RoundRobinWriter()
+    writer.register_storage(storage)
+    writer.extend(steps(10))
+    storage.flush()
+    opened.set()
+    go.wait()
+    writer.extend(steps(10, 10))
+    storage.close()
+    done.set()
+
+
+def _zstore_writer():
+    return RoundRobinWriter()
+
+
+def _torchrl_writer():
+    return pytest.importorskip("zstore.torchrl").RoundRobinWriter()
+
+
+@pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
+@pytest.mark.parametrize("make_writer", [_zstore_writer, _torchrl_writer])
+def test_a_writer_continues_from_what_another_committed_after_its_open(location, make_writer):
+    """A buffer opened while another process was still writing took its cursor at the open;
+    its first extend took the lease and reloaded the committed length (20), but wrote at the
+    stale cursor (10): it overwrote the other writer's rows 10..14 and committed rows 20..24,
+    never written, as data (zeros that samplers drew)."""
+    url = location.new()
+    ctx = mp.get_context("spawn")
+    opened, go, done = ctx.Event(), ctx.Event(), ctx.Event()
+    older = ctx.Process(target=_older_writer, args=(url, location.options, opened, go, done))
+    older.start()
+    try:
+        assert opened.wait(120)
+        storage = zstore.open(url, location.options)
+        writer = make_writer()
+        writer.register_storage(storage)
+        go.set()
+        assert done.wait(120)
+        writer.extend(steps(5, 100))
+        storage.close()
+    finally:
+        older.join(120)
+    assert zstore.open(url, location.options, mode="r")[:]["step"].tolist() == \
+        [*range(20), *range(100, 105)]
 
 
 def test_resume_tensordict_writer_ndim2(tmp_path):

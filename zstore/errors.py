@@ -45,7 +45,10 @@ class SchemaError(ZStoreError, ValueError, RuntimeError):
 
 
 class MissingKeyError(ZStoreError, KeyError):
-    """Data carries a key the buffer does not have, or lacks one it has."""
+    """Data carries a key the buffer does not have, or lacks one it has (``lacking``: the
+    paths of those it lacks, when that is the error)."""
+
+    lacking: tuple[str, ...] = ()
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""

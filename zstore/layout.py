@@ -336,7 +336,9 @@ class Schema:
                 )
             missing = set(self.by_path) - set(out)
             if missing:
-                raise MissingKeyError(f"data lacks the buffer's key(s) {sorted(missing)}")
+                error = MissingKeyError(f"data lacks the buffer's key(s) {sorted(missing)}")
+                error.lacking = tuple(sorted(missing))
+                raise error
         elif self.kind == "tensor":
             if not isinstance(data, torch.Tensor):
                 raise SchemaError(f"this buffer stores tensors, got {type(data).__name__}")

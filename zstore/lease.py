@@ -312,7 +312,9 @@ class WriterLease:
         self.active = False
 
     def ensure(self) -> bool:
-        """Hold the lease before a write; ``True`` when the process has just acquired it."""
+        """Hold the lease before a write; ``True`` when the process has just acquired it, or
+        this storage writes under it for the first time: another storage of this process may
+        have committed since this one read the store, so it reloads the committed state."""
         _start_releaser()
         run_deferred()
         with self.lease._lock:
@@ -320,6 +322,7 @@ class WriterLease:
             if not self.active:
                 self.active = True
                 self.lease.users += 1
+                return True
             return fresh
 
     def release(self) -> None:

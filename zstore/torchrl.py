@@ -52,7 +52,7 @@ from .columns import MIRROR_CELL_BYTES, ColumnMirror, cell_bytes
 from .sharing import ProcessLock
 from .storages.base import SCAN_ROWS
 from .torchrl_checkpoints import dumps, loads
-from .writers import rolled_back_on_error
+from .writers import resume_at, resume_point, resume_point_if_moved, rolled_back_on_error
 
 #: The checkpointers of TorchRL's "Storage Backends" page (twins built below).
 CHECKPOINTERS = (
@@ -554,7 +554,9 @@ def _as_twin(storage: Any) -> Any:
 
 
 class _Resuming:
-    """On ``register_storage``, a fresh writer continues after a reopened storage's last cursor.
+    """On ``register_storage``, a fresh writer continues after a reopened storage's last
+    cursor; and again after the state it reloads on taking the write lease at its first
+    write (another writer may have committed rows since it was opened).
 
     TorchRL's writers always start at cursor 0, so a buffer built over a storage
     reopened with :func:`open` would overwrite its oldest rows from row 0 on.
@@ -562,10 +564,16 @@ class _Resuming:
 
     def register_storage(self, storage: Any) -> None:
         super().register_storage(storage)
-        last = getattr(storage, "_last_cursor_index", None)
-        if last is not None and len(storage) and self._cursor == 0 and self._write_count == 0:
-            self._cursor = (last + 1) % storage._max_size_along_dim0()
-            self._write_count = len(storage)
+        if self._cursor == 0 and self._write_count == 0:
+            resume_at(self, resume_point(storage))
+
+    def add(self, data: Any) -> Any:
+        resume_at(self, resume_point_if_moved(self._storage))
+        return super().add(data)
+
+    def extend(self, data: Any) -> Any:
+        resume_at(self, resume_point_if_moved(self._storage))
+        return super().extend(data)
 
 
 class _AllOrNothing:
@@ -604,11 +612,11 @@ class _AllOrNothing:
         return state
 
 
-class RoundRobinWriter(_AllOrNothing, _Resuming, _trl_writers.RoundRobinWriter):
+class RoundRobinWriter(_Resuming, _AllOrNothing, _trl_writers.RoundRobinWriter):
     """TorchRL's RoundRobinWriter that resumes a reopened storage (see :func:`open`) and
     moves nothing on a refused write."""
 
 
-class TensorDictRoundRobinWriter(_AllOrNothing, _Resuming, _trl_writers.TensorDictRoundRobinWriter):
+class TensorDictRoundRobinWriter(_Resuming, _AllOrNothing, _trl_writers.TensorDictRoundRobinWriter):
     """TorchRL's TensorDictRoundRobinWriter that resumes a reopened storage (see :func:`open`)
     and moves nothing on a refused write."""

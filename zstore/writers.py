@@ -95,6 +95,31 @@ class Writer:
             entity.mark_update(index)
 
 
+def resume_point(storage: Any) -> tuple[int, int] | None:
+    """``(cursor, write count)`` a ring writer continues from over a storage holding rows (a
+    reopened persistent buffer): after its last written row; ``None`` when it holds none."""
+    last = getattr(storage, "_last_cursor_index", None)
+    if last is None or not len(storage):
+        return None
+    cursor = (last + 1) % storage._max_size_along_dim0(single_data=None) \
+        if storage.ndim == 1 or storage.initialized else 0
+    return cursor, len(storage)
+
+
+def resume_point_if_moved(storage: Any) -> tuple[int, int] | None:
+    """:func:`resume_point` of ``storage`` when taking its write lease (``take_write_lease``,
+    a persistent storage's) just reloaded its committed state, which another writer may have
+    moved since it was opened; ``None`` otherwise: the writer's own cursor stands."""
+    take = getattr(storage, "take_write_lease", None)
+    return resume_point(storage) if take is not None and take() else None
+
+
+def resume_at(writer: Any, point: tuple[int, int] | None) -> None:
+    """Set a ring writer's cursor and write count to ``point`` (nothing when ``None``)."""
+    if point is not None:
+        writer._cursor, writer._write_count = point
+
+
 class RoundRobinWriter(Writer):
     """Writes items in a ring: index = cursor, cursor advances modulo the capacity.
 
@@ -125,12 +150,7 @@ class RoundRobinWriter(Writer):
 
     def register_storage(self, storage: Any) -> None:
         super().register_storage(storage)
-        last = getattr(storage, "_last_cursor_index", None)
-        if last is not None and len(storage):
-            # resuming a reopened persistent buffer: continue after its last written row
-            self._cursor = (last + 1) % storage._max_size_along_dim0(single_data=None) \
-                if storage.ndim == 1 or storage.initialized else 0
-            self._write_count = len(storage)
+        resume_at(self, resume_point(storage))
 
     def _replicate_index(self, index: Any) -> Any:
         if self._storage.ndim == 1:
@@ -147,6 +167,7 @@ class RoundRobinWriter(Writer):
         rows = storage._max_size_along_dim0(single_data=data)
         ints = self._ints
         with ints.lock:  # shared with other processes: the row is this write's
+            resume_at(self, resume_point_if_moved(storage))
             index = ints.cursor
             storage.set(index, data)  # refused, or the process killed: the cursor stays
             ints.cursor = (index + 1) % rows
@@ -164,6 +185,7 @@ class RoundRobinWriter(Writer):
         device = data.device if hasattr(data, "device") and data.device is not None else None
         ints = self._ints
         with ints.lock:  # shared with other processes: the rows are this write's
+            resume_at(self, resume_point_if_moved(self._storage))
             index = torch.arange(ints.cursor, ints.cursor + n, device=device) % rows
             self._storage.set(index, data)  # refused, or the process killed: the cursor stays
             ints.cursor = (ints.cursor + n) % rows

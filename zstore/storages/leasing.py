@@ -38,16 +38,25 @@ class LeasedWriter:
         self._lease_finalizer = (None if self._lease is None
                                  else weakref.finalize(self, self._lease.release_later))
 
-    def _hold_lease(self) -> None:
+    def _hold_lease(self) -> bool:
         """Hold the write lease before writing; on taking it, reload what is committed and
-        fence it (module docstring)."""
+        fence it (module docstring). Whether it reloaded the committed state."""
         if self._lease is None or self._refuses_writes():
-            return  # a read-only buffer refuses the write itself, and nothing is taken
+            return False  # a read-only buffer refuses the write itself, and nothing is taken
         if not self._lease.ensure() or not self._has_commit():
-            return
+            return False
         self._lease.read_metadata()
         self._reload_committed()
         self._fence()
+        return True
+
+    def take_write_lease(self) -> bool:
+        """Hold the write lease now, as the next write would. Whether taking it reloaded the
+        committed state, which another writer may have moved since this storage was opened:
+        a writer then continues from :func:`zstore.writers.resume_point` again, not from the
+        cursor it had."""
+        with self._commit_lock:
+            return self._hold_lease()
 
     @property
     def _holds_lease(self) -> bool:

@@ -576,6 +576,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         try:
             return self._schema.columns(data, lead)
         except MissingKeyError as exc:
+            if not exc.lacking:  # a key the buffer does not have
+                raise
             rows = torch.as_tensor(rows).reshape(-1) % self._meta.rows
             unwritten = rows[rows >= (self._len_along_dim0 or 0)]
             if unwritten.numel():
