@@ -6,7 +6,8 @@ number of rows (``R``) and whose shards hold the same number of chunks
 :class:`~zstore.cache.ChunkCache`; a read is one vectorised slot lookup plus
 one ``index_select`` per key; a write lands in the cached slots, which stay
 *dirty* until the block's write unit (a chunk, or a whole shard) is stored —
-when its last row is written, when its slot is needed, or on ``flush``.
+when its last row is written, or on ``flush`` — or until its slot is needed: its
+rows are then logged (:mod:`zstore.tail`), or its unit stored.
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ class BlockGroup:
         self.superseded: list[Segment] = []
         self._segment_rows: dict[int, list[np.ndarray]] = {}
         self._next_seq = max((seg.seq for seg in self.segments), default=-1) + 1
+        # the block the newest write ended in: its unit (a filling buffer's tail) keeps its
+        # dirty slots while the others make room (see _make_room)
+        self.last_written: int | None = None
         # () -> the segments of this group the store's commit lists now (a reader whose
         # segment was deleted under it asks whether the unit was stored whole since)
         self._listed = listed
@@ -207,7 +211,8 @@ class BlockGroup:
 
         Returns the blocks whose units must be stored whole: a unit whose log
         would outgrow the unit itself, or that has ``MAX_UNIT_SEGMENTS`` already.
-        Logged blocks stay dirty: their unit is stored once, when complete.
+        Logged blocks stay dirty (a commit keeps them cached until their unit
+        completes and is stored once; :meth:`_make_room` cleans them).
         """
         by_unit: dict[int, list[int]] = {}
         for block in blocks.tolist():
@@ -367,7 +372,7 @@ class BlockGroup:
         """Give ``blocks`` slots; those flagged in ``keep`` get their stored rows (or zeros)."""
         clean_protected = len(protect) - int(self.cache.dirty[protect].sum()) if len(protect) else 0
         if len(blocks) > self.cache.clean_capacity() - clean_protected:
-            self._persist(self.cache.dirty_blocks())
+            self._make_room(len(blocks), protect)
         slots = self.cache.assign(blocks, protect)
         stored = keep & (blocks * self.R < self.high_water)
         for slot in slots[keep & ~stored].tolist():  # new blocks read or partly written: zeros
@@ -428,9 +433,13 @@ class BlockGroup:
         return out
 
     def _read_in_rounds(self, rows, lanes, ublocks, inverse) -> dict[str, torch.Tensor]:
-        """A read touching more blocks than the cache holds, done a cacheful at a time."""
-        self._persist(self.cache.dirty_blocks())
-        step = max(1, self.cache.n_slots)
+        """A read touching more blocks than the clean slots, done a slab-full at a time.
+
+        At least half the slots (or one per block read) are cleaned first; the
+        tail's dirty blocks stay cached when the others leave that many.
+        """
+        self._make_room(min(len(ublocks), max(1, self.cache.n_slots // 2)))
+        step = self.cache.clean_capacity()
         parts: dict[str, list] = {leaf.path: [] for leaf in self.leaves}
         order = []
         for start in range(0, len(ublocks), step):
@@ -457,17 +466,11 @@ class BlockGroup:
         A block only partly overwritten is first filled with its stored rows.
         None when the blocks outnumber the cache's slots (write in rounds).
         """
+        if len(blocks) > self.cache.n_slots:
+            return None
         slots = self.cache.slot_of[blocks]
         miss = slots < 0
-        # blocks already dirty in the cache keep their slots: only the others need clean ones
-        held_dirty = int(self.cache.dirty[slots[~miss]].sum()) if bool((~miss).any()) else 0
-        if len(blocks) - held_dirty > self.cache.n_slots - self.cache.n_dirty:
-            self._persist(self.cache.dirty_blocks())
-            if len(blocks) > self.cache.n_slots:
-                return None
-            slots = self.cache.slot_of[blocks]
-            miss = slots < 0
-        if bool(miss.any()):
+        if bool(miss.any()):  # (_load makes room)
             spans = torch.clamp(self.rows - blocks[miss] * self.R, max=self.R)
             slots[miss] = self._load(blocks[miss], slots[~miss], written[miss] < spans)
         self.cache.touch(slots)
@@ -492,6 +495,7 @@ class BlockGroup:
             for block, lo, hi in zip(ublocks.tolist(), urows[ends - counts].tolist(),
                                      (urows[ends - 1] + 1).tolist()):
                 self._note_written(block, lo, hi)
+        self.last_written = int(blocks[torch.argmax(last)])  # the row written last
         self.high_water = max(self.high_water, int(urows[-1]) + 1)
         self._store_completed(urows)
 
@@ -519,6 +523,7 @@ class BlockGroup:
         if self.tail_log:
             for block in range(first_block, last_block + 1):
                 self._note_written(block, max(first, block * self.R), min(stop, (block + 1) * self.R))
+        self.last_written = last_block
         self.high_water = max(self.high_water, stop)
         self._store_completed(torch.arange(first, stop))
 
@@ -538,6 +543,7 @@ class BlockGroup:
         if self.tail_log:
             self._note_written(block, row, row + 1)
         self.cache.last_use[slot] = self.cache._tick
+        self.last_written = block
         self.high_water = max(self.high_water, row + 1)
         if row == min((row // self.unit_rows + 1) * self.unit_rows, self.rows) - 1:
             self._store_completed(torch.tensor([row]))
@@ -555,7 +561,6 @@ class BlockGroup:
         for start in range(0, len(ublocks), step):
             idx = torch.nonzero((inverse >= start) & (inverse < start + step)).squeeze(1)
             self.write(urows[idx], last[idx], values)
-        self._persist(self.cache.dirty_blocks())
 
     def _block_rows(self, leaf: Leaf, block: int, slot: int, fetched, where) -> np.ndarray:
         """Rows of ``block`` for a shard write: cached, read back, or zeros."""
@@ -566,6 +571,30 @@ class BlockGroup:
         if block in where and fetched[leaf.path][where[block]] is not None:
             return fetched[leaf.path][where[block]][: self.R]
         return np.zeros((self.R, *leaf.shape), dtype=storage_numpy_dtype(leaf.dtype))
+
+    def _make_room(self, need: int, protect: torch.Tensor | None = None) -> None:
+        """Clean dirty slots until ``need`` slots besides ``protect`` can take other blocks.
+
+        The dirty blocks of the unit written last (a filling buffer's tail) stay
+        dirty if the others leave room: storing a partly written unit rewrites
+        it whole. Each block cleaned has its unstored rows logged (``tail_log``;
+        its unit is stored whole only when its log would outgrow it, see
+        :meth:`_log_tail`), or its unit stored whole. A logged block read
+        again is fetched like any other: the unit's segments lie over it.
+        """
+        dirty = self.cache.dirty_blocks()
+        if self.last_written is not None:
+            tail = torch.div(dirty, self.k, rounding_mode="floor") == self.last_written // self.k
+            held = self.cache.slot_of[dirty[tail]]
+            if protect is not None:
+                held = torch.unique(torch.cat([held, protect]))
+            if self.cache.n_slots - len(held) >= need:
+                dirty = dirty[~tail]
+        if self.tail_log:
+            self._persist(self._log_tail(dirty))
+            self.cache.mark_clean(self.cache.slot_of[dirty])
+        else:
+            self._persist(dirty)
 
     def _persist(self, blocks: torch.Tensor) -> None:
         """Encode and store the write units containing ``blocks``; their slots become clean.
