@@ -125,17 +125,37 @@ class CommitClock:
             self._commit_lock.release()
 
 
+#: storages with uncommitted writes: those whose store outlives them are held here until
+#: committed (a buffer dropped without flush() or close() still commits its rows); a
+#: temporary one, deleted with its object, is only watched
 _pending: "weakref.WeakSet[Committable]" = weakref.WeakSet()
+_unsaved: "set[Committable]" = set()
 _wake = threading.Condition()
 _thread: threading.Thread | None = None
 _exiting = False  # set at exit: the background thread starts no commit from then on
+
+
+def is_temporary(storage: Any) -> bool:
+    """Whether ``storage``'s store is deleted with it (no ``scratch_dir`` given, or
+    ``auto_cleanup=True``)."""
+    return bool(getattr(storage, "auto_cleanup", False) or getattr(storage, "_owned", False))
+
+
+def _watched() -> "list[Committable]":
+    with _wake:  # (re-entrant) schedule() and the background thread change both sets
+        return [*_unsaved, *_pending]
+
+
+def _forget(storage: Committable) -> None:
+    _unsaved.discard(storage)
+    _pending.discard(storage)
 
 
 def schedule(storage: Committable) -> None:
     """Watch ``storage`` from its first uncommitted write on (cheap; call it on each one)."""
     global _thread
     with _wake:
-        _pending.add(storage)
+        (_pending if is_temporary(storage) else _unsaved).add(storage)
         if _thread is None or not _thread.is_alive():
             _thread = threading.Thread(target=_run, name="zstore-autocommit", daemon=True)
             _thread.start()
@@ -156,10 +176,10 @@ def _run() -> None:
 def _sweep(now: float) -> "tuple[list[Committable], float | None]":
     """The storages due now, and how long to sleep until the next one (``None``: none)."""
     due, soonest = [], None
-    for storage in list(_pending):
+    for storage in _watched():
         at = storage._commit_due_at()
         if at is None:
-            _pending.discard(storage)
+            _forget(storage)
         elif at <= now:
             due.append(storage)
         elif math.isfinite(at):  # an infinite window waits for flush(), exit or SIGTERM
@@ -177,7 +197,7 @@ def _commit(storage: Committable) -> None:
         time.sleep(MAX_TICK / 10)  # mid-write: look again shortly (a back-off, not a wait)
     except Exception as exc:  # noqa: BLE001 - reported to the writer by its next flush()
         with _wake:
-            _pending.discard(storage)
+            _forget(storage)
         _log.warning("zstore: background commit of %s failed (%s: %s); the next write or "
                      "flush() retries it", storage.spec.redacted(), type(exc).__name__, exc)
 
@@ -190,7 +210,7 @@ def _commit_pending_at_exit() -> None:
     then failed with a warning, though that store ends with the process)."""
     global _exiting
     _exiting = True
-    for storage in list(_pending):
+    for storage in _watched():
         if storage.spec.is_memory:  # nothing to commit: the store ends with the process,
             with storage._commit_lock:  # but a background commit in flight ends first
                 pass
@@ -211,6 +231,7 @@ def _forget_thread() -> None:
     _thread = None
     _wake = threading.Condition()
     _pending.clear()
+    _unsaved.clear()
 
 
 os.register_at_fork(after_in_child=_forget_thread)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
+from .. import autocommit
 from .._registry import reopen
 from ..cache import DEFAULT_CACHE_BYTES
 from ..errors import NotAZStoreError, StoreExistsError
@@ -198,7 +199,7 @@ class StorageEnsemble(Storage):
         if not isinstance(spec, StoreSpec):
             raise TypeError(f"{where} does not live in a store; every member must be a storage "
                             "at a URL (LazyMemmapStorage, CompressedListStorage, StorageEnsemble)")
-        if getattr(storage, "auto_cleanup", False) or getattr(storage, "_owned", False):
+        if autocommit.is_temporary(storage):
             raise ValueError(f"{where} is a temporary store deleted at exit ({spec.redacted()}); "
                              "give it a scratch_dir")
         if hasattr(storage, "flush"):
