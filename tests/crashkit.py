@@ -177,14 +177,20 @@ def run_step(storage, step: int, kind: str, arg: Any, cursor: int, capacity: int
     return rows[-1]
 
 
-def writer(url: str, options: dict, layout: dict, log_path: str, arm: str | None,
-           census_path: str | None = None, script=SCRIPT, capacity: int = CAPACITY) -> None:
-    """The child: run ``script`` with the crash point armed (or counting, for a census)."""
+def child_log(log_path: str, arm: str | None, census_path: str | None) -> int:
+    """In a campaign's child: arm the crash point ``arm`` (or count every point passed, for
+    a census at ``census_path``); the descriptor of its step log at ``log_path``."""
     if census_path:
         _faults.census(census_path)
     else:
         _faults.arm(arm)
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    return os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
+def writer(url: str, options: dict, layout: dict, log_path: str, arm: str | None,
+           census_path: str | None = None, script=SCRIPT, capacity: int = CAPACITY) -> None:
+    """The child: run ``script`` with the crash point armed (or counting, for a census)."""
+    log = child_log(log_path, arm, census_path)
     storage = zstore.LazyMemmapStorage(capacity, scratch_dir=url, storage_options=options,
                                        autocommit_seconds=1e9, auto_cleanup=False, **layout)
     cursor = -1

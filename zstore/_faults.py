@@ -18,7 +18,8 @@ Sites (where they are called):
 * ``mmap.write`` — :mod:`zstore.table`: after each column of an extend or
   scattered write landed in a memory-mapped chunk file.
 * ``commit.before`` / ``commit.after`` — :mod:`zstore.group`: around the one
-  metadata write that makes rows visible (also the creation's first commit).
+  metadata write that makes rows visible (also the creation's first commit); and
+  :mod:`zstore.storages.compressed`: around a ``CompressedListStorage``'s root block.
 * ``checkpoint.*`` — reserved for the ``checkpoint`` package (:data:`CHECKPOINT_SITES`).
 
 With ``ZSTORE_CRASH_CENSUS=<file>`` (or :func:`census`) every site reached is

@@ -21,6 +21,12 @@ Store layout under the storage's URL (every array is plain Zarr v3)::
     ragged/<key>/index-<g>/    LazyMemmapStorage group: start, shape [, item_shape]
     ragged/<key>/values-<g>/   LazyMemmapStorage group: _-single-tensor-_ [capacity, *unit]
 
+A writer only appends to the tables the last commit names: a key turning ragged, or a
+compaction, writes a new generation ``<g>`` and *retires* the one it replaces, which is
+deleted at the commit after the first that no longer names it (readers of the last commit
+keep reading it); a writer's first commit deletes every table the root block does not name,
+what an interrupted writer left (``docs/format.md`` §9).
+
 The ragged layout is :mod:`zstore.storages.ragged`; the lease protocol
 :mod:`zstore.storages.leasing`.
 """
@@ -30,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import uuid
 import warnings
 import weakref
@@ -41,7 +48,7 @@ from tensordict import TensorDict, is_tensor_collection, is_tensorclass, lazy_st
 from tensordict._td import _StringOnlyDict
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
-from .. import autocommit
+from .. import _faults, autocommit
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats
 from ..codecs import CodecSpec, is_remote, parse_codecs
 from ..display import KeyRow, Summary, dtype_name
@@ -62,6 +69,8 @@ from .ragged import RaggedKey
 _BATCH = "__zstore__/batch"
 _ROOT = ".root"
 _PIECE = 4096  # rows copied at a time when a table is rebuilt
+_ITEMS_TABLE = re.compile(r"items-\d+")
+_RAGGED_TABLE = re.compile(r"index|(index|values)-\d+")  # a ragged key's, below its path
 
 
 def _key_name(path: str) -> str:
@@ -135,6 +144,41 @@ def _item_shaped(value: Any, shape: tuple[int, ...]) -> Any:
             and value.numel() == math.prod(shape):
         return value.reshape(shape)
     return value
+
+
+def _leftover_tables(fs, root: str, keep: set[str]) -> list[str]:
+    """The inner tables below ``root`` (an fsspec path) that ``keep`` does not name, as
+    paths below it: ``items-<g>``, and each ragged key's ``index``, ``index-<g>`` and
+    ``values-<g>`` under ``ragged/<key>/`` (other names are never touched)."""
+    above = {k.rsplit("/", i)[0] for k in keep for i in range(1, k.count("/") + 1)}
+    found: list[str] = []
+
+    def walk(rel: str) -> None:
+        try:
+            entries = fs.ls(f"{root}/{rel}" if rel else root, detail=True)
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry["type"] != "directory":
+                continue
+            name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+            path = f"{rel}/{name}" if rel else name
+            if path in keep:
+                continue
+            if path in above:
+                walk(path)  # the way to a kept table
+            elif not rel:  # the storage's own directory
+                if _ITEMS_TABLE.fullmatch(name):
+                    found.append(path)
+                elif name == "ragged":
+                    walk(path)
+            elif rel != "ragged" and _RAGGED_TABLE.fullmatch(name):
+                found.append(path)
+            else:
+                walk(path)  # a key's directory
+
+    walk("")
+    return found
 
 
 def _open_root(spec: StoreSpec):
@@ -240,6 +284,10 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         self._owned = owned
         self._root = None  # the root Zarr group, once committed
         self._pid = os.getpid()  # the process that opened _root
+        self._named: set[str] = set()  # the inner tables the last commit names (below spec)
+        self._retiring: list[LazyMemmapStorage] = []  # replaced since the last commit, named there
+        self._retired: list[LazyMemmapStorage] = []  # the last commit stopped naming them
+        self._swept = False  # whether this writer's commits deleted the leftovers of others
         self.checkpoint_marks: dict[str, Any] = {}  # destination URL -> its last dump
         run_deferred()  # memory:// stores of collected storages: a safe point to delete them
         self._finalizer = weakref.finalize(self, collect_store, spec) if owned else None
@@ -264,12 +312,17 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         """The codec preset of key ``path``."""
         return self.key_codecs.get(path, self.default_codec)
 
-    def inner_table(self, name: str, capacity: int, codec: CodecSpec) -> LazyMemmapStorage:
-        """A new inner LazyMemmapStorage at ``<url>/<name>`` (ragged parts: default chunking),
-        fenced by this storage's lease."""
-        return LazyMemmapStorage(capacity, scratch_dir=f"{self.spec.url}/{name}",
+    def inner_table(self, name: str, capacity: int, codec: Any,
+                    chunks: Any = None) -> LazyMemmapStorage:
+        """A new inner LazyMemmapStorage at ``<url>/<name>``, fenced by this storage's lease
+        (called by its writer, as it writes). No commit names that location: what an
+        interrupted writer left there is deleted first."""
+        spec = StoreSpec.parse(f"{self.spec.url}/{name}", self.spec.storage_options)
+        if spec.exists():
+            spec.delete()
+        return LazyMemmapStorage(capacity, scratch_dir=spec.url,
                                  storage_options=self.spec.storage_options, codec=codec,
-                                 cache_bytes=self.cache_bytes, auto_cleanup=False,
+                                 chunks=chunks, cache_bytes=self.cache_bytes, auto_cleanup=False,
                                  lease_ttl=None)._with_store_lease(self._lease)
 
     def reopened_inner_table(self, name: str) -> LazyMemmapStorage:
@@ -288,15 +341,50 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             return None
         self._table_gen += 1
         chunks = self.chunks
-        return LazyMemmapStorage(
-            self.max_size, scratch_dir=f"{self.spec.url}/items-{self._table_gen}",
-            storage_options=self.spec.storage_options,
-            codec={"default": self.default_codec,
-                   **{p: c for p, c in self.key_codecs.items() if p in self._fixed}},
-            chunks={p: c for p, c in chunks.items() if p in self._fixed}
-            if isinstance(chunks, Mapping) else chunks,
-            cache_bytes=self.cache_bytes, auto_cleanup=False,
-            lease_ttl=None)._with_store_lease(self._lease)
+        return self.inner_table(
+            f"items-{self._table_gen}", self.max_size,
+            {"default": self.default_codec,
+             **{p: c for p, c in self.key_codecs.items() if p in self._fixed}},
+            {p: c for p, c in chunks.items() if p in self._fixed}
+            if isinstance(chunks, Mapping) else chunks)
+
+    def retire(self, *tables: LazyMemmapStorage | None) -> None:
+        """Delete inner tables this storage no longer uses: at once if no commit names them,
+        else at the commit after the first one that does not (readers of the last commit
+        keep reading them until then)."""
+        for table in tables:
+            if table is None:
+                continue
+            if self._relative(table) in self._named:
+                self._retiring.append(table)
+            else:
+                table.cleanup()
+
+    def _relative(self, table: LazyMemmapStorage) -> str:
+        """Where inner ``table`` lives, below this storage's URL."""
+        return table.spec.url[len(self.spec.url.rstrip("/")) + 1:]
+
+    def _delete_retired(self) -> None:
+        """Delete every retired table now."""
+        doomed = self._retired + self._retiring
+        self._retired, self._retiring = [], []
+        for table in doomed:
+            table.cleanup()
+
+    def _collect_garbage(self) -> None:
+        """After a commit: delete the tables the commit before stopped naming, keep those
+        this one stops naming until the next, and at this writer's first commit delete every
+        other table the root block does not name (an interrupted writer's, format.md §9)."""
+        doomed, self._retired, self._retiring = self._retired, self._retiring, []
+        for table in doomed:
+            table.cleanup()
+        if not self._swept:
+            self._swept = True
+            fs, root = self.spec.filesystem()
+            fs.invalidate_cache()  # listings cached before this writer's writes and deletes
+            keep = self._named | {self._relative(t) for t in self._retired}
+            for path in _leftover_tables(fs, root.rstrip("/"), keep):
+                delete_store(StoreSpec.parse(f"{self.spec.url}/{path}", self.spec.storage_options))
 
     # -- the single-writer lease (storages/leasing.py): the root's; the inner tables take
     # none, it fences their chunk stores
@@ -308,6 +396,8 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         if block is not None:
             self._root = _open_root(self.spec)
             self._pid = os.getpid()
+            # what this writer retired may be named again: the next commit's sweep decides
+            self._retiring, self._retired, self._swept = [], [], False
             self._restore(block)
 
     def _fence(self) -> None:
@@ -400,15 +490,14 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                          len(shape), None)
         self._ragged[path] = ragged
         self._table = self._new_table()
-        ragged.values = ragged.new_values(max(64, 2 * n * math.prod(shape) // max(1, ragged.unit_numel)))
+        ragged.new_generation(max(64, 2 * n * math.prod(shape) // max(1, ragged.unit_numel)))
         for start in range(0, n, _PIECE):
             rows = torch.arange(start, min(n, start + _PIECE))
             columns = old.table.read(rows)
             ragged.write(rows, list(columns.pop(path)))
             if self._table is not None:
                 self._table.set(rows, self._table_td(columns, len(rows)))
-        if old is not None:
-            old.cleanup()
+        self.retire(old)
 
     def _table_td(self, columns: Mapping[str, torch.Tensor], n: int) -> TensorDict:
         return TensorDict({tuple(p.split("/")): v for p, v in columns.items()}, batch_size=[n])
@@ -629,18 +718,17 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
     def _empty(self) -> None:
         self.spec.require_writable("empty the storage")
         self._hold_lease()
-        self._drop_arrays()
+        self.retire(*self.checkpoint_tables().values())
         self._reset()
         self._bump_mutation_revision()
         if self._root is not None:
             self._commit()
+        self._delete_retired()  # generations start again at 1: none may outlive this commit
 
     def _drop_arrays(self) -> None:
-        if self._table is not None:
-            self._table.cleanup()
-        for ragged in self._ragged.values():
-            if ragged is not None:
-                ragged.cleanup()
+        """Delete every inner table now, those in use and those retired."""
+        self._retiring += self.checkpoint_tables().values()
+        self._delete_retired()
 
     # -- package-internal: the checkpoint contract (checkpoint_contract.py) ---------------
     def checkpoint_tables(self) -> dict[str, LazyMemmapStorage]:
@@ -651,7 +739,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             if ragged is not None:
                 parts += [p for p in (ragged.index, ragged.values) if p is not None]
         base = self.spec.url.rstrip("/") + "/"
-        return {p.spec.url[len(base):]: p for p in parts if p.spec.url.startswith(base)}
+        return {self._relative(p): p for p in parts if p.spec.url.startswith(base)}
 
     def checkpoint_replace(self, fill: Callable[[], None]) -> None:
         """As this location's one writer: drop every array, let ``fill()`` write new objects
@@ -665,6 +753,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         self._restore(_root_block(self.spec))
         if self._lease is not None:
             self._lease.read_metadata()  # the copied zarr.json is the version to replace
+        self._swept = False  # the copy may hold tables its root block does not name
         self._commit()  # the root block now names this writer (a former one cannot commit)
 
     checkpoint_block = staticmethod(_root_block)
@@ -740,13 +829,18 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             self._root, self._pid = _open_root(self.spec), os.getpid()  # never a parent's fsspec
         if self._root is None:
             self._root = open_plain_group(self.spec.open(), "a")
+        _faults.crash_point("commit.before")
         put_attrs(self._root, {ZSTORE_ATTR: self._block()}, self._lease)
+        _faults.crash_point("commit.after")
+        self._named = set(self.checkpoint_tables())
+        self._collect_garbage()
 
     def _restore(self, block: Mapping[str, Any]) -> None:
         """Adopt the state recorded in a root block (arrays reopened, nothing read yet)."""
         where = self.spec.redacted()
         try:
             self._reset()
+            self._named = set()
             if block["kind"] is None:
                 return
             self._len = int(block["length"])
@@ -760,6 +854,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                 self._table_gen = int(block["items"])
                 self._table = self.reopened_inner_table(f"items-{self._table_gen}")
             self._ragged = {p: RaggedKey.reopen(self, p, r) for p, r in block["ragged"].items()}
+            self._named = set(self.checkpoint_tables())
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ZStoreError):
                 raise

@@ -1,7 +1,7 @@
 """The ragged layout of a CompressedListStorage key whose shape varies from item to item.
 
 A ragged key is two inner :class:`~zstore.LazyMemmapStorage` tables under the
-storage's URL (plain Zarr v3, never pickled)::
+storage's URL (plain Zarr v3, never pickled), of one generation ``<g>``::
 
     ragged/<key>/index-<g>/    start, shape [, item_shape]: one row per item
     ragged/<key>/values-<g>/   _-single-tensor-_ [capacity, *unit]: the items' values
@@ -9,7 +9,11 @@ storage's URL (plain Zarr v3, never pickled)::
 ``values`` holds *units* (the items' common trailing shape, or single elements), items
 one after another; an item's row of ``index`` says where its units start and its shape.
 Overwritten items leave dead units behind: :meth:`RaggedKey.regrow` compacts them into a
-new ``values`` generation when the array fills. The owning
+new generation of both tables when ``values`` fills, and hands the old one to the owner to
+delete once no commit names it (:meth:`~zstore.CompressedListStorage.retire`): the
+committed generation is never rewritten, only appended to. Stores written before
+generations of ``index`` keep theirs at ``ragged/<key>/index`` until their first
+compaction. The owning
 :class:`~zstore.CompressedListStorage` makes and reopens the tables (``inner_table`` /
 ``reopened_inner_table``) and records :meth:`RaggedKey.to_json` in its root block.
 """
@@ -38,15 +42,17 @@ class RaggedKey:
                  unit: tuple[int, ...], ndim: int, item_ndim: int | None):
         self.owner, self.path, self.dtype, self.unit = owner, path, dtype, unit
         self.ndim, self.item_ndim = ndim, item_ndim  # item_ndim: custom codecs only
-        self.gen = 0
+        self.gen = 0  # the generation of both tables (none before the first write)
+        self.index_gen: int | None = None  # None: a store's ``index`` of before generations
         self.used = 0
+        self.index: LazyMemmapStorage | None = None
         self.values: LazyMemmapStorage | None = None
-        self.index = owner.inner_table(f"ragged/{path}/index", owner.max_size, owner.default_codec)
 
     def to_json(self) -> dict[str, Any]:
         """What the root ``zstore`` block records to reopen this key."""
         return {"dtype": torch_dtype_name(self.dtype), "unit": list(self.unit), "ndim": self.ndim,
-                "item_ndim": self.item_ndim, "values": self.gen, "used": self.used,
+                "item_ndim": self.item_ndim, "index": self.index_gen, "values": self.gen,
+                "used": self.used,
                 "capacity": self.values.max_size if self.values is not None else None,
                 "written": self.values is not None and self.values.initialized}
 
@@ -59,13 +65,13 @@ class RaggedKey:
         self.unit, self.ndim = tuple(int(u) for u in data["unit"]), int(data["ndim"])
         self.item_ndim = None if data["item_ndim"] is None else int(data["item_ndim"])
         self.gen, self.used = int(data["values"]), int(data["used"])
-        self.index = owner.reopened_inner_table(f"ragged/{path}/index")
-        name = f"ragged/{path}/values-{self.gen}"
-        self.values = None
-        if data["written"]:
-            self.values = owner.reopened_inner_table(name)
-        elif data["capacity"] is not None:
-            self.values = owner.inner_table(name, int(data["capacity"]), owner.codec_of(path))
+        index = data.get("index")  # absent from stores written before generations of index
+        self.index_gen = None if index is None else int(index)
+        self.index = owner.reopened_inner_table(
+            f"ragged/{path}/index" if index is None else f"ragged/{path}/index-{self.index_gen}")
+        # values never written: the next write makes a generation of its own
+        self.values = owner.reopened_inner_table(f"ragged/{path}/values-{self.gen}") \
+            if data["written"] else None
         return self
 
     @property
@@ -73,12 +79,17 @@ class RaggedKey:
         """Elements of one unit of ``values``."""
         return math.prod(self.unit)
 
-    def new_values(self, capacity: int) -> "LazyMemmapStorage":
-        """A new, empty ``values`` generation of ``capacity`` units; the caller makes it
-        this key's ``values``."""
+    def new_generation(self, capacity: int) -> None:
+        """Make a new, empty generation of both tables (``capacity`` units of values) this
+        key's; the caller retires the tables it replaces once it has read them."""
         self.gen += 1
-        return self.owner.inner_table(f"ragged/{self.path}/values-{self.gen}", capacity,
-                               self.owner.codec_of(self.path))
+        self.index_gen = self.gen
+        owner = self.owner
+        self.index = owner.inner_table(f"ragged/{self.path}/index-{self.gen}", owner.max_size,
+                                       owner.default_codec)
+        self.values = owner.inner_table(f"ragged/{self.path}/values-{self.gen}", capacity,
+                                        owner.codec_of(self.path))
+        self.used = 0
 
     def write(self, rows: torch.Tensor, tensors: list[torch.Tensor],
               item_shapes: list[tuple[int, ...]] | None = None) -> None:
@@ -132,29 +143,22 @@ class RaggedKey:
             raise CorruptChunkError(f"key {self.path!r} ({name}): {exc}") from exc
 
     def regrow(self, extra: int, unit: tuple[int, ...] | None = None) -> None:
-        """Copy the live items into a fresh ``values`` array (compacts; doubles the capacity)."""
+        """Copy the live items into a new generation (compacts; doubles the capacity); the
+        old one is retired, not rewritten (a commit, and its readers, may still use it)."""
         n = len(self.owner)
-        live, item_shapes = self.read(torch.arange(n)) if n and self.values is not None else ([], [])
+        live, item_shapes = self.read(torch.arange(n)) if n and self.index is not None else ([], [])
         if unit is not None:
             self.unit = unit
         units = sum(t.numel() // max(1, self.unit_numel) for t in live)
-        old = self.values
-        self.values = self.new_values(max(2 * (units + extra), (1 << 20) // max(
+        old = (self.index, self.values)
+        self.new_generation(max(2 * (units + extra), (1 << 20) // max(
             1, self.unit_numel * self.dtype.itemsize), 64))
-        self.used = 0
         if live:
             self.write(torch.arange(n), live, item_shapes)
-        if old is not None:
-            old.cleanup()
+        self.owner.retire(*old)
 
     def flush(self) -> None:
         """Store both parts' rows and commit them."""
         for part in (self.index, self.values):
             if part is not None:
                 part.flush()
-
-    def cleanup(self) -> None:
-        """Delete both parts' arrays."""
-        for part in (self.index, self.values):
-            if part is not None:
-                part.cleanup()
