@@ -7,6 +7,7 @@ with real processes. Time is driven through ``zstore.lease.clock``: no sleeps.
 
 from __future__ import annotations
 
+import gc
 import json
 import pickle
 
@@ -263,6 +264,37 @@ def test_a_second_storage_of_the_process_writes_on_from_the_others_commit(locati
     assert committed(url, location.options) == [0, 1, 2, 3, 4, 5, 100, 101]
     first.close()
     second.close()
+
+
+def test_a_store_deleted_under_a_live_storage_can_be_created_again(location):
+    """Deleted (``shutil.rmtree``, a notebook's "start over") while a storage of the process
+    still used it, the store could not be created again there: the process's lease still
+    counted on the deleted lease and ``zarr.json``, and the creation's commit was refused
+    with a LeaseError blaming "another writer"."""
+    url = location.new()
+    first = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options)
+    first.set(torch.arange(2), rows(0, 2))
+    first.flush()
+    StoreSpec.parse(url, location.options).delete()
+    again = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options)
+    again.set(torch.arange(3), rows(50, 3))
+    again.flush()
+    assert committed(url, location.options) == [50, 51, 52]
+    assert lease_record(url, location.options)["owner"] == again._lease.owner
+    again.close()
+
+
+def test_the_process_forgets_the_lease_of_a_store_no_storage_uses(tmp_path):
+    """The process kept a lease object for every URL it ever wrote (about 1 KiB each, its
+    spec and client), after close() and cleanup() too."""
+    urls = [str(tmp_path / f"rb{i}") for i in range(30)]
+    for url in urls:
+        storage = zstore.LazyMemmapStorage(16, scratch_dir=url)
+        storage.set(torch.arange(2), rows(0, 2))
+        storage.close()
+        del storage
+    gc.collect()
+    assert not set(urls) & set(lease_mod._PROCESS_LEASES.keys())
 
 
 def stored_objects(spec: StoreSpec) -> dict[str, bytes]:

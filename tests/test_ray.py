@@ -160,7 +160,7 @@ def test_prefix_ensemble_without_ray(tmp_path):
         50, torch.Generator().manual_seed(0), return_index=True)
     assert torch.equal(member, torch.zeros(50, dtype=torch.long))
     check_rows(td, 0, index)
-    with pytest.raises(ValueError, match="not 50"):
+    with pytest.raises(zstore.SchemaError, match="not 50"):  # (it was a bare ValueError)
         zray.storage_factory(f"{prefix}/collector-0", 50)()
     with pytest.raises(RuntimeError, match="nothing is committed"):
         zray.ensemble(str(tmp_path / "empty")).sample(3)

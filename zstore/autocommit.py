@@ -90,6 +90,8 @@ class CommitClock:
 
     def _mark_clean(self) -> None:
         self._uncommitted = False
+        with _wake:  # committed: no longer held (a dropped storage may now be collected)
+            _unsaved.discard(self)
 
     def _has_uncommitted(self) -> bool:
         """Whether anything written is not committed yet (a storage whose writes other

@@ -36,6 +36,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -263,6 +264,14 @@ class Lease:
                 self.objects.delete(LEASE_NAME, token)
 
     # -- the conditional commit -----------------------------------------------------------
+    def forget_if_gone(self) -> None:
+        """Stop counting on holding the lease when its object is gone from the store (deleted
+        with it, e.g. by ``shutil.rmtree`` while a storage still used it): the next
+        :meth:`ensure` takes it anew, and the next commit creates ``zarr.json`` afresh."""
+        with self._lock:
+            if self.held and self.objects.read(LEASE_NAME) is None:
+                self._token = self._metadata_token = None
+
     def read_metadata(self) -> bytes | None:
         """Read ``zarr.json`` and remember its token: the version later commits replace."""
         found = self.objects.read(METADATA_NAME)
@@ -295,7 +304,9 @@ class Lease:
             self._metadata_token = token
 
 
-_PROCESS_LEASES: dict[str, Lease] = {}
+#: The process's lease of each store some storage object still uses (an entry goes with
+#: the last of them: kept for every URL ever written, they grew without bound)
+_PROCESS_LEASES: "weakref.WeakValueDictionary[str, Lease]" = weakref.WeakValueDictionary()
 _PROCESS_LOCK = threading.Lock()
 
 
@@ -318,6 +329,8 @@ class WriterLease:
         _start_releaser()
         run_deferred()
         with self.lease._lock:
+            if not self.active:
+                self.lease.forget_if_gone()
             fresh = self.lease.ensure()
             if not self.active:
                 self.active = True
@@ -343,6 +356,8 @@ class WriterLease:
         thread — or a collection in the middle of a listing — must not change under an
         iteration: its release waits for this process's next lease operation instead.
         """
+        if not self.active:
+            return  # released already (close()): nothing to wait for
         if self.lease.spec.is_memory:
             defer_memory_work(self.release)
         else:

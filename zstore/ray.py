@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from .api import open as _open
-from .errors import LeaseError, NotAZStoreError, StoreNotFoundError
+from .errors import LeaseError, NotAZStoreError, SchemaError, StoreNotFoundError
 from .group import existing_meta
 from .lease import DEFAULT_TTL
 from .storages import LazyMemmapStorage, StorageEnsemble
@@ -70,7 +70,7 @@ def _create_or_open(url: str, capacity: int, storage_options: Mapping[str, Any] 
         return cls(capacity, scratch_dir=url, storage_options=storage_options, existsok=True,
                    autocommit_seconds=autocommit_seconds, lease_ttl=lease_ttl, **options)
     if meta.max_size != capacity:
-        raise ValueError(f"{spec.redacted()} holds a buffer of {meta.max_size} cells, not "
+        raise SchemaError(f"{spec.redacted()} holds a buffer of {meta.max_size} cells, not "
                          f"{capacity}: pass its capacity, or use another URL")
     storage = _open(url, storage_options, mode="r+", lease_ttl=lease_ttl,
                     **{k: options[k] for k in ("cache_bytes", "cache", "device") if k in options})
