@@ -25,6 +25,7 @@ import weakref
 from typing import Any, Protocol
 
 from ._pools import at_exit_while_pools_work
+from .sigterm import exit_on_sigterm
 
 _log = logging.getLogger(__name__)
 
@@ -249,10 +250,6 @@ def commit_on_sigterm() -> bool:
     if threading.current_thread() is not threading.main_thread():
         return False
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return signal.getsignal(signal.SIGTERM) is _exit_on_sigterm
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        return signal.getsignal(signal.SIGTERM) is exit_on_sigterm
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     return True
-
-
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)

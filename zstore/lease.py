@@ -43,6 +43,7 @@ from typing import Any
 
 from .conditional import Token, objects_for
 from .errors import LeaseError
+from .sigterm import shielded
 from .store import StoreSpec, defer_memory_work, run_deferred
 
 LEASE_NAME = "zstore-lease.json"
@@ -143,7 +144,7 @@ class Lease:
         Returns ``True`` when it was just acquired: the caller then reloads the
         committed state and rewrites ``zarr.json`` under its name (the fence).
         """
-        with self._lock:
+        with self._lock, shielded():
             if self._pid != os.getpid():  # a forked child: nothing of the parent's is ours
                 self._pid = os.getpid()
                 self._token = self._metadata_token = None
@@ -230,7 +231,7 @@ class Lease:
 
     def renew(self) -> None:
         """Push ``renewed`` forward; :class:`LeaseError` if the lease was lost."""
-        with self._lock:
+        with self._lock, shielded():
             if not self.held:
                 raise LeaseError(f"this writer does not hold the write lease on "
                                  f"{self.spec.redacted()}: it lost it, or never wrote")
@@ -256,7 +257,7 @@ class Lease:
 
     def release(self) -> None:
         """Delete the lease object if this process still holds it (idempotent)."""
-        with self._lock:
+        with self._lock, shielded():
             if not self.held:
                 return
             token, self._token, self._metadata_token = self._token, None, None
@@ -285,7 +286,7 @@ class Lease:
         writer that lost the lease fails before writing; the conditional
         replace stops one that lost it in between.
         """
-        with self._lock:
+        with self._lock, shielded():
             if not self.held:
                 raise LeaseError(f"cannot commit to {self.spec.redacted()}: this writer does not "
                                  "hold its write lease")
