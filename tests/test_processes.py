@@ -6,6 +6,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -233,3 +235,18 @@ def test_a_lease_holder_keeps_its_lease_while_the_processes_sharing_it_write_not
     now[0] += 45  # 76 s after the first renewal: without the keep-alive, stale by now
     with pytest.raises(zstore.LeaseError, match="being written"):
         lease_mod.Lease(storage.spec, 60).ensure()  # another writer is still kept out
+
+
+def test_a_memory_store_unpickled_in_another_process_is_refused():
+    """Pickled to a process that multiprocessing did not start (a Ray actor), a memory://
+    buffer with nothing written came back as a fresh store of that process: what it wrote
+    there was lost to the writer's process without a word. In its own process a copy works."""
+    storage = zstore.LazyMemmapStorage(10, scratch_dir="memory://zstore-tests/pickled-away")
+    blob = pickle.dumps(storage)
+    assert pickle.loads(blob).max_size == 10
+    done = subprocess.run([sys.executable, "-c", "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"],
+                          input=blob, capture_output=True, timeout=120, check=False)
+    assert done.returncode == 1
+    assert b"RuntimeError: Cannot unpickle the LazyMemmapStorage at memory://zstore-tests/pickled-away " \
+        b"in another process" in done.stderr, done.stderr
+

@@ -918,10 +918,17 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             "lease_ttl": self.lease_ttl, "tail_log": self.tail_log,
             "text_bytes": self.text_bytes, "initialized": self.initialized, "len": self._len_value,
             "last_cursor": self._last_cursor_value, "revision": self._revision,
+            "pid": os.getpid(),
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         spec = StoreSpec.from_json(state["spec"])
+        if spec.is_memory and state.get("pid", os.getpid()) != os.getpid():
+            raise RuntimeError(  # its copy would write a store of its own, lost to the other
+                f"Cannot unpickle the {type(self).__name__} at {spec.redacted()} in another "
+                f"process (it was pickled in process {state['pid']}; a Ray actor or task, say): "
+                "memory:// stores live inside one process. Put the buffer on a local path or "
+                "in a bucket")
         if state["initialized"]:
             group, meta = open_group(spec)
             other = type(self)._from_store(spec, group, meta, cache_bytes=state["cache_bytes"],
