@@ -51,12 +51,16 @@ class LeasedWriter:
         return True
 
     def take_write_lease(self) -> bool:
-        """Hold the write lease now, as the next write would. Whether taking it reloaded the
-        committed state, which another writer may have moved since this storage was opened:
-        a writer then continues from :func:`zstore.writers.resume_point` again, not from the
-        cursor it had."""
+        """Hold the write lease now, as the next write would. Whether taking it reloaded a
+        committed length or cursor other than this storage's (another writer moved them
+        since it was opened): a writer then continues from
+        :func:`zstore.writers.resume_point` again, not from the cursor it had."""
+        def committed() -> tuple[int, int | None]:
+            return len(self), getattr(self, "_last_cursor_index", None)
+
         with self._commit_lock:
-            return self._hold_lease()
+            before = committed()
+            return self._hold_lease() and committed() != before
 
     @property
     def _holds_lease(self) -> bool:
