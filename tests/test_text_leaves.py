@@ -65,7 +65,7 @@ def test_a_tensorclass_string_field_comes_back_row_by_row(location):
     storage = rb.storage
     storage.flush()
     again = zstore.open(storage.scratch_dir, location.options, mode="r")
-    assert list(again.get(slice(None)).get("text").tolist()) == list(reference[:].text)
+    assert list(again.get(slice(None)).text) == list(reference[:].text)  # as the tensorclass
 
 
 def test_set_non_tensor_strings_of_nested_keys(location):

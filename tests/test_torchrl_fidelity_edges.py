@@ -4,6 +4,8 @@
   indices, as TorchRL's list storages;
 * a ``bool`` cursor is the int it stands for (``ListStorage.set(True, x)``);
 * a ``uint8`` index is a mask, and ``None`` / ``True`` add a leading dim, as torch indexes;
+* tensorclass items come back as their class after ``loads`` into a new buffer or a reopen
+  (when the class's module is imported: nothing is imported for a name read from a store);
 * a boolean mask (NumPy, as TorchRL's buffer hands ``rb[mask] = td`` over) writes the masked
   rows of a ``TensorStorage`` / ``LazyTensorStorage``;
 * a wrong shape or dtype on ``extend`` raises a ``RuntimeError``, as TorchRL's storages do;
@@ -16,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tensordict import TensorDict, TensorDictBase, is_non_tensor
+from tensordict import TensorDict, TensorDictBase, is_non_tensor, tensorclass
 
 pytestmark = pytest.mark.torchrl
 T = pytest.importorskip("torchrl.data")
@@ -128,6 +130,48 @@ def test_uint8_none_and_bool_indices_read_as_torchrl(where, tmp_path):
     assert ours.storage.get(mask)["obs"].tolist() == [10, 30, 40]
     with pytest.raises(IndexError, match="boolean index of shape"):
         ours[mask[:4]]
+
+
+@tensorclass
+class Step:
+    obs: torch.Tensor
+    text: str
+
+
+def test_tensorclass_items_come_back_as_their_class_after_loads_and_reopen(tmp_path):
+    """Loaded into a new buffer, or reopened, zstore's storages gave back plain TensorDicts
+    (``batch.obs`` raised AttributeError); TorchRL's give back the class."""
+    data = Step(obs=torch.arange(6.0)[:, None], text=[f"s{i}" for i in range(6)], batch_size=[6])
+    places = iter(range(10))
+    stores = {"tensor": (lambda: zt.LazyTensorStorage(10), lambda: T.LazyTensorStorage(10)),
+              "memmap": (lambda: zt.LazyMemmapStorage(10, scratch_dir=str(tmp_path / f"rb{next(places)}")),
+                         lambda: T.LazyMemmapStorage(10))}
+    for kind, (ours, theirs) in stores.items():
+        got = []
+        for make in (ours, theirs):
+            rb = T.ReplayBuffer(storage=make())
+            rb.extend(data.clone())
+            rb.dumps(tmp_path / f"{kind}-{len(got)}")
+            fresh = T.ReplayBuffer(storage=make())
+            fresh.loads(tmp_path / f"{kind}-{len(got)}")
+            got.append(fresh[torch.tensor([4, 1])])
+        assert type(got[0]) is type(got[1]) is Step, kind
+        assert got[0].obs.tolist() == got[1].obs.tolist()
+        assert got[0].text == ["s4", "s1"]  # (TorchRL's dumps keep one string: docs/checkpoints.md)
+    url = str(tmp_path / "reopened")
+    storage = zt.LazyMemmapStorage(10, scratch_dir=url)
+    storage.set(torch.arange(6), data)
+    storage.close()
+    again = zt.open(url).get(torch.tensor([2]))
+    assert type(again) is Step and again.text == ["s2"]
+
+
+def test_a_stored_class_name_resolves_only_to_an_imported_tensorclass():
+    from zstore.layout import loaded_tensorclass
+
+    assert loaded_tensorclass(f"{__name__}.Step") is Step
+    for name in ("zstore_no_such_module.Step", "os.path", f"{__name__}.as_plain", "", None):
+        assert loaded_tensorclass(name) is None, name
 
 
 def test_lazy_stack_of_strings_in_memmap_as_torchrl(tmp_path):

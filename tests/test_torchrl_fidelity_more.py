@@ -302,7 +302,7 @@ def test_a_persistent_storage_stores_a_string_field_and_refuses_a_new_key(locati
     ours.flush()
     reopened = zstore.open(ours.scratch_dir, storage_options=location.options)
     assert len(ours) == len(reopened) == 3
-    assert reopened.get(torch.arange(3)).get("text").tolist() == ["some text"] * 3
+    assert list(reopened.get(torch.arange(3)).text) == ["some text"] * 3  # as the tensorclass
 
     empty = zt.LazyMemmapStorage(10, scratch_dir=location.new(), storage_options=location.options)
     empty.set(torch.arange(2), Tagged(tensor=torch.arange(2), td=TensorDict(

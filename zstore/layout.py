@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import sys
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -111,6 +112,20 @@ def refuse_zstore_names(leaves: Sequence["Leaf"]) -> None:
                 f"key {leaf.key[0]!r} cannot be stored: top-level names beginning "
                 f"{ZSTORE_OBJECT_PREFIX!r} are zstore's own objects (its lease, tail log and "
                 "probes); rename the key")
+
+
+def loaded_tensorclass(name: str | None) -> type | None:
+    """The tensorclass ``name`` (``"module.QualName"``, a schema's ``class_name``) names
+    when its module is already imported in this process, else ``None``: a name read from a
+    store never imports or runs anything."""
+    parts = (name or "").split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        found: Any = sys.modules.get(".".join(parts[:cut]))
+        for attr in parts[cut:]:
+            found = getattr(found, attr, None)
+        if isinstance(found, type) and is_tensorclass(found):
+            return found
+    return None
 
 
 def path_to_key(path: str) -> tuple[str, ...]:
@@ -423,6 +438,8 @@ class Schema:
             dim, count = self.stack
             return LazyStackedTensorDict(*(td.get(str(i)) for i in range(count)),
                                          stack_dim=len(batch_shape) + dim)
+        if self.kind == "tensorclass" and self.tensorclass is None:
+            self.tensorclass = loaded_tensorclass(self.class_name)
         if self.kind == "tensorclass" and self.tensorclass is not None:
             return self.tensorclass.from_tensordict(td)
         return td
