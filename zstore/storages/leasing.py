@@ -58,6 +58,8 @@ class LeasedWriter:
         def committed() -> tuple[int, int | None]:
             return len(self), getattr(self, "_last_cursor_index", None)
 
+        if self._holds_lease:  # held already (every write after the first): nothing to reload
+            return False
         with self._commit_lock:
             before = committed()
             return self._hold_lease() and committed() != before
