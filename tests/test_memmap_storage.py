@@ -463,3 +463,26 @@ def test_s3_default_sharding_with_small_chunks(s3_bucket, s3_options):
     storage.set(torch.arange(4, 9), td_rows(4, 5))
     storage.flush()
     assert zstore.open(url, s3_options)[:]["nested", "i"].tolist() == list(range(9))
+
+
+def test_a_slice_view_pickles_its_whole_column_and_a_copy_only_its_rows(tmp_path):
+    """docs/scaling.md §5: a slice of a local buffer is a view of its memory-mapped file,
+    and pickling a view (what a Ray actor returning it does) sends the whole column; a
+    ``.clone()`` or a tensor index sends the rows. TorchRL's view pickles its file name,
+    which does not open on another node."""
+    import pickle
+
+    rows, width = 10_000, 128
+    column_bytes = rows * width * 4
+    storage = LazyMemmapStorage(rows, scratch_dir=tmp_path / "buffer")
+    storage.set(torch.arange(rows), TensorDict({"obs": torch.randn(rows, width)}, [rows]))
+    view = storage[0:10]
+    view["obs"][0] = 7.0  # a view: its in-place write lands in the buffer
+    assert (storage[torch.tensor([0])]["obs"] == 7.0).all()
+    assert len(pickle.dumps(view)) >= column_bytes
+    assert len(pickle.dumps(view.clone())) < 10 * width * 4 + 4096
+    assert len(pickle.dumps(storage[torch.arange(10)])) < 10 * width * 4 + 4096
+    torchrl_data = pytest.importorskip("torchrl.data")
+    theirs = torchrl_data.LazyMemmapStorage(rows, scratch_dir=tmp_path / "torchrl")
+    theirs.set(torch.arange(rows), TensorDict({"obs": torch.randn(rows, width)}, [rows]))
+    assert len(pickle.dumps(theirs[0:10])) < 4096
