@@ -356,3 +356,64 @@ def test_error_types_keep_builtin_bases():
     assert issubclass(StoreNotFoundError, FileNotFoundError)
     assert issubclass(BackendNotInstalledError, ImportError)
     assert str(MissingKeyError("key 'x' missing")) == "key 'x' missing"
+
+
+_READ_ONLY_FOLDER = r'''
+import subprocess, sys, torch, zstore
+from tensordict import TensorDict
+kind, path = sys.argv[1], sys.argv[2]
+def rows(a, n):
+    return TensorDict(obs=torch.arange(a, a + n).double()[:, None].expand(n, 4).clone(),
+                      act=torch.arange(a, a + n), batch_size=[n])
+def put(storage, a, n):
+    index = list(range(a, a + n)) if kind == "cls" else torch.arange(a, a + n)
+    storage.set(index, rows(a, n))
+def refused(call):
+    try:
+        call()
+    except PermissionError as exc:
+        assert f"cannot write to the store {path}: permission denied on {path}/" in str(exc), exc
+        assert f"chmod -R u+w {path}" in str(exc) and "mode='r'" in str(exc), exc
+        return
+    raise AssertionError("no PermissionError")
+if kind == "cls":
+    storage = zstore.CompressedListStorage(1000, scratch_dir=path)
+else:
+    storage = zstore.LazyMemmapStorage(1000, scratch_dir=path, codec=None if kind == "raw" else kind)
+put(storage, 0, 10)
+storage.flush()
+subprocess.run(["chmod", "-R", "a-w", path], check=True)
+put(storage, 10, 10)
+refused(storage.flush)
+reader = zstore.open(path, mode="r")
+assert len(reader) == 10
+refused(lambda: put(zstore.open(path, mode="r+"), 10, 1))
+subprocess.run(["chmod", "-R", "u+w", path], check=True)
+storage.flush()
+reader = zstore.open(path, mode="r")
+got = reader.get(list(range(20)) if kind == "cls" else torch.arange(20))
+got = zstore.stack_items(got) if kind == "cls" else got
+assert len(reader) == 20 and torch.equal(got["act"], torch.arange(20))
+print("ok")
+'''
+
+
+@pytest.mark.parametrize("kind", ["raw", "zstd", "cls"])
+def test_a_read_only_folder_is_refused_naming_it_and_the_fix_and_rows_wait(tmp_path, kind):
+    """A local store whose folder turned read-only under its writer: the flush, and a writer
+    opened on it, raise a PermissionError naming the folder, the file and the fix (it was a
+    bare PermissionError on a temporary file, or torch's RuntimeError); readers read the
+    commit, and the writer's rows land once the folder is writable again. Root ignores file
+    modes, so as root the child runs without the capabilities that let it."""
+    import shutil
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", _READ_ONLY_FOLDER, kind, str(tmp_path / "buffer")]
+    if os.getuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: file modes cannot be enforced")
+        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner",
+                   *command]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .credentials import credentials_named
+from .errors import folder_not_writable
 from .store import StoreSpec
 
 #: Name prefix of the scratch objects of :meth:`S3Objects.atomic`'s probe (one left by a
@@ -157,8 +158,11 @@ class LocalObjects(ConditionalObjects):
     def _write(self, name: str, data: bytes) -> Token:
         path = os.path.join(self.spec.url, name)
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+        except PermissionError as exc:
+            raise folder_not_writable(self.spec.url, tmp) from exc
         os.replace(tmp, path)
         return data
 

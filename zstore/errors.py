@@ -68,3 +68,11 @@ class StoreExistsError(ZStoreError, RuntimeError):
 
 class LeaseError(ZStoreError, RuntimeError):
     """Another writer holds the store's write lease, or this writer lost it."""
+
+
+def folder_not_writable(folder: str, path: str) -> PermissionError:
+    """The error for a local store whose folder (or ``path`` in it) refuses this process's
+    writes: names both, and the two ways on."""
+    return PermissionError(
+        f"cannot write to the store {folder}: permission denied on {path}. Make the folder "
+        f"writable (chmod -R u+w {folder}) or open the store read-only (mode='r')")

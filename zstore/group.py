@@ -362,7 +362,7 @@ def commit(group: zarr.Group, meta: StoreMeta, lease: "Lease | None" = None,
     """Write the ``zstore`` block: the single object that makes stored rows visible.
 
     With a ``lease`` the write is conditional (see :func:`put_attrs`). A failed
-    write raises ``OSError`` naming ``where`` (a redacted URL), or
+    write raises ``OSError`` (``PermissionError`` for a refusal) naming ``where``, or
     :class:`~zstore.errors.LeaseError`; the store then keeps its previous commit.
     """
     attrs = {key: value for key, value in group.attrs.asdict().items() if key != _INCOMPLETE_ATTR}
@@ -373,8 +373,9 @@ def commit(group: zarr.Group, meta: StoreMeta, lease: "Lease | None" = None,
     except ZStoreError:
         raise
     except Exception as exc:
-        raise OSError(f"cannot commit {where}: writing its zarr.json failed ({type(exc).__name__}: "
-                      f"{exc}); the store keeps its previous commit") from exc
+        kind = PermissionError if isinstance(exc, PermissionError) else OSError
+        raise kind(f"cannot commit {where}: writing its zarr.json failed ({type(exc).__name__}: "
+                   f"{exc}); the store keeps its previous commit") from exc
     _faults.crash_point("commit.after")
 
 

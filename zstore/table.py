@@ -33,7 +33,7 @@ from . import _faults
 from .blocks import BlockGroup, gather_cells
 from .cache import DEFAULT_CACHE_BYTES, CacheStats
 from .dtypes import compute_dtype, from_storage, to_storage
-from .errors import CorruptChunkError, ReadOnlyError
+from .errors import CorruptChunkError, ReadOnlyError, folder_not_writable
 from ._pages import MADV_RANDOM, advise, disk_reads, gather_rows, prefetch_rows, scan
 from ._pools import SharedPool
 from .group import checked_arrays, listed_segments
@@ -340,6 +340,8 @@ class MmapTable(Table):
             if numel == 0:
                 self.maps[leaf.path] = torch.empty(shape, dtype=dtype)
                 continue
+            if not read_only and not os.access(chunk, os.W_OK):
+                raise folder_not_writable(root, str(chunk))
             mapped = torch.from_file(str(chunk), shared=not read_only, size=numel, dtype=dtype)
             if self.read_only:
                 advise(mapped, MADV_RANDOM)
