@@ -187,3 +187,46 @@ def test_an_array_naming_a_foreign_codec_is_refused_before_decoding(tmp_path, co
     fs.pipe_file(f"{root}/obs/zarr.json", json.dumps(doc).encode())
     with pytest.raises(NotAZStoreError, match=r"'obs'"):
         zstore.open(url, mode="r")
+
+
+@pytest.mark.parametrize("how", ["moved", "deleted"])
+@pytest.mark.parametrize("kind", ["zstd", "sharded", "compressed-list"])
+def test_a_local_store_moved_or_deleted_under_its_reader_raises_not_zeros(tmp_path, kind, how):
+    """Rows a reader had not cached read as zeros once its local store was moved or
+    deleted (an absent chunk is Zarr's fill value); now they raise StoreNotFoundError
+    naming the store. A single deleted chunk, the array still there, reads as zeros as Zarr
+    defines (reliability.md)."""
+    import os
+    import shutil
+
+    path = tmp_path / "buffer"
+    n = 64
+    if kind == "compressed-list":
+        writer = zstore.CompressedListStorage(n, scratch_dir=str(path), chunks=4)
+        writer.set(list(range(n)), [rows(n)[i] for i in range(n)])
+    else:
+        writer = zstore.LazyMemmapStorage(n, scratch_dir=str(path), **LAYOUTS[kind])
+        writer.set(torch.arange(n), rows(n))
+    writer.close()
+    reader = zstore.open(str(path), mode="r")
+    first = reader.get([0] if kind == "compressed-list" else torch.tensor([0]))
+    assert (first[0] if kind == "compressed-list" else first)["a"].reshape(-1).tolist() == [0]
+    if how == "moved":
+        os.rename(path, tmp_path / "elsewhere")
+    else:
+        shutil.rmtree(path)
+    with pytest.raises(zstore.StoreNotFoundError, match="moved or deleted while it was open") as err:
+        reader.get([n - 1] if kind == "compressed-list" else torch.tensor([n - 1]))
+    assert str(path) in str(err.value)
+
+
+def test_a_deleted_chunk_of_a_local_store_still_reads_as_zeros(tmp_path):
+    path = tmp_path / "buffer"
+    writer = zstore.LazyMemmapStorage(16, scratch_dir=str(path), **LAYOUTS["zstd"])
+    writer.set(torch.arange(1, 13), rows(13)[1:])
+    writer.close()
+    reader = zstore.open(str(path), mode="r")
+    (path / "a" / "c" / "2").unlink()  # rows 8..11 of key "a"
+    got = reader.get(torch.arange(12))
+    assert got["a"].tolist() == [0, *range(1, 8), 0, 0, 0, 0]
+    assert got["obs"][:, 0].tolist() == list(range(12))

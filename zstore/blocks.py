@@ -29,7 +29,7 @@ from ._pages import gather_rows
 from .cache import ChunkCache
 from .chunkio import MAX_IN_FLIGHT, PARALLEL_BYTES, ColumnReader, Throttle
 from .dtypes import compute_dtype, from_numpy, from_storage, storage_numpy_dtype, to_storage
-from .errors import CorruptChunkError
+from .errors import CorruptChunkError, ZStoreError
 from .layout import Leaf
 from .retry import with_retries
 from .tail import Segment, decode, encode, group_id, segment_key
@@ -310,7 +310,7 @@ class BlockGroup:
 
         out = {}
         for leaf, result in zip(self.leaves, sync(run())):
-            if isinstance(result, CorruptChunkError):
+            if isinstance(result, ZStoreError):  # a corrupt chunk, a store gone: said already
                 raise result
             if isinstance(result, BaseException):
                 raise CorruptChunkError(

@@ -33,9 +33,10 @@ import numpy as np
 import zarr
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import default_buffer_prototype
+from zarr.storage import LocalStore
 
 from ._pools import SharedPool
-from .errors import CorruptChunkError
+from .errors import CorruptChunkError, StoreNotFoundError
 from .layout import chunk_key, key_separator
 
 #: Ranges closer than this many bytes are fetched in one request.
@@ -139,8 +140,11 @@ class ColumnReader:
 
     def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype, chunk_rows: int,
                  per_shard: int, sharded: bool, decoders: list, where: str, separator: str = "/",
-                 compressor: str | None = None):
+                 compressor: str | None = None, metadata_file: str | None = None):
         self.path = path
+        #: the array's ``zarr.json`` in a local directory, looked for when an object is
+        #: missing (:meth:`_missing`); None on other stores
+        self.metadata_file = metadata_file
         self.ndim = len(shape)
         self.separator = separator
         self.rows = shape[0]
@@ -197,7 +201,8 @@ class ColumnReader:
             return None
         compressor = codecs[1]["name"] if len(codecs) > 1 and codecs[1]["name"] != "crc32c" else None
         return cls(array.path, shape, dtype, chunk_rows, per_shard, sharded, decoders, label,
-                   separator, compressor)
+                   separator, compressor, os.path.join(array.store.root, array.path, "zarr.json")
+                   if isinstance(array.store, LocalStore) else None)
 
     # -- decoding ---------------------------------------------------------------------------
     def _decode(self, payload: bytes, block: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -239,10 +244,21 @@ class ColumnReader:
         async with limit.slot():
             buffer = await store.get(key, _PROTOTYPE, byte_range=byte_range)
         if buffer is None:
-            return None
+            return self._missing(key)
         payload = memoryview(buffer.as_numpy_array()).cast("B")
         limit.bytes += len(payload)
         return self._requested(payload, byte_range, key)
+
+    def _missing(self, key: str) -> None:
+        """``None`` for an object never stored (its rows read as zeros, as Zarr defines),
+        after checking, on a local store, that the array's own metadata is still there: a
+        store moved or deleted under its reader raises instead of reading as zeros (on a
+        bucket that check would cost a request per absent chunk)."""
+        if self.metadata_file is not None and not os.path.exists(self.metadata_file):
+            raise StoreNotFoundError(
+                f"{self.where}: {key!r} and the array's zarr.json are gone: the store was moved "
+                "or deleted while it was open. Reopen it where it is now")
+        return None
 
     def _requested(self, payload: memoryview, byte_range, key: str) -> memoryview:
         """The bytes ``byte_range`` asked for. A server that ignores ``Range`` (``python -m
