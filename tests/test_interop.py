@@ -196,6 +196,24 @@ def test_xarray_reads_an_ndim2_buffer(location):
     _assert_xarray_rows(ds, data)
 
 
+def test_xarray_opens_a_tree_with_a_dotted_key_beside_the_nested_one(tmp_path):
+    """A key ``"a.b"`` and a nested ``("a", "b")`` of other widths: their feature dims were
+    both ``a.b_0`` and xarray refused the tree (a dim of two sizes)."""
+    url = str(tmp_path / "buffer")
+    storage = LazyMemmapStorage(8, scratch_dir=url)
+    data = TensorDict({"a.b": torch.randn(8, 3), ("a", "b"): torch.randn(8, 5),
+                       "c%2Ed": torch.randn(8, 2), "c.d": torch.randn(8, 4)}, batch_size=[8])
+    storage.set(torch.arange(8), data)
+    storage.close()
+    tree = _xarray_tree(url, {}, consolidated=False)
+    root = tree.to_dataset()
+    assert root["a.b"].dims == ("row", "a%2Eb_0") and root["c.d"].dims == ("row", "c%2Ed_0")
+    assert root["c%2Ed"].dims == ("row", "c%252Ed_0")
+    assert tree["a"].to_dataset()["b"].dims == ("row", "a.b_0")
+    assert torch.equal(torch.from_numpy(root["a.b"].values), data["a.b"])
+    assert torch.equal(torch.from_numpy(tree["a"].to_dataset()["b"].values), data["a", "b"])
+
+
 def _ted(n: int) -> TensorDict:
     """``n`` TED steps with an episode end every 5 steps."""
     done = (torch.arange(n) % 5 == 4).unsqueeze(-1)

@@ -73,12 +73,13 @@ def dimension_names(path: str, ndim: int, lead: int = 0, prefix: str = "") -> li
     Its first ``lead`` dims index rows then lanes: ``row``, then ``env`` (``env_0``,
     ``env_1`` ... for several lane dims), shared by every array aligned on them (xarray
     aligns on names); ``prefix`` sets apart rows that do not align (``episode_row``). Each
-    other dim is the array's own, ``<path>_0``, ``<path>_1`` ... (``/`` written ``.``), so
-    feature dims of different lengths never share a name.
+    other dim is the array's own, ``<path>_0``, ``<path>_1`` ... (``/`` written ``.``, and
+    a ``.`` or ``%`` of a key written ``%2E`` / ``%25``), so feature dims of different
+    arrays never share a name: ``a.b`` and ``("a", "b")`` get ``a%2Eb_0`` and ``a.b_0``.
     """
     lanes = max(0, lead - 1)
     shared = [ROW_DIM, *([LANE_DIM] if lanes == 1 else [f"{LANE_DIM}_{i}" for i in range(lanes)])]
-    own = path.replace("/", ".")
+    own = ".".join(part.replace("%", "%25").replace(".", "%2E") for part in path.split("/"))
     return [f"{prefix}{name}" for name in shared[:lead]] + [f"{own}_{i}" for i in range(ndim - lead)]
 
 
