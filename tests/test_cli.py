@@ -276,12 +276,19 @@ def test_an_unreachable_endpoint_is_named(capsys, command):
 @pytest.mark.s3
 @pytest.mark.usefixtures("s3fs_transport")  # about s3fs's own wording
 def test_a_refused_request_names_the_url(capsys, s3_options):
-    """A 403, as S3 answers wrong credentials (moto takes any key, so its bucket policy refuses)."""
+    """A 403, as S3 answers wrong credentials (moto takes any key, so its bucket policy refuses);
+    `ls`, which may list the bucket, names the prefix it may not read and goes on."""
     bucket = denying_bucket(s3_options)
     opts = [f"-o{k}={v}" for k, v in s3_options.items()]
-    for argv in (["info", f"s3://{bucket}/rb"], ["ls", f"s3://{bucket}"]):
-        _one_line(_run(capsys, *argv, *opts, code=1), "access denied: ", f"{argv[1]} {{",
-                  "'secret': '***'}", "Forbidden; check the credentials and the bucket's policy")
+    _one_line(_run(capsys, "info", f"s3://{bucket}/rb", *opts, code=1), "access denied: ",
+              f"s3://{bucket}/rb {{", "'secret': '***'}",
+              "Forbidden; check the credentials and the bucket's policy")
+    assert main(["ls", f"s3://{bucket}", *opts]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (f"zstore: error: cannot read s3://{bucket}/rb: access denied (Forbidden); its "
+                   "buffers, if any, are not listed (check the credentials and the bucket's "
+                   "policy)\n")
 
 
 @pytest.mark.s3
@@ -482,3 +489,130 @@ def test_import_names_the_bad_source_file_and_the_fix(capsys, tmp_path, datasets
         _one_line(err, *(fragment.format(file=file) for fragment in fragments))
         assert out not in err  # the destination is not to blame
     assert not os.path.exists(out)
+
+
+# -- a file where a folder belongs, another storage in the way, an http server down ---------
+
+def _small_buffer(url: str) -> None:
+    storage = zstore.LazyMemmapStorage(10, scratch_dir=url)
+    storage.set(torch.arange(2), TensorDict(obs=torch.zeros(2), batch_size=[2]))
+    storage.close()
+
+
+def test_a_file_where_a_folder_belongs_is_named_with_the_fix(capsys, tmp_path, datasets):
+    """`info`, `ls`, `convert` and `import` on a regular file: zstore.open's words and each
+    command's fix (they printed the OS's bare `[Errno 20] Not a directory` or `[Errno 17]`)."""
+    _, d4rl, _ = datasets
+    _small_buffer(str(tmp_path / "rb"))
+    file = tmp_path / "afile"
+    file.write_text("hello")
+    is_a_file = f"{file} is a file; a zstore buffer is a directory: "
+    for argv, fix in [(["info", str(file)], "pass the buffer's folder"),
+                      (["ls", str(file)], "pass the folder to search for buffers"),
+                      (["convert", str(tmp_path / "rb"), str(file), "--no-progress"],
+                       "choose a new or empty folder instead"),
+                      (["import", "d4rl", str(d4rl), str(file), "--no-progress"],
+                       "choose a new or empty folder instead")]:
+        err = _run(capsys, *argv, code=1)
+        _one_line(err, is_a_file + fix)
+        assert "Errno" not in err
+    assert file.read_text() == "hello"
+
+
+def test_a_destination_holding_another_storage_is_named_by_its_class(capsys, tmp_path):
+    """`convert` onto a CompressedListStorage names it (it said "a Zarr group that is not a
+    zstore buffer", which `ls` lists as a CompressedListStorage buffer)."""
+    _small_buffer(str(tmp_path / "rb"))
+    frames = str(tmp_path / "frames")
+    storage = zstore.CompressedListStorage(10, scratch_dir=frames)
+    storage.set(0, TensorDict(obs=torch.zeros(2)))
+    storage.close()
+    err = _run(capsys, "convert", str(tmp_path / "rb"), frames, "--no-progress", code=1)
+    _one_line(err, f"{frames} already holds a CompressedListStorage buffer; choose an empty location")
+    assert "not a zstore buffer" not in err
+    assert _run(capsys, "ls", frames) == f"{frames}\tCompressedListStorage\tbuffer\t1/10\n"
+
+
+def test_an_unreachable_http_server_gets_advice_for_http(capsys):
+    """An http:// URL whose server is down: check the URL's host and port, not S3's
+    `-o endpoint_url=URL`, which does not apply to it."""
+    url = f"http://127.0.0.1:{_closed_port()}/ds"
+    for command in ("info", "ls"):
+        err = _run(capsys, command, url, code=1)
+        _one_line(err, f"cannot connect to the server: {url}: ",
+                  "; check the host and port in the URL and that the server is up")
+        assert "endpoint_url" not in err
+
+
+# -- file modes: a folder this user may not write or read ----------------------------------
+
+def _unprivileged(*argv: str) -> subprocess.CompletedProcess:
+    """``python -m zstore ARGV`` in a process that file modes bind: as root, one without the
+    capabilities that override them (root ignores modes otherwise)."""
+    import shutil
+
+    command = [sys.executable, "-m", "zstore", *argv]
+    if os.getuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: file modes cannot be enforced")
+        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner",
+                   *command]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def _chmod_all(root: Path, mode: int) -> None:
+    for path in (root, *root.rglob("*")):
+        path.chmod(mode if path.is_dir() else mode & 0o666)
+
+
+def test_a_local_folder_without_write_access_gets_the_chmod_fix(tmp_path):
+    """`zstore seal` on a read-only local buffer: one line naming it and the chmod fix, without
+    the S3 advice (credentials, bucket policy) nor Python's `mode='r'`, no option of the CLI."""
+    url = tmp_path / "rb"
+    _small_buffer(str(url))
+    _chmod_all(url, 0o555)
+    try:
+        done = _unprivileged("seal", str(url))
+    finally:
+        _chmod_all(url, 0o755)
+    assert done.returncode == 1 and done.stdout == "", done.stderr
+    _one_line(done.stderr, f"zstore: error: access denied: cannot write to the store {url}: "
+                           f"permission denied on {url}/", f"(chmod -R u+w {url})")
+    for stray in ("bucket", "AWS_", "-o key=", "mode='r'"):
+        assert stray not in done.stderr, stray
+
+
+def test_ls_lists_every_readable_buffer_and_names_the_unreadable_folders(tmp_path):
+    """A sub-folder `ls` may not read is named on stderr with the fix and the walk goes on,
+    exit code 1 (as GNU ls does); it ended the listing there with one error line."""
+    for name in ("a", "private/rb", "z/rb"):
+        _small_buffer(str(tmp_path / name))
+    private = tmp_path / "private"
+    private.chmod(0o000)
+    try:
+        done = _unprivileged("ls", str(tmp_path))
+    finally:
+        private.chmod(0o755)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == (f"{tmp_path / 'a'}\tLazyMemmapStorage\tbuffer\t2/10\n"
+                           f"{tmp_path / 'z' / 'rb'}\tLazyMemmapStorage\tbuffer\t2/10\n")
+    assert done.stderr == (f"zstore: error: cannot read {private}: permission denied; its "
+                           "buffers, if any, are not listed (give this user read access to list "
+                           "them)\n")
+
+
+def test_a_local_file_refused_by_the_os_is_named_with_the_fix(tmp_path):
+    """`info` on a buffer whose metadata this user may not read: the file and the fix, not the
+    OS's `[Errno 13]` with "check the file's permissions" alone."""
+    url = tmp_path / "rb"
+    _small_buffer(str(url))
+    (url / "zarr.json").chmod(0o000)
+    try:
+        done = _unprivileged("info", str(url))
+    finally:
+        (url / "zarr.json").chmod(0o644)
+    assert done.returncode == 1, done.stderr
+    _one_line(done.stderr, f"zstore: error: access denied: permission denied on {url}/zarr.json; "
+                           f"check the permissions of {url} and of the files in it (chmod -R "
+                           f"u+rwX {url} gives its owner access)")
+    assert "Errno" not in done.stderr and "bucket" not in done.stderr

@@ -210,6 +210,20 @@ def test_plain_zarr_group_is_not_a_buffer(location):
     assert list(again.array_keys()) == ["x"]
 
 
+def test_a_buffer_of_another_storage_class_is_named_by_its_class(tmp_path):
+    """A LazyMemmapStorage over a CompressedListStorage buffer names that class (it said "a
+    Zarr group that is not a zstore buffer") and leaves it as it was."""
+    url = str(tmp_path / "frames")
+    frames = zstore.CompressedListStorage(10, scratch_dir=url)
+    frames.set(0, TensorDict(obs=torch.zeros(2)))
+    frames.close()
+    storage = LazyMemmapStorage(10, scratch_dir=url)
+    with pytest.raises(NotAZStoreError) as info:
+        storage.set(torch.arange(2), batch(2))
+    assert str(info.value) == f"{url} already holds a CompressedListStorage buffer; choose an empty location"
+    assert len(zstore.open(url)) == 1
+
+
 def _set_format_version(url: str, options: dict, version: int) -> None:
     group = zarr.open_group(url, mode="r+", storage_options=options or None)
     block = dict(group.attrs["zstore"])

@@ -145,6 +145,10 @@ register(Command(
 _CREDENTIALS = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
                 "-o key=KEY -o secret=SECRET")
 
+#: The way on that ``errors.folder_not_writable`` offers Python callers; no command has it
+#: (those that only read open stores read-only already).
+_PYTHON_READ_ONLY = " or open the store read-only (mode='r')"
+
 
 def _cause(exc: BaseException | None, test: Callable[[BaseException], bool]) -> BaseException | None:
     """The first exception in ``exc``'s chain (itself, then what it was raised from or while
@@ -166,6 +170,30 @@ def _denied(exc: BaseException) -> bool:
     return isinstance(exc, PermissionError) or (
         isinstance(response, dict)
         and response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 403)
+
+
+def _refused_locally(cause: BaseException, stores: list[StoreSpec]) -> StoreSpec | None:
+    """The local store a refusal concerns, or ``None`` when it concerns a remote one: the store
+    the error names (in its file or its text), else, for an OS error (it names a file) or when
+    no store given is remote, the first local one."""
+    named = [spec for spec in stores
+             if spec.url in f"{getattr(cause, 'filename', None) or ''} {cause}"]
+    if named:
+        return named[0] if named[0].is_local else None
+    local = [spec for spec in stores if spec.is_local]
+    if local and (getattr(cause, "filename", None) or not any(spec.is_remote for spec in stores)):
+        return local[0]
+    return None
+
+
+def _connection_fix(stores: list[StoreSpec]) -> str:
+    """What to check when a server cannot be reached, for the kinds of store given: the S3
+    endpoint option, or the host and port of an http(s) URL."""
+    checks = ["the endpoint (-o endpoint_url=URL)"] * any(
+        spec.protocol in ("s3", "s3a") for spec in stores)
+    if any(spec.protocol not in ("s3", "s3a") and spec.is_remote for spec in stores) or not checks:
+        checks.append("the host and port in the URL")
+    return f"check {', '.join(checks)} and that the server is up"
 
 
 def _stores(args: argparse.Namespace) -> list[StoreSpec]:
@@ -197,19 +225,27 @@ def error_message(exc: BaseException, args: argparse.Namespace) -> str:
     if _cause(exc, _named("NoCredentialsError", "PartialCredentialsError")):
         text = f"no credentials to access {remote}: {_CREDENTIALS} (-o anon=true for a public bucket)"
     elif cause := _cause(exc, _named("ConnectionError", "ClientConnectionError")):
-        text = (f"cannot connect to the server: {about(cause)}; check the endpoint "
-                "(-o endpoint_url=URL) and that the server is up")
+        text = f"cannot connect to the server: {about(cause)}; {_connection_fix(stores)}"
     elif isinstance(exc, StoreExistsError):  # its advice (existsok=True) is for Python callers
         destination = stores[-1].redacted() if stores else where  # DST, or the command's URL
         text = (f"{destination} already exists and holds a zstore buffer: choose another "
                 "destination, or delete it first")
     elif isinstance(exc, ZStoreError):
         text = str(exc)
-    elif cause := _cause(exc, _denied):  # in the CLI's words, not those for Python callers
+    elif (cause := _cause(exc, _denied)) and (local := _refused_locally(cause, stores)):
+        # errors.folder_not_writable's (it names the folder, the file and the fix: kept, less
+        # the Python-only option), or the OS's (a bare errno, maybe under advice for S3)
+        own = str(cause).endswith(_PYTHON_READ_ONLY)
+        denied = None if own else _cause(cause, lambda error: bool(getattr(error, "filename", None)))
+        refusal = (f"permission denied on {denied.filename}" if denied
+                   else str(cause).removesuffix(_PYTHON_READ_ONLY))
+        text = f"access denied: {about(refusal)}" + ("" if own else (
+            f"; check the permissions of {local.url} and of the files in it (chmod -R u+rwX "
+            f"{local.url} gives its owner access)"))
+    elif cause:  # an S3 server's, in the CLI's words, not those for Python callers
         refusal = str(cause).removesuffix(f"; {CHECK_CREDENTIALS}")
-        text = f"access denied: {about(refusal)}; " + (
-            "check the file's permissions" if getattr(cause, "filename", None) else
-            f"check the credentials and the bucket's policy; for other credentials, {_CREDENTIALS}")
+        text = (f"access denied: {about(refusal)}; check the credentials and the bucket's policy; "
+                f"for other credentials, {_CREDENTIALS}")
     elif isinstance(exc, FileNotFoundError):
         text = f"not found: {about(exc)}"
     elif isinstance(exc, OSError):

@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import sys
 from typing import Any
 
 from .errors import NotAZStoreError, ReadOnlyError, StoreNotFoundError, ZStoreError
@@ -88,6 +89,9 @@ def add_storage_options(parser: argparse.ArgumentParser) -> None:
 #: The fix for a write destination that takes no writes.
 _WRITE_ELSEWHERE = "write to a local path or a bucket (s3://...) instead"
 
+#: The fix for a write destination that is a file.
+_CHOOSE_ANOTHER = "choose a new or empty folder instead"
+
 #: ``--codec`` not given (``--codec none`` means raw, so None cannot mark it).
 _DEFAULT = object()
 
@@ -106,15 +110,24 @@ def _url(parser: argparse.ArgumentParser, name: str = "url", help: str = "") -> 
                         help=help or "a local path or fsspec URL (s3://bucket/rb, http://host/ds ...)")
 
 
-def _require_writable(url: str, options: dict[str, Any], action: str, fix: str) -> None:
+def _require_writable(url: str, options: dict[str, Any], action: str, fix: str):
     """Refuse, before any work, to write at an ``http(s)://`` URL: a web server serves files and
-    takes no writes (it would answer the first PUT with 501)."""
+    takes no writes (it would answer the first PUT with 501); the URL's :class:`StoreSpec`."""
     from .store import StoreSpec
 
     spec = StoreSpec.parse(url, options)
     if spec.protocol in ("http", "https"):
         raise ReadOnlyError(f"cannot {action} {spec.redacted()}: {spec.protocol}:// stores are "
                             f"read-only; {fix}")
+    return spec
+
+
+def _require_folder(spec, fix: str) -> None:
+    """Refuse a local path that is a file, as ``zstore.open`` does, with the command's ``fix``
+    (the OS would name ``PATH/zarr.json`` or the lease with a bare errno)."""
+    path = spec.local_path
+    if path is not None and path.exists() and not path.is_dir():
+        raise NotAZStoreError(f"{spec.redacted()} is a file; a zstore buffer is a directory: {fix}")
 
 
 def _node(fs, path: str) -> tuple[str, dict[str, Any]] | None:
@@ -123,7 +136,7 @@ def _node(fs, path: str) -> tuple[str, dict[str, Any]] | None:
     creation never finished), ``("array", {})`` or ``("group", {})``; ``None`` without one."""
     try:
         node = json.loads(fs.cat_file(f"{path.rstrip('/')}/zarr.json"))
-    except (FileNotFoundError, IsADirectoryError, ValueError):
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError):
         return None
     if not isinstance(node, dict):
         return None
@@ -185,6 +198,7 @@ def info_run(args: argparse.Namespace) -> int:
     from .store import StoreSpec
 
     spec = StoreSpec.parse(args.url, _options(args), read_only=True)
+    _require_folder(spec, "pass the buffer's folder")
     try:
         group = open_zarr_group(spec)
     except NotAZStoreError:
@@ -305,17 +319,29 @@ def ls_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def ls_run(args: argparse.Namespace) -> int:
-    """Run `zstore ls URL` (every buffer below a prefix); the exit code."""
+    """Run `zstore ls URL` (every buffer below a prefix); the exit code: 1 when a folder below
+    it could not be read (named on stderr, as GNU ls does, after listing the others)."""
     from .store import StoreSpec
 
     spec = StoreSpec.parse(args.url, _options(args), read_only=True)
+    _require_folder(spec, "pass the folder to search for buffers")
     fs, root = spec.filesystem()
     try:
         fs.info(root)  # unlike fs.exists, lets a missing credential or endpoint through
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
+        if isinstance(exc.__cause__, OSError) and not isinstance(exc.__cause__, FileNotFoundError):
+            raise  # fsspec's HTTP: an unreachable server, said as "not found"
         raise StoreNotFoundError(f"no such location: {spec.redacted()}") from None
-    found = 0
+    found = unreadable = 0
     for path, kind, block in _buffers(fs, root, args.depth):
+        if kind == "unreadable":
+            unreadable += 1
+            why, fix = (("permission denied", "give this user read access to list them")
+                        if spec.is_local else (f"access denied ({block['error']})",
+                                               "check the credentials and the bucket's policy"))
+            print(f"{PROG}: error: cannot read {_child_url(spec, fs, root, path)}: {why}; its "
+                  f"buffers, if any, are not listed ({fix})", file=sys.stderr)
+            continue
         found += 1
         name = block.get("checkpointer" if kind == "checkpoint" else "storage_class", "?")
         if kind == "buffer" and block.get("sealed"):
@@ -323,14 +349,16 @@ def ls_run(args: argparse.Namespace) -> int:
         episodes = (block.get("extra") or {}).get("episodes", {}).get("count")
         note = f", {episodes:,} episodes" if episodes is not None else ""
         print(f"{_child_url(spec, fs, root, path)}\t{name}\t{kind}\t{_size(block)}{note}")
-    if not found:
+    if not found and not unreadable:
         print(f"no zstore buffer under {spec.redacted()}")
-    return 0
+    return 1 if unreadable else 0
 
 
 def _buffers(fs, root: str, depth: int):
     """``(path, kind, block)`` (see :func:`_node`) of every buffer, unfinished buffer and
-    checkpoint at or below ``root``, not looking inside them nor inside arrays."""
+    checkpoint at or below ``root``, not looking inside them nor inside arrays; a folder below
+    ``root`` that refuses to be read is ``(path, "unreadable", {"error": why})`` and the walk
+    goes on (``root``'s own refusal is raised)."""
     found = _node(fs, root)
     if found and found[0] != "group":
         if found[0] != "array":
@@ -340,7 +368,10 @@ def _buffers(fs, root: str, depth: int):
         return
     for entry in sorted(fs.ls(root, detail=True), key=lambda e: e["name"]):
         if entry.get("type") == "directory":
-            yield from _buffers(fs, entry["name"], depth - 1)
+            try:  # a refusal inside the walk below it ends at that folder's own call
+                yield from _buffers(fs, entry["name"], depth - 1)
+            except PermissionError as exc:
+                yield entry["name"], "unreadable", {"error": str(exc)}
 
 
 def _child_url(spec, fs, root: str, path: str) -> str:
@@ -377,8 +408,9 @@ def convert_run(args: argparse.Namespace) -> int:
     if args.shards and args.chunks and args.shards % args.chunks:
         raise UsageError(f"--shards {args.shards} must be a multiple of --chunks {args.chunks}")
     dst_options = None if args.dst_options is None else dict(args.dst_options)
-    _require_writable(args.dst, _options(args) if dst_options is None else dst_options,
-                      "write the copy to", _WRITE_ELSEWHERE)
+    _require_folder(_require_writable(args.dst, _options(args) if dst_options is None
+                                      else dst_options, "write the copy to", _WRITE_ELSEWHERE),
+                    _CHOOSE_ANOTHER)
     copy = convert(args.src, args.dst, _options(args), dst_options=dst_options,
                    codec=_KEEP if args.codec is _DEFAULT else args.codec,
                    chunks=args.chunks, shards=args.shards, seal=args.seal, progress=args.progress)
@@ -430,7 +462,8 @@ def import_run(args: argparse.Namespace) -> int:
     from .dataset.importers import DEFAULT_CODEC
 
     _check_source(args.layout, args.file)
-    _require_writable(args.url, _options(args), "import into", _WRITE_ELSEWHERE)
+    _require_folder(_require_writable(args.url, _options(args), "import into", _WRITE_ELSEWHERE),
+                    _CHOOSE_ANOTHER)
     run = import_d4rl if args.layout == "d4rl" else import_minari
     dataset = run(args.file, args.url, _options(args), codec=DEFAULT_CODEC if args.codec is _DEFAULT else args.codec,
                   chunks=args.chunks, progress=args.progress)

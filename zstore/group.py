@@ -191,9 +191,11 @@ def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None,
             old = open_plain_group(store)
             overwrite = bool(old.attrs.get(_INCOMPLETE_ATTR))
             if not overwrite:
+                block = old.attrs.get(ZSTORE_ATTR)
+                held = (f"a {block['storage_class']} buffer" if isinstance(block, dict)
+                        and block.get("storage_class") else "a Zarr group that is not a zstore buffer")
                 raise NotAZStoreError(
-                    f"{spec.redacted()} already holds a Zarr group that is not a zstore buffer; "
-                    "choose an empty location")
+                    f"{spec.redacted()} already holds {held}; choose an empty location")
         except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError):
             if not spec.is_empty(ignore=(LEASE_NAME, PROBE_PREFIX)):
                 raise NotAZStoreError(
