@@ -339,3 +339,20 @@ def test_a_seal_interrupted_before_its_commit_leaves_a_writable_buffer(tmp_path,
     ds = open_dataset(url)
     assert len(ds) == 60 and _as_rows(ds.episodes) == _model_episodes(td)
     assert (ds[:] == td).all()
+
+
+def test_sealing_a_buffer_of_no_rows_names_the_url_and_the_fix(tmp_path):
+    """A buffer whose arrays exist but whose length is 0 (emptied, or left by an import killed
+    before its first commit) is refused by the seal; it stays an unsealed, writable buffer."""
+    url = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(50, scratch_dir=url)
+    storage.set(torch.arange(10), _transitions(10))
+    storage.flush()
+    storage._empty()  # what a replay buffer's empty() calls
+    storage.flush()
+    storage.close()
+    with pytest.raises(zstore.NotAZStoreError,
+                       match=rf"cannot seal {url}: it holds no rows.*run the import again"):
+        zstore.seal(url)
+    again = zstore.open(url, mode="r")
+    assert len(again) == 0 and not again._meta.sealed

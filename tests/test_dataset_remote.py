@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -54,9 +55,9 @@ def _data(n: int = 600) -> TensorDict:
                        ("next", "done"): done}, batch_size=[n])
 
 
-def _publish(url: str, options: dict) -> None:
+def _publish(url: str, options: dict, **kwargs) -> None:
     storage = zstore.LazyMemmapStorage(600, scratch_dir=url, storage_options=options,
-                                       codec="zstd+crc32c", chunks=50)
+                                       codec="zstd+crc32c", chunks=50, **kwargs)
     storage.set(torch.arange(600), _data())
     storage.seal()
     storage.close()
@@ -126,11 +127,7 @@ def test_a_sharded_dataset_over_a_server_that_ignores_ranges(http_server):
     are still exactly the stored ones (they failed a checksum, or were wrong, before), and a
     warning names the cost and the fix."""
     root, base = http_server
-    storage = zstore.LazyMemmapStorage(600, scratch_dir=str(root / "sharded"),
-                                       codec="zstd+crc32c", chunks=50, shards=200)
-    storage.set(torch.arange(600), _data())
-    storage.seal()
-    storage.close()
+    _publish(str(root / "sharded"), {}, shards=200)
     want = open_dataset(str(root / "sharded"))
     ds = open_dataset(f"{base}/sharded")
     rows = torch.tensor([450, 3, 599, 201])  # one chunk of a shard: ranged reads
@@ -139,3 +136,43 @@ def test_a_sharded_dataset_over_a_server_that_ignores_ranges(http_server):
     for key in ("obs", "traj", ("next", "reward"), ("next", "done")):
         assert torch.equal(got[key], want.get(rows)[key]), key
     assert torch.equal(ds.get(torch.arange(600))["obs"], want.get(torch.arange(600))["obs"])
+
+
+@pytest.mark.s3
+def test_open_dataset_names_the_store_and_the_fix_on_transport_errors(s3_bucket, s3_options):
+    """A refused read and an unreachable endpoint are worded as zstore.open words them: the
+    store named, and what to check."""
+    url = f"s3://{s3_bucket}/errors"
+    _publish(url, s3_options)
+    cases = [({"endpoint_url": s3_options["endpoint_url"], "anon": True}, PermissionError,
+              "check storage_options key= and secret="),
+             ({"endpoint_url": "http://127.0.0.1:1", "key": "k", "secret": "s",
+               "config_kwargs": {"retries": {"max_attempts": 1}}}, OSError, "127.0.0.1:1")]
+    for options, kind, fix in cases:
+        with pytest.raises(kind) as opened:
+            zstore.open(url, options, mode="r")
+        with pytest.raises(kind) as info:
+            open_dataset(url, options)
+        message = str(info.value)
+        assert message.startswith(f"cannot read {url} ") and fix in message, message
+        assert message == str(opened.value)
+
+
+def test_the_ignored_range_warning_comes_once_per_array(http_server):
+    """Under a filter that shows every warning, a sampling loop over a sharded dataset served
+    by ``python -m http.server`` warns at most once per array (it warned on every read of a
+    new shard or size), each time naming the array, the cost and the fix."""
+    root, base = http_server
+    _publish(str(root / "sharded"), {}, shards=200)
+    ds = open_dataset(f"{base}/sharded", cache_bytes=1 << 12)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for seed in range(5):
+            ds.sample(64, generator=torch.Generator().manual_seed(seed))
+        ds.sample_slices(8, 4)
+    texts = [str(w.message) for w in caught if "ignores Range requests" in str(w.message)]
+    arrays = [text.split(": ", 1)[0] for text in texts]
+    assert texts and len(arrays) == len(set(arrays)) <= 4, texts  # obs, traj, reward, done
+    assert all(a.startswith(f"{base}/sharded/") and "honours Range" in t
+               for a, t in zip(arrays, texts))
+    ds.close()

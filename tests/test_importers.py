@@ -5,6 +5,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
+import torch
 
 import zstore
 from zstore.dataset import export_h5, import_d4rl, import_minari
@@ -208,3 +209,84 @@ def test_cli_imports_a_minari_folder(tmp_path, capsys):
     _write_minari(folder / "data" / "main_data.hdf5", lengths=(4, 6))
     assert main(["import", "minari", str(folder), str(tmp_path / "out")]) in (0, None)
     assert len(zstore.open_dataset(str(tmp_path / "out"))) == 10
+
+
+def test_a_minari_episode_of_zero_steps_is_skipped(tmp_path):
+    """A 0-step episode (its reset observation and info, no transition) adds no row; the
+    episodes around it keep their rows and boundaries. A file of 0-step episodes only is
+    refused as holding no transitions."""
+    path = _write_minari(tmp_path / "m.hdf5", lengths=(3, 0, 4, 0))
+    ds = import_minari(path, str(tmp_path / "ds"), progress=False)
+    assert len(ds) == 7 and ds.num_episodes == 2
+    assert ds.episodes["start"].tolist() == [0, 3] and ds.episodes["length"].tolist() == [3, 4]
+    with h5py.File(path, "r") as f:
+        for i, name in enumerate(("episode_0", "episode_2")):
+            g, ep = f[name], ds.episode(i)
+            np.testing.assert_array_equal(ep["next", "observation", "pos"].numpy(),
+                                          g["observations/pos"][1:])
+            np.testing.assert_array_equal(ep["next", "reward"].numpy()[:, 0], g["rewards"][:])
+            np.testing.assert_array_equal(ep["next", "info", "success"].numpy(),
+                                          g["infos/success"][1:])
+    ds.close()
+    with h5py.File(tmp_path / "empty.hdf5", "w") as f:
+        g = f.create_group("episode_0")
+        g["observations"] = np.zeros((1, 2), np.float32)
+        for name in ("actions", "rewards", "terminations", "truncations"):
+            g[name] = np.zeros(0)
+    with pytest.raises(zstore.SchemaError, match="the file holds no transitions"):
+        import_minari(tmp_path / "empty.hdf5", str(tmp_path / "none"), progress=False)
+    assert not (tmp_path / "none").exists()
+
+
+def test_reimporting_into_a_taken_url_names_the_importers_fix(tmp_path):
+    path = _write_d4rl(tmp_path / "d.hdf5")
+    url = str(tmp_path / "ds")
+    import_d4rl(path, url, progress=False).close()
+    files = {p: p.read_bytes() for p in (tmp_path / "ds").rglob("*") if p.is_file()}
+    with pytest.raises(zstore.StoreExistsError) as info:
+        import_d4rl(path, url, progress=False)
+    assert str(info.value) == (f"cannot import into {url}: it already holds a zstore buffer or "
+                               "dataset (left unchanged); choose another destination, or delete "
+                               "it first")
+    assert {p: p.read_bytes() for p in (tmp_path / "ds").rglob("*") if p.is_file()} == files
+
+
+def test_string_fields_import_as_text(tmp_path):
+    """h5py strings (variable-length UTF-8, fixed-length ASCII) come back one per row, in
+    D4RL infos and in Minari infos (reset row dropped), and survive the seal."""
+    names = [f"stép {i}" if i % 3 else "" for i in range(200)]
+    path = _write_d4rl(tmp_path / "d.hdf5")
+    with h5py.File(path, "a") as f:
+        f["infos/name"] = np.array(names, dtype=h5py.string_dtype())
+        f["infos/tag/code"] = np.array([b"x%d" % i for i in range(200)], dtype="S4")
+    ds = import_d4rl(path, str(tmp_path / "d"), progress=False)
+    assert list(ds.get(torch.arange(200))["info", "name"]) == names
+    assert list(ds.get(torch.arange(200))["info", "tag", "code"]) == [f"x{i}" for i in range(200)]
+    assert list(zstore.open(str(tmp_path / "d"), mode="r")[5:8]["info", "name"]) == names[5:8]
+    ds.close()
+    path = _write_minari(tmp_path / "m.hdf5", lengths=(3, 2))
+    with h5py.File(path, "a") as f:
+        for i, t in enumerate((3, 2)):
+            f[f"episode_{i}/infos/stage"] = np.array([f"e{i}s{k}" for k in range(t + 1)],
+                                                     dtype=h5py.string_dtype())
+    ds = import_minari(path, str(tmp_path / "m"), progress=False)
+    assert list(ds.get(torch.arange(5))["next", "info", "stage"]) == \
+        ["e0s1", "e0s2", "e0s3", "e1s1", "e1s2"]
+    ds.close()
+
+
+def test_fields_zstore_cannot_store_name_the_field_and_file(tmp_path):
+    path = _write_d4rl(tmp_path / "d.hdf5")
+    with h5py.File(path, "a") as f:
+        ragged = f.create_dataset("infos/ragged", (200,), dtype=h5py.vlen_dtype(np.int64))
+        for i in range(200):
+            ragged[i] = np.arange(i % 3)
+    with pytest.raises(zstore.SchemaError,
+                       match=rf"field 'infos/ragged' of {path}.*convert the field"):
+        import_d4rl(path, str(tmp_path / "x"), progress=False)
+    with h5py.File(path, "a") as f:
+        del f["infos/ragged"]
+        f["infos/pair"] = np.array([["a", "b"]] * 200, dtype=h5py.string_dtype())
+    with pytest.raises(zstore.SchemaError, match=rf"field 'infos/pair' of {path}.*one string per row"):
+        import_d4rl(path, str(tmp_path / "x"), progress=False)
+    assert not (tmp_path / "x").exists()

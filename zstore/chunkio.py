@@ -55,6 +55,8 @@ _PROTOTYPE = default_buffer_prototype()
 _WHOLE = OffsetByteRequest(0)
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _DECODERS = SharedPool("zstore-decode", lambda: os.cpu_count() or 1)
+#: Arrays (``store/path``) whose server was found to ignore Range requests, warned about once.
+_IGNORED_RANGE: set[str] = set()
 
 
 def decode_pool() -> ThreadPoolExecutor | None:
@@ -273,12 +275,15 @@ class ColumnReader:
             return payload
         if len(payload) <= asked:
             return payload
-        warnings.warn(f"{self.where}: the server answered a ranged read of {key!r} with the whole "
-                      f"object ({len(payload)} bytes for {asked}): it ignores Range requests, so "
-                      "every read of a sharded array fetches whole shards. Serve the store with a "
-                      "server that honours Range, or serve an unsharded copy ('zstore convert SRC "
-                      "DIR --chunks ROWS' to a local directory writes one)", RuntimeWarning,
-                      stacklevel=2)
+        if self.where not in _IGNORED_RANGE:  # once per array and process: reads go on alike
+            _IGNORED_RANGE.add(self.where)
+            warnings.warn(
+                f"{self.where}: the server answered a ranged read of {key!r} with the whole "
+                f"object ({len(payload)} bytes for {asked}): it ignores Range requests, so every "
+                "read of a sharded array fetches whole shards (warned once per array). Serve "
+                "the store with a server that honours Range, or serve an unsharded copy "
+                "('zstore convert SRC DIR --chunks ROWS' to a local directory writes one)",
+                RuntimeWarning, stacklevel=2)
         return payload[wanted]
 
     @property

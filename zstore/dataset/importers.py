@@ -21,7 +21,11 @@ default (``codec="zstd+crc32c"``).
   ``terminations``, ``truncations`` (``T`` rows) and ``infos``. Dict spaces
   (sub-groups) become nested keys. ``infos/<k>`` with ``T + 1`` rows (the
   reset info first) or ``T`` rows become ``("next", "info", k)`` for steps
-  ``1..T``.
+  ``1..T``. An episode of 0 steps (its one observation, no transition) is skipped.
+
+String fields (h5py variable- or fixed-length strings, e.g. ``infos/name``) become text
+leaves (:mod:`zstore.text`), one string per row; the cell width is the longest string in
+the file. Fields of other types torch cannot hold raise :class:`SchemaError` naming them.
 """
 
 from __future__ import annotations
@@ -33,11 +37,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
+from tensordict import NonTensorStack, TensorDict
 
-from ..errors import MissingKeyError, SchemaError
+from ..errors import MissingKeyError, SchemaError, StoreExistsError
+from ..group import existing_meta
 from ..progress import progress as progress_bar
 from ..storages import LazyMemmapStorage
+from ..store import StoreSpec
+from ..text import TEXT_BYTES
 
 #: Default codec of imported datasets: compressed and checksummed.
 DEFAULT_CODEC = "zstd+crc32c"
@@ -55,12 +62,51 @@ def _flag(array: np.ndarray) -> torch.Tensor:
     return _tensor(np.asarray(array).astype(bool).reshape(-1, 1))
 
 
+def _is_text(data) -> bool:
+    """Whether an HDF5 dataset holds strings (variable- or fixed-length)."""
+    import h5py
+
+    return h5py.check_string_dtype(data.dtype) is not None
+
+
+def _column(data, rows: slice) -> torch.Tensor | NonTensorStack:
+    """Rows of an HDF5 dataset: a tensor, or one string per row for a 1-d string dataset.
+    SchemaError naming the field and the file for values zstore cannot store."""
+    field = f"field {data.name.lstrip('/')!r} of {data.file.filename}"
+    if _is_text(data):
+        if data.ndim != 1:
+            raise SchemaError(f"{field} holds strings of shape {data.shape[1:]} per row; zstore "
+                              "stores one string per row: flatten or drop the field")
+        try:
+            return NonTensorStack.from_list(list(data.asstr()[rows]))
+        except UnicodeDecodeError as exc:
+            raise SchemaError(f"{field} holds strings that are not valid text ({exc}); "
+                              "re-encode them as UTF-8 or drop the field") from None
+    try:
+        return _tensor(data[rows])
+    except TypeError as exc:
+        raise SchemaError(f"{field} holds {data.dtype} values, which zstore cannot store as "
+                          f"a tensor ({exc}); convert the field to numbers or strings, or drop "
+                          "it") from None
+
+
+def _text_bytes(group, fields) -> int:
+    """UTF-8 bytes of the longest string of the string datasets under ``fields`` of ``group``
+    (0 without any)."""
+    longest = 0
+    for field in fields:
+        for _, data in _members(group[field]) if field in group else []:
+            if _is_text(data) and data.size:
+                longest = max(longest, max(len(value) for value in data[...].ravel()))
+    return longest
+
+
 def _node(node: Any, rows: slice) -> Any:
     """Rows of an HDF5 dataset, or of every dataset in a group (nested dict)."""
     import h5py
 
     if isinstance(node, h5py.Dataset):
-        return _tensor(node[rows])
+        return _column(node, rows)
     return {name: _node(child, rows) for name, child in node.items()}
 
 
@@ -75,11 +121,18 @@ def _ted(obs, action, next_obs, reward, terminated, truncated, n: int) -> Tensor
 class _Writer:
     """Writes TED batches into a new buffer at ``url``, then seals it."""
 
-    def __init__(self, url, total: int, storage_options, codec, chunks, desc: str, progress):
+    def __init__(self, url, total: int, storage_options, codec, chunks, desc: str, progress,
+                 text_bytes: int = 0):
         if total < 1:
             raise SchemaError(f"nothing to import into {url}: the file holds no transitions")
+        spec = StoreSpec.parse(url, storage_options)
+        if existing_meta(spec) is not None:  # before anything (a lease file too) is written there
+            raise StoreExistsError(
+                f"cannot import into {spec.redacted()}: it already holds a zstore buffer or "
+                "dataset (left unchanged); choose another destination, or delete it first")
         self.storage = LazyMemmapStorage(total, scratch_dir=url, storage_options=storage_options,
-                                         codec=codec, chunks=chunks, auto_cleanup=False)
+                                         codec=codec, chunks=chunks, auto_cleanup=False,
+                                         text_bytes=text_bytes or TEXT_BYTES)
         self.position = 0
         self.bar = progress_bar(total, desc, enabled=progress, unit="rows", unit_scale=True, leave=False)
 
@@ -150,7 +203,9 @@ def import_d4rl(h5_path: str | os.PathLike, url: str | os.PathLike,
             if len(f["infos"][name]) != steps:
                 raise SchemaError(f"{where}: 'infos/{name}' has {len(f['infos'][name])} rows, "
                                   f"observations {steps}")
-        with _Writer(url, total, storage_options, codec, chunks, "import d4rl", progress) as sink:
+        text_bytes = _text_bytes(f, ("observations", "actions", "next_observations", "infos"))
+        with _Writer(url, total, storage_options, codec, chunks, "import d4rl", progress,
+                     text_bytes) as sink:
             _copy_d4rl(f, sink, total, has_next, infos)
     return open_dataset(url, storage_options)
 
@@ -166,7 +221,7 @@ def _copy_d4rl(f, sink: _Writer, total: int, has_next: bool, infos: list[str]) -
         batch = _ted(obs, _node(f["actions"], rows), next_obs, f["rewards"][rows],
                      _flag(f["terminals"][rows]), _flag(timeouts), n)
         for name in infos:
-            batch[("info", *name.split("/"))] = _tensor(f["infos"][name][rows])
+            batch[("info", *name.split("/"))] = _column(f["infos"][name], rows)
         sink.write(batch)
 
 
@@ -218,7 +273,7 @@ def _minari_episode(group) -> TensorDict:
                  _flag(group["terminations"][:]), _flag(group["truncations"][:]), steps)
     if "infos" in group:
         for name, node in _datasets(group["infos"]):
-            batch[("next", "info", *name.split("/"))] = _tensor(node[len(node) - steps:])
+            batch[("next", "info", *name.split("/"))] = _column(node, slice(len(node) - steps, None))
     return batch
 
 
@@ -261,8 +316,12 @@ def import_minari(h5_path: str | os.PathLike, url: str | os.PathLike,
         where = f"Minari file {os.fspath(h5_path)}"
         if not names:
             raise MissingKeyError(f"{where} has no episode_<id> groups (has {sorted(f.keys())})")
-        total = sum(_check_minari_episode(f[name], f"{where}, {name}") for name in names)
-        with _Writer(url, total, storage_options, codec, chunks, "import minari", progress) as sink:
+        steps = {name: _check_minari_episode(f[name], f"{where}, {name}") for name in names}
+        names = [name for name in names if steps[name]]  # a 0-step episode holds no transition
+        text_bytes = max((_text_bytes(f[name], ("observations", "actions", "infos"))
+                          for name in names), default=0)
+        with _Writer(url, sum(steps.values()), storage_options, codec, chunks, "import minari",
+                     progress, text_bytes) as sink:
             pending: list[TensorDict] = []
             rows = 0
             for i, name in enumerate(names):

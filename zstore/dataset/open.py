@@ -27,8 +27,8 @@ from zarr.errors import GroupNotFoundError, NodeNotFoundError
 from zarr.storage import StorePath
 
 from ..cache import DEFAULT_CACHE_BYTES
-from ..errors import NotAZStoreError, ReadOnlyError, StoreNotFoundError
-from ..group import read_meta
+from ..errors import NotAZStoreError, ReadOnlyError, StoreNotFoundError, ZStoreError
+from ..group import _io_error, read_meta
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
 from ..writers import ImmutableDatasetWriter
@@ -176,11 +176,18 @@ def _open_consolidated(spec: StoreSpec) -> zarr.Group:
 
     The object is fetched as a ranged read from offset 0 (s3fs sends a plain
     ``GET`` after a ``HEAD``; a ranged ``GET`` alone), and the group is built
-    from the consolidated metadata it holds, without listing or probing.
+    from the consolidated metadata it holds, without listing or probing. Transport errors
+    (a refusal, an unreachable endpoint) name the store and the fix, as :func:`zstore.open`'s do.
     """
     where = spec.redacted()
-    store = spec.open()
-    raw = sync(store.get(ZARR_JSON, default_buffer_prototype(), byte_range=OffsetByteRequest(0)))
+    try:
+        store = spec.open()
+        raw = sync(store.get(ZARR_JSON, default_buffer_prototype(),
+                             byte_range=OffsetByteRequest(0)))
+    except ZStoreError:
+        raise
+    except Exception as exc:  # the network after the client's retries, a refused request
+        raise _io_error("cannot read", exc, where) from exc
     if raw is None:
         raise StoreNotFoundError(f"no dataset at {where}: no zarr.json there")
     try:

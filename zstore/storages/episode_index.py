@@ -69,7 +69,8 @@ def _column(group: zarr.Group, meta: StoreMeta, path: str, order: torch.Tensor,
 
 def compute_index(group: zarr.Group, meta: StoreMeta, length: int,
                   last_cursor: int) -> TensorDict:
-    """The episode index of a committed buffer (see the module docstring)."""
+    """The episode index of a committed buffer holding at least one row (see the module
+    docstring; :func:`~zstore.storages.sealing.seal_storage` refuses an empty one)."""
     lanes = math.prod(meta.schema.lane_shape)
     order = chronological_rows(meta, length, last_cursor)
     steps = len(order)

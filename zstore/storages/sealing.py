@@ -38,6 +38,11 @@ def seal_storage(storage) -> int:
         raise NotAZStoreError(f"cannot seal {where}: nothing was written to it")
     if storage._meta.read_only:
         raise ReadOnlyError(f"cannot seal {where}: the buffer is marked read-only")
+    if len(storage) == 0:  # arrays created, no row committed (emptied, or an import killed)
+        raise NotAZStoreError(
+            f"cannot seal {where}: it holds no rows (length 0), so there is nothing to publish; "
+            "write rows first (an import that was interrupted left it: delete it and run the "
+            "import again)")
     storage._hold_lease()  # sealing is a write: one writer at a time
     storage.flush()
     meta = storage._meta
