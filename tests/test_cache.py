@@ -277,3 +277,22 @@ def test_nbytes_and_compression_ratio_measure_the_store(tmp_path):
     assert chunk_files and storage.raw_nbytes == 500 * 64 * 4
     assert storage.compression_ratio > 10  # zeros compress well
     assert "compression_ratio=" in repr(storage)
+
+
+def test_a_sparse_memory_mapped_buffer_counts_the_bytes_its_files_hold(tmp_path):
+    """nbytes of a local raw buffer is what its files hold on disk, not their apparent size
+    (2 rows of a 10^8-row buffer showed 372.5 GiB stored)."""
+    probe = tmp_path / "probe"
+    with open(probe, "wb") as f:
+        f.truncate(2**30)
+    if probe.stat().st_blocks * 512 >= 2**30:
+        pytest.skip("this filesystem has no sparse files")
+    capacity, row_bytes = 10**6, 1000 * 4
+    storage = zstore.LazyMemmapStorage(capacity, scratch_dir=tmp_path / "rb")
+    storage.set(torch.arange(2), TensorDict(obs=torch.ones(2, 1000), batch_size=[2]))
+    files = [p for p in (tmp_path / "rb").rglob("*") if p.is_file() and p.name != "zstore-lease.json"]
+    assert sum(p.stat().st_size for p in files) > capacity * row_bytes  # the files' apparent size
+    held = sum(min(p.stat().st_size, p.stat().st_blocks * 512) for p in files)
+    assert storage.nbytes == held < capacity * row_bytes / 100
+    assert storage.summary().stored_bytes == held
+    assert storage.compression_ratio == 2 * row_bytes / held

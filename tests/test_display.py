@@ -154,6 +154,19 @@ def test_cursor_follows_the_ring():
     assert "16 / 16 (100%)" in check_html(s)
 
 
+def test_an_ensemble_shows_the_rows_its_members_hold():
+    """Its fill is the members' rows over their capacities (len() of an ensemble counts its
+    members, as TorchRL's does: two members showed "fill 2 / 28")."""
+    small, large = zstore.LazyTensorStorage(4), zstore.LazyTensorStorage(CAPACITY + 8)
+    small.set(torch.arange(1), ted(1))
+    large.set(torch.arange(N), ted())
+    ensemble = zstore.StorageEnsemble(small, large)
+    assert len(ensemble) == 2
+    summary = ensemble.summary()
+    assert (summary.length, summary.capacity) == (1 + N, 4 + CAPACITY + 8)
+    assert "13 / 28 (46%)" in check_html(ensemble) and "len=13, max_size=28" in render_text(summary)
+
+
 # -- persistent storages ----------------------------------------------------------------------
 
 def test_lazy_memmap_storage(location):

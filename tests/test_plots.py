@@ -191,10 +191,13 @@ def test_missing_key_is_named(rollouts):
 
 
 @pytest.mark.parametrize("cls", ["LazyTensorStorage", "ListStorage", "CompressedListStorage"])
-def test_an_empty_storage_says_there_is_nothing_to_plot(cls):
-    """(It raised the storage's "Cannot get elements out of a non-initialized storage".)"""
+@pytest.mark.parametrize("plot", ["episode_stats", "episode_return_hist", "episode_length_hist",
+                                  "reward_done_timeline", "action_hist", "frame_grid"])
+def test_an_empty_storage_says_there_is_nothing_to_plot(cls, plot):
+    """Every plot of a storage (frame_grid too) checks for rows before reading any: they
+    raised the storage's "Cannot get elements out of a non-initialized storage"."""
     with pytest.raises(ValueError, match=f"nothing to plot: this {cls} holds no rows yet"):
-        plots.episode_stats(getattr(zstore, cls)(10))
+        getattr(plots, plot)(getattr(zstore, cls)(10))
 
 
 def test_figure_renders_to_png(rollouts, tmp_path):

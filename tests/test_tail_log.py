@@ -192,6 +192,29 @@ def test_a_reader_whose_segment_was_consolidated_reads_the_stored_unit(location)
     storage.close()
 
 
+def test_a_reader_counts_the_segments_it_fetches_all_at_once(location):
+    """CacheStats.requests / fetched_bytes count a live writer's log segments a reader fetches,
+    and the segments of a read are in flight together."""
+    g = torch.Generator().manual_seed(7)
+    url = location.new()
+    storage = open_storage(location, url, capacity=256, chunks=16, shards=64)
+    model = cartpole(60, g)
+    for start in range(0, 60, 10):  # six commits: six segments of shard 0, no shard stored
+        storage.set(torch.arange(start, start + 10), model[start:start + 10])
+        storage.flush()
+    fs, root = zstore.store.StoreSpec.parse(url, location.options).filesystem()
+    sizes = fs.du(f"{root}/{TAIL_PREFIX}/16x64", total=False)
+    assert len(sizes) == 6
+    reader = zstore.open(url, location.options, mode="r")
+    assert_rows(reader, model, 60, "reader of a live writer")
+    stats = reader.cache_stats
+    assert stats.fetched_bytes == sum(sizes.values())  # the shard objects do not exist yet
+    assert stats.requests == len(model.keys()) + 6  # each key's absent shard, each segment
+    if location.kind != "memory":  # memory:// answers each get before the next one starts
+        assert stats.peak_in_flight == 6
+    storage.close()
+
+
 def test_a_damaged_or_missing_segment_raises_naming_it(location):
     url = location.new()
     storage = five_rows_logged(location, url, seed=4)

@@ -152,14 +152,16 @@ class BlockGroup:
         """
         if not self.segments:
             return True
-        for i, block in enumerate(blocks):
-            lo, hi = self._span(block)
-            for seg in self.segments:
+        spans = [self._span(block) for block in blocks]
+        needed = [seg for seg in self.segments
+                  if any(seg.first < hi and seg.stop > lo for lo, hi in spans)]
+        if not self._read_segments(needed):
+            return False
+        for i, (lo, hi) in enumerate(spans):
+            for seg in needed:
                 if seg.stop <= lo or seg.first >= hi:
                     continue
-                rows = self._read_segment(seg)
-                if rows is None:
-                    return False
+                rows = self._segment_rows[seg.seq]
                 a, z = max(lo, seg.first), min(hi, seg.stop)
                 for leaf, part in zip(self.leaves, rows):
                     array = out[leaf.path][i]
@@ -174,25 +176,50 @@ class BlockGroup:
                     out[leaf.path][i] = array
         return True
 
-    def _read_segment(self, seg: Segment) -> list[np.ndarray] | None:
-        """Each key's rows of ``seg`` (read once); None when it was dropped from the commit."""
-        rows = self._segment_rows.get(seg.seq)
-        if rows is not None:
-            return rows
-        key = segment_key(self.id, seg.seq)
-        data = sync(self.store.get(key, default_buffer_prototype()))
-        if data is None:
-            listed = None if self._listed is None else self._listed()
-            if listed is not None and seg not in listed:
-                self.segments = listed
+    def _read_segments(self, segments: list[Segment]) -> bool:
+        """Decode each of ``segments`` not read yet into ``_segment_rows`` (False: one was
+        dropped from the commit since this group listed it).
+
+        The segments are fetched concurrently and counted in :attr:`cache.stats`
+        (``requests``, ``fetched_bytes``) like the blocks' objects.
+        """
+        missing = [seg for seg in segments if seg.seq not in self._segment_rows]
+        if not missing:
+            return True
+        keys = [segment_key(self.id, seg.seq) for seg in missing]
+        throttle = Throttle(MAX_IN_FLIGHT)
+
+        async def get(key: str) -> bytes | None:
+            async with throttle.slot():
+                data = await self.store.get(key, default_buffer_prototype())
+            if data is None:
                 return None
-            raise CorruptChunkError(f"log segment {key} of {self.where} is listed by its commit "
-                                    "but missing from the store")
-        rows = decode(data.to_bytes(), [(storage_numpy_dtype(leaf.dtype), leaf.shape)
-                                        for leaf in self.leaves], seg.stop - seg.first,
-                      f"{key} of {self.where}")
-        self._segment_rows[seg.seq] = rows
-        return rows
+            data = data.to_bytes()
+            throttle.bytes += len(data)
+            return data
+
+        async def run():
+            return await asyncio.gather(*[get(key) for key in keys], return_exceptions=True)
+
+        results = sync(run())
+        stats = self.cache.stats
+        stats.requests += throttle.requests
+        stats.fetched_bytes += throttle.bytes
+        stats.peak_in_flight = max(stats.peak_in_flight, throttle.peak)
+        for seg, key, data in zip(missing, keys, results):
+            if isinstance(data, BaseException):
+                raise data
+            if data is None:
+                listed = None if self._listed is None else self._listed()
+                if listed is not None and seg not in listed:
+                    self.segments = listed
+                    return False
+                raise CorruptChunkError(f"log segment {key} of {self.where} is listed by its "
+                                        "commit but missing from the store")
+            self._segment_rows[seg.seq] = decode(
+                data, [(storage_numpy_dtype(leaf.dtype), leaf.shape) for leaf in self.leaves],
+                seg.stop - seg.first, f"{key} of {self.where}")
+        return True
 
     def _unit_segments(self, unit: int) -> list[Segment]:
         return [seg for seg in self.segments if seg.first // self.unit_rows == unit]

@@ -62,11 +62,16 @@ def time_ordered(data: Storage | TensorDictBase) -> TensorDictBase:
         return data
     if not isinstance(data, Storage):
         raise TypeError(f"expected a zstore storage or a TensorDict, got {type(data).__name__}")
-    if not len(data):
-        raise ValueError(f"nothing to plot: this {type(data).__name__} holds no rows yet "
-                         "(write some first, or plot a TensorDict)")
+    _require_rows(data)
     lanes = math.prod(data.shape[1:]) if data.ndim > 1 and len(data) else 1  # [T, B] storages
     return _read(data, ring_order(len(data), data.max_size, data._newest_row(), lanes=lanes))
+
+
+def _require_rows(storage: Storage) -> None:
+    """Raise the "nothing to plot" ``ValueError`` when ``storage`` holds no rows."""
+    if not len(storage):
+        raise ValueError(f"nothing to plot: this {type(storage).__name__} holds no rows yet "
+                         "(write some first, or plot a TensorDict)")
 
 
 def _read(storage: Storage, rows: torch.Tensor) -> TensorDictBase:
@@ -252,6 +257,7 @@ def frame_grid(data: torch.Tensor | Storage | TensorDictBase, *, key: Any = "pix
     single frames fill ``ncols`` columns (default: up to 8).
     """
     if isinstance(data, Storage):
+        _require_rows(data)
         rows = torch.arange(min(max_frames, len(data))) if index is None else torch.as_tensor(index)
         data, index = _read(data, rows), None
     if isinstance(data, TensorDictBase):

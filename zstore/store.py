@@ -273,7 +273,31 @@ class StoreSpec:
 
     def stored_bytes(self, ignore: tuple[str, ...] = ()) -> int:
         """Bytes of every object at or below this location (0 when nothing is there),
-        except the top-level objects named in ``ignore``."""
+        except the top-level objects named in ``ignore``.
+
+        A local file counts the bytes the filesystem allocated to it where they are
+        fewer than its size: a sparse memory-mapped chunk file holds only the pages
+        written, not its whole capacity.
+        """
+        if self.is_local:
+            def held(stat: os.stat_result) -> int:
+                blocks = getattr(stat, "st_blocks", None)  # not on Windows
+                return stat.st_size if blocks is None else min(stat.st_size, blocks * 512)
+
+            root = Path(self.url)
+            if root.is_file():
+                return held(root.stat())
+            total = 0
+            for folder, _, names in os.walk(root):
+                top = Path(folder) == root
+                for name in names:
+                    if top and name in ignore:
+                        continue
+                    try:
+                        total += held(os.stat(os.path.join(folder, name)))
+                    except FileNotFoundError:  # replaced or deleted while listed
+                        pass
+            return total
         fs, path = self.filesystem()
         try:
             sizes = fs.du(path, total=False)
