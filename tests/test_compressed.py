@@ -389,3 +389,50 @@ def test_url_storage_pickles_as_its_spec_and_reopens_in_another_process(tmp_path
         assert url.encode() in payload and b"zarr" not in payload and len(payload) < 2000
         with mp.get_context("spawn").Pool(1) as pool:
             assert pool.apply(read_items, (storage,)) == [[0, 1], [2, 3], [0, 1, 2]]
+
+
+def _written_elsewhere(location, kind: str) -> tuple[str, object]:
+    """A URL holding ``kind`` (what another zstore class or another tool put there), and a
+    fingerprint of it to compare after a refused creation."""
+    url = location.new(kind)
+    fs, root = zstore.StoreSpec.parse(url, location.options).filesystem()
+    rows = TensorDict(obs=torch.arange(12.0).view(6, 2), batch_size=[6])
+    if kind == "buffer":
+        buffer = location.memmap(10, scratch_dir=url)
+        buffer.set(torch.arange(6), rows)
+        buffer.close()
+    elif kind == "dataset":
+        buffer = location.memmap(6, scratch_dir=url)
+        buffer.set(torch.arange(6), rows.update({("next", "done"): torch.ones(6, 1, dtype=torch.bool)}))
+        buffer.close()
+        zstore.seal(url, storage_options=location.options)
+    elif kind == "checkpoint":
+        from checkpoint import TensorStorageCheckpointer
+
+        source = zstore.LazyTensorStorage(10)
+        source.set(torch.arange(6), rows)
+        source.checkpointer = TensorStorageCheckpointer(storage_options=location.options)
+        source.dumps(url)
+    else:  # another tool's file
+        fs.makedirs(root, exist_ok=True)
+        fs.pipe_file(f"{root}/notes.txt", b"mine")
+    listing = sorted((path, fs.cat_file(path)) for path in fs.find(root)
+                     if not path.endswith(".json") or "zstore-lease" not in path)
+    return url, listing
+
+
+@pytest.mark.parametrize("kind", ["buffer", "dataset", "checkpoint", "foreign file"])
+def test_a_new_storage_refuses_a_location_holding_anything_else(location, kind):
+    """CompressedListStorage only refused a CompressedListStorage at its URL: its first
+    commit replaced the root zarr.json of a buffer, a sealed dataset or a checkpoint there
+    (which then no longer opened), and it wrote among a folder's other files, which its
+    cleanup() then deleted. Now each is refused before anything is written, and left as it
+    was."""
+    url, before = _written_elsewhere(location, kind)
+    error = zstore.StoreExistsError if kind in ("buffer", "dataset") else zstore.NotAZStoreError
+    with pytest.raises(error, match="choose"):
+        location.compressed(30, scratch_dir=url)
+    fs, root = zstore.StoreSpec.parse(url, location.options).filesystem()
+    after = sorted((path, fs.cat_file(path)) for path in fs.find(root)
+                   if not path.endswith(".json") or "zstore-lease" not in path)
+    assert after == before

@@ -431,3 +431,17 @@ def test_a_read_only_folder_is_refused_naming_it_and_the_fix_and_rows_wait(tmp_p
                    *command]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+_BAD_ROWS = [{"chunks": 0}, {"chunks": -3}, {"chunks": {"obs": 0}}, {"chunks": 2.5}]
+
+
+@pytest.mark.parametrize("cls, bad", [
+    *((LazyMemmapStorage, bad) for bad in [*_BAD_ROWS, {"shards": 0}]),
+    *((zstore.CompressedListStorage, bad) for bad in _BAD_ROWS)])
+def test_rows_per_chunk_or_shard_below_one_are_refused_naming_the_argument(tmp_path, cls, bad):
+    """chunks=0 or -3 were taken as 1-row chunks (one object per row), silently."""
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=rf"{name}.*must be a whole number of at least 1"):
+        cls(10, scratch_dir=str(tmp_path / "rb"), **bad)
+    assert not (tmp_path / "rb").exists()

@@ -486,3 +486,24 @@ def test_a_slice_view_pickles_its_whole_column_and_a_copy_only_its_rows(tmp_path
     theirs = torchrl_data.LazyMemmapStorage(rows, scratch_dir=tmp_path / "torchrl")
     theirs.set(torch.arange(rows), TensorDict({"obs": torch.randn(rows, width)}, [rows]))
     assert len(pickle.dumps(theirs[0:10])) < 4096
+
+
+def test_a_closed_storage_refuses_writes_as_it_refuses_reads(location):
+    """After close() a read raised "was closed; reopen it", but a write reopened the store,
+    wrote, committed and took the write lease again, so the writer meant to take over was
+    refused. Now the write raises the same error and changes nothing."""
+    url = location.new()
+    storage = location.memmap(20, scratch_dir=url)
+    storage.set(torch.arange(5), td_rows(0, 5))
+    storage.close()
+    for write in (lambda: storage.set(torch.tensor([7]), td_rows(7, 1)),
+                  lambda: storage._empty()):
+        with pytest.raises(RuntimeError, match="was closed; reopen it with zstore.open"):
+            write()
+    with pytest.raises(RuntimeError, match="was closed"):
+        storage.get(torch.tensor([0]))
+    successor = zstore.open(url, location.options, mode="r+")
+    assert len(successor) == 5
+    successor.set(torch.tensor([5]), td_rows(5, 1))  # the lease is free for it
+    successor.close()
+    assert len(zstore.open(url, location.options, mode="r")) == 6

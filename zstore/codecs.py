@@ -11,6 +11,7 @@ carry one by default, raw chunks on remote stores too (:func:`with_default_check
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import TYPE_CHECKING, Any, Mapping
 
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
@@ -181,6 +182,23 @@ def choose_layout(leaves, rows: int, *, mmap: bool, object_store: bool,
         shard = max(chunk, int(shard) // chunk * chunk)
         layout[leaf.path] = (chunk, None if shard == chunk else shard)
     return layout
+
+
+def checked_rows_per(name: str, value: "int | Mapping[str, int] | None") -> None:
+    """Refuse a ``chunks=`` / ``shards=`` argument (``name``) that is not a positive row
+    count, or a ``{key path: rows}`` mapping of them: ``ValueError`` naming the key."""
+    given = value.items() if isinstance(value, Mapping) else [(None, value)]
+    for path, rows in given:
+        if rows is None:
+            continue
+        try:
+            count = operator.index(rows)
+        except TypeError:
+            count = 0
+        if isinstance(rows, bool) or count < 1:
+            where = f"{name}={value!r}" if path is None else f"{name}[{path!r}]={rows!r}"
+            raise ValueError(f"{where}: rows per {name[:-1]} must be a whole number of at least "
+                             f"1 (or None for the default)")
 
 
 def _override(value: "int | Mapping[str, int] | None", path: str) -> int | None:

@@ -50,7 +50,7 @@ from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
 from .. import _faults, autocommit
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats
-from ..codecs import CodecSpec, is_remote, parse_codecs
+from ..codecs import CodecSpec, checked_rows_per, is_remote, parse_codecs
 from ..display import KeyRow, Summary, dtype_name
 from ..dtypes import torch_dtype_from_name, torch_dtype_name
 from ..errors import (MissingKeyError, NotAZStoreError, SchemaError,
@@ -187,15 +187,56 @@ def _open_root(spec: StoreSpec):
 
 def _root_block(spec: StoreSpec) -> dict[str, Any] | None:
     """The ``zstore`` block of a committed CompressedListStorage at ``spec``, else ``None``."""
-    if not spec.exists():
-        return None
-    try:
-        block = _open_root(spec).attrs.get(ZSTORE_ATTR)
-    except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError):
-        return None
+    block = _any_root_block(spec)
     if isinstance(block, Mapping) and block.get("storage_class") == "CompressedListStorage":
         return dict(block)
     return None
+
+
+def _any_root_block(spec: StoreSpec) -> Any:
+    """The root group's ``zstore`` attribute at ``spec``: ``None`` when it has other
+    attributes only, :data:`_NO_GROUP` where there is no root group or one with no
+    attributes (what a first commit killed before writing its block leaves)."""
+    if not spec.exists():
+        return _NO_GROUP
+    try:
+        attrs = _open_root(spec).attrs.asdict()
+    except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError):
+        return _NO_GROUP
+    return attrs.get(ZSTORE_ATTR) if attrs else _NO_GROUP
+
+
+_NO_GROUP = object()
+
+
+def _refuse_taken_location(spec: StoreSpec) -> None:
+    """Refuse to create a storage where something else lives: a committed store of any
+    kind, a Zarr group of another tool, or other files. What a creation killed before its
+    first commit leaves (inner tables, the lease) is taken over."""
+    from ..conditional import PROBE_PREFIX
+
+    where = spec.redacted()
+    block = _any_root_block(spec)
+    if isinstance(block, Mapping):
+        what = block.get("storage_class")
+        hint = ("reopen it with zstore.open(url), or choose another location"
+                if what == "CompressedListStorage" else "choose another location")
+        raise StoreExistsError(f"{where} already holds a zstore {what or 'store'}; {hint}")
+    if block is not _NO_GROUP:
+        raise NotAZStoreError(f"{where} already holds a Zarr group that is not a zstore buffer "
+                              "(a checkpoint, or another tool's data); choose an empty location")
+    fs, root = spec.filesystem()
+    try:
+        names = [name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    foreign = [name for name in names if not (
+        _ITEMS_TABLE.fullmatch(name) or name in ("ragged", "zarr.json", LEASE_NAME)
+        or name.startswith(PROBE_PREFIX))]
+    if foreign:
+        raise NotAZStoreError(
+            f"{where} is not empty and holds no zstore buffer (it holds {sorted(foreign)[:3]}); "
+            "choose an empty location (zstore never writes among other files)")
 
 
 class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, ListStorage):
@@ -255,9 +296,8 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         self._configure(StoreSpec.parse(scratch_dir, storage_options), owned, compression_fn,
                         decompression_fn, compression_level, codec, chunks, cache_bytes, lease_ttl,
                         autocommit_seconds)
-        if not owned and _root_block(self.spec) is not None:
-            raise StoreExistsError(f"{self.spec.redacted()} already holds a {type(self).__name__}; "
-                                   "reopen it with zstore.open(url), or choose another location")
+        if not owned:
+            _refuse_taken_location(self.spec)
         self._reset()
 
     def _configure(self, spec: StoreSpec, owned: bool, compression_fn: Callable | None,
@@ -279,6 +319,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         self.default_codec, self.key_codecs = parse_codecs(codec, remote=is_remote(spec))
         self.spec = spec
         self.scratch_dir = spec.url
+        checked_rows_per("chunks", chunks)
         self.chunks = chunks
         self.cache_bytes = int(cache_bytes)
         self._owned = owned

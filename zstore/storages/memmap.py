@@ -25,7 +25,7 @@ from tensordict import is_tensor_collection, is_tensorclass
 
 from .. import autocommit
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats, cache_tier
-from ..codecs import choose_layout, is_remote, parse_codecs
+from ..codecs import checked_rows_per, choose_layout, is_remote, parse_codecs
 from ..errors import (LeaseError, MissingKeyError, ReadOnlyError, SchemaError, StoreExistsError,
                       ZStoreError)
 from ..display import KeyRow, Summary, dtype_name, text_dtype
@@ -126,6 +126,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                 f"{device}, pass cache='cuda' (the cache then lives on that device).")
         super().__init__(max_size, device=tier.device, ndim=ndim, compilable=compilable,
                          shared_init=shared_init)
+        checked_rows_per("chunks", chunks)
+        checked_rows_per("shards", shards)
         temporary = scratch_dir is None
         if temporary:
             scratch_dir = tempfile.mkdtemp(prefix="zstore_")
@@ -163,6 +165,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self._committed_here = False  # whether this process committed (close then publishes)
         self._nodes_tried = False  # whether this attachment fetched the nodes' metadata
         self._cleaned = False
+        self._closed = False  # close() ended it: reads and writes raise (reopen the store)
         self._finalizer = weakref.finalize(self, collect_store, self.spec) if self.auto_cleanup else None
         self._open_lease(self.spec, self.lease_ttl)
         # the lease that fences the table's chunk stores: this storage's own, or the lease of
@@ -254,11 +257,19 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             self._pid = os.getpid()
             self._attach(*open_group(self.spec))
         if self._table is None:
-            raise RuntimeError(f"this storage of {self.spec.redacted()} was closed; reopen it "
-                               "with zstore.open(url)")
+            raise self._closed_error()
         return self._table
 
+    def _closed_error(self) -> RuntimeError:
+        return RuntimeError(f"this storage of {self.spec.redacted()} was closed; reopen it "
+                            "with zstore.open(url)")
+
     # -- the single-writer lease (storages/leasing.py) -------------------------------------
+    def _hold_lease(self) -> bool:
+        if self._closed:  # every write takes the lease first: none after close()
+            raise self._closed_error()
+        return super()._hold_lease()
+
     def _refuses_writes(self) -> bool:
         return self._meta is not None and self._meta.read_only
 
@@ -739,6 +750,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                 self._publish_nodes()
             self._table.close()
         self._table = None
+        self._closed = True
         self.initialized = False if self._meta is None else self.initialized
         self._release_lease()
         untrack(self)
