@@ -445,3 +445,51 @@ def test_rows_per_chunk_or_shard_below_one_are_refused_naming_the_argument(tmp_p
     with pytest.raises(ValueError, match=rf"{name}.*must be a whole number of at least 1"):
         cls(10, scratch_dir=str(tmp_path / "rb"), **bad)
     assert not (tmp_path / "rb").exists()
+
+
+_UNREADABLE_STORE = r'''
+import os, sys, torch, zstore
+from tensordict import TensorDict
+path = sys.argv[1]
+storage = zstore.LazyMemmapStorage(10, scratch_dir=path, codec="zstd")
+storage.set(torch.arange(3), TensorDict(obs=torch.zeros(3, 2), batch_size=[3]))
+storage.close()
+os.chmod(f"{path}/zarr.json", 0)
+try:
+    zstore.open(path, mode="r")
+except PermissionError as exc:
+    text = str(exc)
+    assert text == (f"cannot read {path}: permission denied on {path}/zarr.json; check the "
+                    f"permissions of {path} and of the files in it"), text
+    print("ok")
+'''
+
+
+def test_an_unreadable_local_store_is_named_with_a_fix_for_files_not_credentials(tmp_path):
+    """A local file the OS refused was worded as an S3 refusal ("check storage_options key=
+    and secret= ... and the bucket's policy")."""
+    import shutil
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", _UNREADABLE_STORE, str(tmp_path / "buffer")]
+    if os.getuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: file modes cannot be enforced")
+        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner",
+                   *command]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_a_file_given_as_a_new_buffer_s_location_is_named(tmp_path):
+    """A write to LazyMemmapStorage(scratch_dir=FILE) raised a bare "[Errno 17] File exists"
+    (taking the lease made the folder); the file is left as it was."""
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    storage = LazyMemmapStorage(10, scratch_dir=str(file))
+    with pytest.raises(NotAZStoreError, match=f"^{file} is a file; a zstore buffer is a directory$"):
+        storage.set(torch.arange(2), batch(2))
+    with pytest.raises(NotAZStoreError, match="is a file"):
+        zstore.CompressedListStorage(10, scratch_dir=str(file))
+    assert file.read_text() == "mine"

@@ -25,7 +25,7 @@ from . import __version__
 from . import cli_commands as _commands
 from .cli_commands import PROG, UsageError, add_storage_options, codec_name, positive_int
 from .credentials import CHECK_CREDENTIALS
-from .errors import StoreExistsError, ZStoreError
+from .errors import OPEN_READ_ONLY, StoreExistsError, ZStoreError
 
 if TYPE_CHECKING:
     from .store import StoreSpec
@@ -145,10 +145,6 @@ register(Command(
 _CREDENTIALS = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
                 "-o key=KEY -o secret=SECRET")
 
-#: The way on that ``errors.folder_not_writable`` offers Python callers; no command has it
-#: (those that only read open stores read-only already).
-_PYTHON_READ_ONLY = " or open the store read-only (mode='r')"
-
 
 def _cause(exc: BaseException | None, test: Callable[[BaseException], bool]) -> BaseException | None:
     """The first exception in ``exc``'s chain (itself, then what it was raised from or while
@@ -235,10 +231,10 @@ def error_message(exc: BaseException, args: argparse.Namespace) -> str:
     elif (cause := _cause(exc, _denied)) and (local := _refused_locally(cause, stores)):
         # errors.folder_not_writable's (it names the folder, the file and the fix: kept, less
         # the Python-only option), or the OS's (a bare errno, maybe under advice for S3)
-        own = str(cause).endswith(_PYTHON_READ_ONLY)
+        own = str(cause).endswith(OPEN_READ_ONLY)
         denied = None if own else _cause(cause, lambda error: bool(getattr(error, "filename", None)))
         refusal = (f"permission denied on {denied.filename}" if denied
-                   else str(cause).removesuffix(_PYTHON_READ_ONLY))
+                   else str(cause).removesuffix(OPEN_READ_ONLY))
         text = f"access denied: {about(refusal)}" + ("" if own else (
             f"; check the permissions of {local.url} and of the files in it (chmod -R u+rwX "
             f"{local.url} gives its owner access)"))

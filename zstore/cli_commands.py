@@ -122,14 +122,6 @@ def _require_writable(url: str, options: dict[str, Any], action: str, fix: str):
     return spec
 
 
-def _require_folder(spec, fix: str) -> None:
-    """Refuse a local path that is a file, as ``zstore.open`` does, with the command's ``fix``
-    (the OS would name ``PATH/zarr.json`` or the lease with a bare errno)."""
-    path = spec.local_path
-    if path is not None and path.exists() and not path.is_dir():
-        raise NotAZStoreError(f"{spec.redacted()} is a file; a zstore buffer is a directory: {fix}")
-
-
 def _node(fs, path: str) -> tuple[str, dict[str, Any]] | None:
     """What the ``zarr.json`` at ``path`` holds, as ``(kind, block)``: ``("buffer", its zstore
     block)``, ``("checkpoint", its commit record)``, ``("incomplete", {})`` (a buffer whose
@@ -198,7 +190,7 @@ def info_run(args: argparse.Namespace) -> int:
     from .store import StoreSpec
 
     spec = StoreSpec.parse(args.url, _options(args), read_only=True)
-    _require_folder(spec, "pass the buffer's folder")
+    spec.refuse_a_file("pass the buffer's folder")  # the OS would name PATH/zarr.json
     try:
         group = open_zarr_group(spec)
     except NotAZStoreError:
@@ -324,7 +316,7 @@ def ls_run(args: argparse.Namespace) -> int:
     from .store import StoreSpec
 
     spec = StoreSpec.parse(args.url, _options(args), read_only=True)
-    _require_folder(spec, "pass the folder to search for buffers")
+    spec.refuse_a_file("pass the folder to search for buffers")
     fs, root = spec.filesystem()
     try:
         fs.info(root)  # unlike fs.exists, lets a missing credential or endpoint through
@@ -408,9 +400,8 @@ def convert_run(args: argparse.Namespace) -> int:
     if args.shards and args.chunks and args.shards % args.chunks:
         raise UsageError(f"--shards {args.shards} must be a multiple of --chunks {args.chunks}")
     dst_options = None if args.dst_options is None else dict(args.dst_options)
-    _require_folder(_require_writable(args.dst, _options(args) if dst_options is None
-                                      else dst_options, "write the copy to", _WRITE_ELSEWHERE),
-                    _CHOOSE_ANOTHER)
+    _require_writable(args.dst, _options(args) if dst_options is None else dst_options,
+                      "write the copy to", _WRITE_ELSEWHERE).refuse_a_file(_CHOOSE_ANOTHER)
     copy = convert(args.src, args.dst, _options(args), dst_options=dst_options,
                    codec=_KEEP if args.codec is _DEFAULT else args.codec,
                    chunks=args.chunks, shards=args.shards, seal=args.seal, progress=args.progress)
@@ -462,8 +453,8 @@ def import_run(args: argparse.Namespace) -> int:
     from .dataset.importers import DEFAULT_CODEC
 
     _check_source(args.layout, args.file)
-    _require_folder(_require_writable(args.url, _options(args), "import into", _WRITE_ELSEWHERE),
-                    _CHOOSE_ANOTHER)
+    _require_writable(args.url, _options(args), "import into",
+                      _WRITE_ELSEWHERE).refuse_a_file(_CHOOSE_ANOTHER)
     run = import_d4rl if args.layout == "d4rl" else import_minari
     dataset = run(args.file, args.url, _options(args), codec=DEFAULT_CODEC if args.codec is _DEFAULT else args.codec,
                   chunks=args.chunks, progress=args.progress)

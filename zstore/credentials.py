@@ -38,6 +38,8 @@ def credentials_error(exc: BaseException, where: str) -> PermissionError | None:
             return no_credentials_error(where, str(error))
         error = error.__cause__ or error.__context__
     if isinstance(exc, PermissionError):
+        if exc.filename:  # the operating system's, about a local file: not credentials
+            return None
         why = str(exc).removeprefix(f"{where}: ").rstrip(".: ")
         return PermissionError(f"{where}: {why}; {CHECK_CREDENTIALS}")
     return None

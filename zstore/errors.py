@@ -70,9 +70,13 @@ class LeaseError(ZStoreError, RuntimeError):
     """Another writer holds the store's write lease, or this writer lost it."""
 
 
+#: The second way on that :func:`folder_not_writable` offers (a Python caller's).
+OPEN_READ_ONLY = " or open the store read-only (mode='r')"
+
+
 def folder_not_writable(folder: str, path: str) -> PermissionError:
     """The error for a local store whose folder (or ``path`` in it) refuses this process's
     writes: names both, and the two ways on."""
     return PermissionError(
         f"cannot write to the store {folder}: permission denied on {path}. Make the folder "
-        f"writable (chmod -R u+w {folder}) or open the store read-only (mode='r')")
+        f"writable (chmod -R u+w {folder}){OPEN_READ_ONLY}")

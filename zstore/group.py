@@ -108,7 +108,7 @@ def open_group(spec: StoreSpec) -> tuple[zarr.Group, StoreMeta]:
     return group, read_meta(group, spec.redacted())
 
 
-def _io_error(what: str, exc: Exception, where: str) -> OSError:
+def store_io_error(what: str, exc: Exception, where: str) -> OSError:
     """An ``OSError`` (of ``exc``'s type when it is one) saying ``what`` failed at ``where``
     (the store, named once: an error that starts with it loses that start) and why; botocore's
     missing credentials and a server's refusal as :func:`~zstore.credentials.credentials_error`
@@ -118,6 +118,9 @@ def _io_error(what: str, exc: Exception, where: str) -> OSError:
         return refused
     if refused is not None:
         return PermissionError(f"{what} {refused}")
+    if isinstance(exc, PermissionError) and exc.filename:  # a local file the OS refused
+        return PermissionError(f"{what} {where}: permission denied on {exc.filename}; check the "
+                               f"permissions of {where} and of the files in it")
     kind = type(exc) if isinstance(exc, OSError) else OSError
     why = str(exc).removeprefix(f"{where}: ")
     try:
@@ -152,9 +155,10 @@ def open_zarr_group(spec: StoreSpec) -> zarr.Group:
         raise NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: {exc}") from exc
     except Exception as exc:  # the network after the client's retries: name the store
         if (isinstance(exc, (ZStoreError, OSError)) and spec.redacted() in str(exc)
-                and credentials_error(exc, spec.redacted()) is None):
-            raise  # it names the store already (and a zstore error the fix)
-        raise _io_error("cannot read", exc, spec.redacted()) from exc
+                and credentials_error(exc, spec.redacted()) is None
+                and not getattr(exc, "filename", None)):
+            raise  # it names the store already (and a zstore error the fix), not just a file
+        raise store_io_error("cannot read", exc, spec.redacted()) from exc
     if group.attrs.get(_INCOMPLETE_ATTR):
         raise NotAZStoreError(f"{spec.redacted()} holds a buffer whose creation never finished")
     return group
@@ -208,7 +212,7 @@ def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None,
     except ZStoreError:
         raise
     except Exception as exc:  # the network after the client's retries: name the store
-        raise _io_error("cannot create a buffer at", exc, spec.redacted()) from exc
+        raise store_io_error("cannot create a buffer at", exc, spec.redacted()) from exc
     commit(group, meta, lease, spec.redacted())
     return group
 

@@ -336,13 +336,20 @@ class StoreSpec:
                     f"bucket {bucket!r} of {self.redacted()} does not exist; create it first"
                 )
 
+    def refuse_a_file(self, fix: str = "") -> None:
+        """:class:`NotAZStoreError` when this local path is a file: a store is a directory
+        (``fix``: what to pass instead, in the caller's words)."""
+        path = self.local_path
+        if path is not None and path.exists() and not path.is_dir():
+            raise NotAZStoreError(f"{self.redacted()} is a file; a zstore buffer is a directory"
+                                  + (f": {fix}" if fix else ""))
+
     def open(self) -> Store:
         """Open the Zarr store: LocalStore for local paths, zarr's ObjectStore over obstore for
         S3 with the ``"obstore"`` :attr:`transport`, FsspecStore otherwise (on S3, one that
         reads whole objects without s3fs's HEAD first)."""
         if self.is_local:
-            if Path(self.url).exists() and not Path(self.url).is_dir():
-                raise NotAZStoreError(f"{self.url} is a file; a zstore buffer is a directory")
+            self.refuse_a_file()
             if not self.read_only:
                 Path(self.url).mkdir(parents=True, exist_ok=True)
             elif not Path(self.url).exists():

@@ -28,7 +28,7 @@ from zarr.storage import StorePath
 
 from ..cache import DEFAULT_CACHE_BYTES
 from ..errors import NotAZStoreError, ReadOnlyError, StoreNotFoundError, ZStoreError
-from ..group import _io_error, read_meta
+from ..group import store_io_error, read_meta
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
 from ..writers import ImmutableDatasetWriter
@@ -187,7 +187,7 @@ def _open_consolidated(spec: StoreSpec) -> zarr.Group:
     except ZStoreError:
         raise
     except Exception as exc:  # the network after the client's retries, a refused request
-        raise _io_error("cannot read", exc, where) from exc
+        raise store_io_error("cannot read", exc, where) from exc
     if raw is None:
         raise StoreNotFoundError(f"no dataset at {where}: no zarr.json there")
     try:
