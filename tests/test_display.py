@@ -165,6 +165,9 @@ def test_an_ensemble_shows_the_rows_its_members_hold():
     summary = ensemble.summary()
     assert (summary.length, summary.capacity) == (1 + N, 4 + CAPACITY + 8)
     assert "13 / 28 (46%)" in check_html(ensemble) and "len=13, max_size=28" in render_text(summary)
+    assert [(part.kind, part.length) for part in summary.parts] == [
+        ("LazyTensorStorage", 1), ("LazyTensorStorage", N)]  # docs/notebooks.md: nested
+    assert check_html(ensemble).count("1 / 4 (25%)") == 1
 
 
 # -- persistent storages ----------------------------------------------------------------------

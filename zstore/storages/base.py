@@ -212,10 +212,7 @@ class Storage:
         from a ``num_episodes`` attribute where a storage has one (never computed here).
         """
         unbounded = self.max_size >= torch.iinfo(torch.int64).max
-        # an ensemble's len() counts its members (TorchRL's): its fill is their rows
-        members = getattr(self, "_storages", None)
-        rows = len(self) if members is None else sum(len(member) for member in members)
-        return Summary(type(self).__name__, rows, None if unbounded else self.max_size,
+        return Summary(type(self).__name__, len(self), None if unbounded else self.max_size,
                        cursor=self._last_cursor_index,
                        episodes=getattr(self, "num_episodes", None))
 

@@ -20,6 +20,7 @@ ensemble's URL when they live under it, absolute URLs otherwise)::
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,7 @@ from zarr.errors import GroupNotFoundError, NodeNotFoundError
 from .. import autocommit
 from .._registry import reopen
 from ..cache import DEFAULT_CACHE_BYTES
+from ..display import Summary
 from ..errors import NotAZStoreError, StoreExistsError
 from ..group import ZSTORE_ATTR, new_group, open_plain_group, put_attrs
 from ..layout import FORMAT_VERSION, check_format_version
@@ -116,6 +118,13 @@ class StorageEnsemble(Storage):
     def __len__(self) -> int:
         """The number of member storages (TorchRL's meaning), not of items."""
         return len(self._storages)
+
+    def summary(self) -> Summary:
+        """Filled with the rows its members hold (``len()`` counts the members), each
+        member's own summary a part."""
+        parts = tuple(member.summary() for member in self._storages)
+        return dataclasses.replace(super().summary(), length=sum(p.length for p in parts),
+                                   parts=parts)
 
     def __getitem__(self, index: Any) -> Any:
         """An int selects a member; a slice, list, range, array or 1-D tensor a sub-ensemble;
