@@ -6,6 +6,7 @@ it enforces conditional writes like AWS. Nothing leaves the loopback interface.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -37,13 +38,24 @@ def _loopback(kind: str, *args):
         pytest.skip(str(exc))
 
 
+@contextlib.contextmanager
+def _committed_before_stopping(server):
+    """``server``, whose storages left open by tests are committed before it stops (else the
+    background commit, then the one at exit, fail on a closed port and say so)."""
+    from zstore import autocommit
+
+    with server:
+        yield server
+        autocommit.commit_pending()
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """A moto S3 server on loopback (:class:`zstore.testing.s3.MotoS3`): yields its endpoint URL."""
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    with _loopback("moto") as server:
+    with _committed_before_stopping(_loopback("moto")) as server:
         yield server.endpoint
 
 
@@ -55,7 +67,8 @@ def rclone_s3(tmp_path_factory):
     (:class:`zstore.testing.s3.RcloneS3`, which limits botocore's response-checksum
     validation to the operations that require it, as rclone's ranged GETs need).
     """
-    with _loopback("rclone", tmp_path_factory.mktemp("rclone-s3")) as server:
+    root = tmp_path_factory.mktemp("rclone-s3")
+    with _committed_before_stopping(_loopback("rclone", root)) as server:
         server.filesystem().mkdir("zstore-rclone")
         yield server.storage_options
 

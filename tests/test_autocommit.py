@@ -317,3 +317,24 @@ def test_a_forked_child_leaves_its_parents_storages_open(location):
     storage.flush()
     assert_rows(url, location.options, 10)
     storage.close()
+
+
+@pytest.mark.parametrize("cls", ["LazyMemmapStorage", "CompressedListStorage"])
+def test_commit_pending_commits_every_open_storage_now(location, cls):
+    """``autocommit.commit_pending()`` does what exit does, on demand: before a store's
+    server goes away, say (the test suite's S3 servers use it)."""
+    if location.kind == "memory":
+        pytest.skip("a memory:// store ends with its process: exit commits nothing there")
+    urls = [location.new() for _ in range(2)]
+    storages = [getattr(zstore, cls)(1000, scratch_dir=url, storage_options=location.options,
+                                     autocommit_seconds=math.inf) for url in urls]
+    for storage in storages:
+        writer = zstore.RoundRobinWriter()
+        writer.register_storage(storage)
+        writer.extend(burst(0))
+    assert [committed_len(url, location.options) for url in urls] == [0, 0]
+    autocommit.commit_pending()
+    for url in urls:
+        assert_rows(url, location.options, ROWS)
+    for storage in storages:
+        storage.close()

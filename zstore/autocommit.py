@@ -213,6 +213,13 @@ def _commit_pending_at_exit() -> None:
     then failed with a warning, though that store ends with the process)."""
     global _exiting
     _exiting = True
+    commit_pending(" at exit")
+
+
+def commit_pending(when: str = "") -> None:
+    """Commit now what every storage of this process still holds uncommitted, as exit does
+    (before the server of its store goes away, say); a commit that fails is logged, and its
+    storage's next ``flush()`` tries again."""
     for storage in _watched():
         if storage.spec.is_memory:  # nothing to commit: the store ends with the process,
             with storage._commit_lock:  # but a background commit in flight ends first
@@ -221,8 +228,8 @@ def _commit_pending_at_exit() -> None:
         try:
             storage.flush()
         except Exception as exc:  # noqa: BLE001 - exit must go on; nothing more can be done
-            _log.warning("zstore: commit of %s at exit failed (%s: %s)",
-                         storage.spec.redacted(), type(exc).__name__, exc)
+            _log.warning("zstore: commit of %s%s failed (%s: %s)",
+                         storage.spec.redacted(), when, type(exc).__name__, exc)
 
 
 at_exit_while_pools_work(_commit_pending_at_exit)
