@@ -266,9 +266,10 @@ def test_owned_memory_store_is_deleted_once_collected():
 def _leave_the_background_committer_nothing() -> None:
     """Commit every storage with rows not yet committed (other tests' leftovers): the
     background committer would otherwise store memory:// rows into the shared dict at any
-    moment, a listing included (a CI run failed so). A function, so that no reference to a
-    storage outlives it."""
-    for pending in list(autocommit._pending):
+    moment, a listing included (CI runs failed so). Every storage it watches, memory:// ones
+    too (``commit_pending`` leaves those to the process's end). A function, so that no
+    reference to a storage outlives it."""
+    for pending in autocommit._watched():
         pending.flush()
 
 
