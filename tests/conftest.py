@@ -49,6 +49,22 @@ def _committed_before_stopping(server):
         autocommit.commit_pending()
 
 
+def run_bound_by_file_modes(*argv: str) -> "subprocess.CompletedProcess":
+    """``python ARGV`` in a process that file modes bind: as root, one without the
+    capabilities that override them (root ignores modes otherwise); skips without setpriv."""
+    import shutil
+    import subprocess
+    import sys
+
+    command = [sys.executable, *argv]
+    if os.getuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: file modes cannot be enforced")
+        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner",
+                   *command]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """A moto S3 server on loopback (:class:`zstore.testing.s3.MotoS3`): yields its endpoint URL."""

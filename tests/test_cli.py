@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from tensordict import TensorDict
-from conftest import denying_bucket
+from conftest import denying_bucket, run_bound_by_file_modes
 from test_importers import _write_d4rl, _write_minari
 from test_s3_transport import needs_obstore
 
@@ -547,17 +547,8 @@ def test_an_unreachable_http_server_gets_advice_for_http(capsys):
 # -- file modes: a folder this user may not write or read ----------------------------------
 
 def _unprivileged(*argv: str) -> subprocess.CompletedProcess:
-    """``python -m zstore ARGV`` in a process that file modes bind: as root, one without the
-    capabilities that override them (root ignores modes otherwise)."""
-    import shutil
-
-    command = [sys.executable, "-m", "zstore", *argv]
-    if os.getuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv: file modes cannot be enforced")
-        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner",
-                   *command]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+    """``python -m zstore ARGV`` in a process that file modes bind (as root too)."""
+    return run_bound_by_file_modes("-m", "zstore", *argv)
 
 
 def _chmod_all(root: Path, mode: int) -> None:

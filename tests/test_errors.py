@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 import zarr
-from conftest import denying_bucket
+from conftest import denying_bucket, run_bound_by_file_modes
 from tensordict import TensorDict
 
 import zstore
@@ -419,17 +419,7 @@ def test_a_read_only_folder_is_refused_naming_it_and_the_fix_and_rows_wait(tmp_p
     bare PermissionError on a temporary file, or torch's RuntimeError); readers read the
     commit, and the writer's rows land once the folder is writable again. Root ignores file
     modes, so as root the child runs without the capabilities that let it."""
-    import shutil
-    import subprocess
-    import sys
-
-    command = [sys.executable, "-c", _READ_ONLY_FOLDER, kind, str(tmp_path / "buffer")]
-    if os.getuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv: file modes cannot be enforced")
-        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner",
-                   *command]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    done = run_bound_by_file_modes("-c", _READ_ONLY_FOLDER, kind, str(tmp_path / "buffer"))
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
@@ -468,17 +458,7 @@ except PermissionError as exc:
 def test_an_unreadable_local_store_is_named_with_a_fix_for_files_not_credentials(tmp_path):
     """A local file the OS refused was worded as an S3 refusal ("check storage_options key=
     and secret= ... and the bucket's policy")."""
-    import shutil
-    import subprocess
-    import sys
-
-    command = [sys.executable, "-c", _UNREADABLE_STORE, str(tmp_path / "buffer")]
-    if os.getuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv: file modes cannot be enforced")
-        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner",
-                   *command]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    done = run_bound_by_file_modes("-c", _UNREADABLE_STORE, str(tmp_path / "buffer"))
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 

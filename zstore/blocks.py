@@ -202,10 +202,7 @@ class BlockGroup:
             return await asyncio.gather(*[get(key) for key in keys], return_exceptions=True)
 
         results = sync(run())
-        stats = self.cache.stats
-        stats.requests += throttle.requests
-        stats.fetched_bytes += throttle.bytes
-        stats.peak_in_flight = max(stats.peak_in_flight, throttle.peak)
+        self._count_fetches(throttle)
         for seg, key, data in zip(missing, keys, results):
             if isinstance(data, BaseException):
                 raise data
@@ -347,10 +344,15 @@ class BlockGroup:
         stats = self.cache.stats
         stats.loads += len(blocks)
         stats.loaded_bytes += len(blocks) * self.cache.block_bytes
+        self._count_fetches(throttle)
+        return out
+
+    def _count_fetches(self, throttle: Throttle) -> None:
+        """Add what went through ``throttle`` (requests, bytes, most in flight) to the stats."""
+        stats = self.cache.stats
         stats.requests += throttle.requests
         stats.fetched_bytes += throttle.bytes
         stats.peak_in_flight = max(stats.peak_in_flight, throttle.peak)
-        return out
 
     def _store(self, spans: list[tuple[int, int]], data: dict[str, list[np.ndarray]]) -> None:
         """Start storing ``data[path][i]`` at rows ``spans[i]`` (write-behind; see ``flush``).
