@@ -170,6 +170,67 @@ def test_a_parent_that_exits_commits_the_rows_of_its_children(tmp_path):
     assert again[:]["a"].tolist() == [0.0] * 4 + [5.0] * 6
 
 
+#: a script whose children share a shared_init buffer; the one that creates the rows (and
+#: holds the lease) lets the other write only once its own exit commit is done
+HOLDER_EXITS_WHILE_ANOTHER_WRITES = """
+import multiprocessing, sys, threading
+sys.path.insert(0, {tests!r})
+HANDS = {{}}
+
+
+def after_the_exit_commit():
+    # registered as the child starts, before it imports zstore: runs after zstore's exit commit
+    if HANDS.get("role") == "holder":
+        HANDS["go"].put("go")
+        assert HANDS["done"].get(timeout=120) == "done"
+    elif HANDS.get("role") == "other":
+        HANDS["done"].put("done")
+
+
+threading._register_atexit(after_the_exit_commit)
+
+
+def write(rb, role, value, go, done):
+    from test_shared_processes import batch
+    HANDS.update(role=role, go=go, done=done)
+    if role == "other":
+        assert go.get(timeout=120) == "go"
+    rb.extend(batch(value, 4))
+
+
+if __name__ == "__main__":
+    from test_shared_processes import T, zt
+    ctx = multiprocessing.get_context("spawn")
+    rb = T.TensorDictReplayBuffer(
+        storage=zt.LazyMemmapStorage(16, scratch_dir={url!r}, shared_init=True), shared=True)
+    go, done = ctx.Queue(), ctx.Queue()
+    children = [ctx.Process(target=write, args=(rb, role, value, go, done))
+                for role, value in (("holder", 1), ("other", 2))]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(240)
+        assert child.exitcode == 0, child.exitcode
+    import zstore
+    again = zstore.open({url!r}, mode="r")
+    print(len(again), sorted(again[:]["a"].tolist()))
+"""
+
+
+def test_rows_written_while_the_lease_holder_exits_are_committed(tmp_path):
+    """Two children share a shared_init buffer. The first creates the rows and holds the lease;
+    once its exit commit is done, and before it ends, the other writes and exits. The holder
+    gave the lease back with that last commit, so the other finds it free and commits its
+    rows itself: the store holds all 8 once both have ended (it held 4: the other left its
+    rows to a holder that commits no more; the shared_init test below lost them at times)."""
+    script = tmp_path / "main.py"
+    script.write_text(HOLDER_EXITS_WHILE_ANOTHER_WRITES.format(
+        tests=str(__import__("pathlib").Path(__file__).parent), url=str(tmp_path / "rb")))
+    seen = subprocess.run([sys.executable, str(script)], check=True, timeout=300,
+                          capture_output=True, text=True).stdout.split("\n")[-2]
+    assert seen == str(8) + " " + str([1.0] * 4 + [2.0] * 4)
+
+
 # -- shared_init ------------------------------------------------------------------------------
 def children_write_parent_reads(storage) -> tuple:
     """TorchRL's shared_init case: the parent never writes; two children each extend 4 rows."""

@@ -22,7 +22,7 @@ import signal
 import threading
 import time
 import weakref
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from ._pools import at_exit_while_pools_work
 from .sigterm import exit_on_sigterm
@@ -43,6 +43,9 @@ class Committable(Protocol):
 
     def _commit_if_idle(self) -> bool:
         """Commit unless a write is in progress; ``False`` when it was busy."""
+
+    def _commit_at_exit(self) -> None:
+        """The last commit of the process (``flush()``, or more: see :class:`CommitClock`)."""
 
 
 class CommitClock:
@@ -98,6 +101,10 @@ class CommitClock:
         """Whether anything written is not committed yet (a storage whose writes other
         processes share says so for them too)."""
         return self._uncommitted
+
+    def _commit_at_exit(self) -> None:
+        """The commit of this storage as its process exits: a ``flush()``."""
+        self.flush()
 
     def _commit_due(self) -> bool:
         """Whether the oldest uncommitted write is ``autocommit_seconds`` old (the writer's
@@ -213,20 +220,25 @@ def _commit_pending_at_exit() -> None:
     then failed with a warning, though that store ends with the process)."""
     global _exiting
     _exiting = True
-    commit_pending(" at exit")
+    _commit_watched(lambda storage: storage._commit_at_exit(), " at exit")
 
 
 def commit_pending(when: str = "") -> None:
     """Commit now what every storage of this process still holds uncommitted, as exit does
     (before the server of its store goes away, say); a commit that fails is logged, and its
     storage's next ``flush()`` tries again."""
+    _commit_watched(lambda storage: storage.flush(), when)
+
+
+def _commit_watched(commit: Callable[[Any], None], when: str) -> None:
+    """``commit(storage)`` for every watched storage, logging a failure and going on."""
     for storage in _watched():
         if storage.spec.is_memory:  # nothing to commit: the store ends with the process,
             with storage._commit_lock:  # but a background commit in flight ends first
                 pass
             continue
         try:
-            storage.flush()
+            commit(storage)
         except Exception as exc:  # noqa: BLE001 - exit must go on; nothing more can be done
             _log.warning("zstore: commit of %s%s failed (%s: %s)",
                          storage.spec.redacted(), when, type(exc).__name__, exc)

@@ -742,18 +742,32 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
 
     def close(self) -> None:
         """Flush and release the table; the storage can be reopened with :func:`zstore.open`."""
-        if self._table is not None and not self._cleaned:
-            if self._has_uncommitted() or self._table.tail_record():
-                with self._commit_lock:  # closed, the store holds no log segments (format.md §6)
+        with self._commit_lock, self._counts.lock:  # the lease goes with the last commit
+            if self._table is not None and not self._cleaned:
+                if self._has_uncommitted() or self._table.tail_record():
+                    # closed, the store holds no log segments (format.md §6)
                     self._flush(consolidate=True)
-            if self._publishes_nodes_at_close:
-                self._publish_nodes()
-            self._table.close()
-        self._table = None
-        self._closed = True
-        self.initialized = False if self._meta is None else self.initialized
-        self._release_lease()
+                if self._publishes_nodes_at_close:
+                    self._publish_nodes()
+                self._table.close()
+            self._table = None
+            self._closed = True
+            self.initialized = False if self._meta is None else self.initialized
+            self._release_lease()
         untrack(self)
+
+    def _commit_at_exit(self) -> None:
+        """As :meth:`CommitClock._commit_at_exit`; a process of a group that shares the store
+        (:mod:`zstore.sharing`) also gives the lease back, in the same step as its last
+        commit (as :meth:`close` does). A process of the group that writes after it then
+        finds the lease free and commits its rows itself: while the lease is held, it leaves
+        them to the holder, which here commits no more."""
+        if not self._counts.shared:
+            self.flush()
+            return
+        with self._commit_lock, self._counts.lock:
+            self._flush()
+            self._release_lease()
 
     def _carry_nodes(self) -> None:
         """Make the commits of a remote writer carry a copy of its nodes' metadata
