@@ -225,7 +225,9 @@ def test_open_dataset_refuses_what_is_not_a_sealed_dataset(tmp_path):
     td = _transitions(40)
     storage.set(torch.arange(40), td)
     storage.flush()
-    with pytest.raises(zstore.NotAZStoreError, match=f"{url} is not a sealed dataset.*zstore seal"):
+    with pytest.raises(zstore.NotAZStoreError,
+                       match=f"{url} holds a LazyMemmapStorage that is not sealed; publish it "
+                             "with zstore.seal"):
         open_dataset(url)
     with pytest.raises(zstore.StoreNotFoundError, match="nope"):
         open_dataset(str(tmp_path / "nope"))
@@ -352,7 +354,7 @@ def test_sealing_a_buffer_of_no_rows_names_the_url_and_the_fix(tmp_path):
     storage.flush()
     storage.close()
     with pytest.raises(zstore.NotAZStoreError,
-                       match=rf"cannot seal {url}: it holds no rows.*run the import again"):
+                       match=rf"cannot seal {url}: it holds no rows.*run it again"):
         zstore.seal(url)
     again = zstore.open(url, mode="r")
     assert len(again) == 0 and not again._meta.sealed

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+
 import h5py
 import numpy as np
 import pytest
@@ -290,3 +295,68 @@ def test_fields_zstore_cannot_store_name_the_field_and_file(tmp_path):
     with pytest.raises(zstore.SchemaError, match=rf"field 'infos/pair' of {path}.*one string per row"):
         import_d4rl(path, str(tmp_path / "x"), progress=False)
     assert not (tmp_path / "x").exists()
+
+
+#: Runs an import or a conversion (argv: which, source, destination, storage options as JSON)
+#: and is killed after its third batch, once the background committer has done what it does
+#: an hour into the work
+KILLED_AFTER_THREE_BATCHES = """
+import json, os, signal, sys, time
+import zstore
+from zstore import autocommit
+from zstore.dataset import convert, importers
+
+which, source, destination, options = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+module = importers if which == "import" else convert
+module.BATCH_ROWS = 50
+
+
+class KilledAfterThreeBatches:
+    def __init__(self, *args, **kwargs):
+        self.batches = 0
+
+    def update(self, n):
+        self.batches += 1
+        if self.batches == 3:
+            for storage in autocommit._sweep(time.monotonic() + 3600)[0]:
+                autocommit._commit(storage)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def close(self):
+        pass
+
+
+module.progress_bar = KilledAfterThreeBatches
+if which == "import":
+    importers.import_d4rl(source, destination, options, progress=False)
+else:
+    convert.convert(source, destination, options, codec="zstd")
+"""
+
+
+@pytest.mark.parametrize("which", ["import", "convert"])
+def test_an_import_or_conversion_killed_part_way_is_never_published_truncated(
+        location, tmp_path, which):
+    """Killed after 150 of its 200 rows (an hour in, the background committer had committed
+    them), an import left an unsealed buffer of 150 rows that `zstore seal` published as the
+    dataset, and a conversion a buffer of 150 rows that read as the copy. Both now commit
+    only whole: the killed one holds no row, and sealing it names what happened."""
+    if location.kind == "memory":
+        pytest.skip("a memory:// store ends with the process that is killed")
+    source = str(_write_d4rl(tmp_path / "d4rl.hdf5"))
+    if which == "convert":
+        buffer = location.memmap(200)
+        buffer.set(torch.arange(200), import_d4rl(source, location.new("ds"), location.options,
+                                                  progress=False)[:])
+        buffer.close()
+        source = buffer.scratch_dir
+    destination = location.new(which)
+    child = subprocess.run([sys.executable, "-c", KILLED_AFTER_THREE_BATCHES, which, source,
+                            destination, json.dumps(location.options)], timeout=600)
+    assert child.returncode == -signal.SIGKILL
+    assert len(zstore.open(destination, location.options, mode="r")) == 0
+    with pytest.raises(zstore.NotAZStoreError, match=r"holds no rows \(length 0\).* was "
+                                                      "interrupted left it: delete it and run"):
+        zstore.seal(destination, location.options)
+    with pytest.raises(zstore.NotAZStoreError, match="interrupted"):
+        zstore.open_dataset(destination, location.options)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -46,10 +47,11 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike,
             if seal:
                 codec = {path: dataclasses.replace(spec, checksum=True)
                          for path, spec in codec.items()}
+        # committed only whole: a copy killed part way holds no row (not a truncated buffer)
         target = LazyMemmapStorage(meta.max_size, scratch_dir=dst, ndim=meta.ndim,
                                    storage_options=dst_options if dst_options is not None
                                    else storage_options, codec=codec, chunks=chunks,
-                                   shards=shards, auto_cleanup=False)
+                                   shards=shards, auto_cleanup=False, autocommit_seconds=math.inf)
         rows = meta.rows if len(source) >= meta.max_size else source._len_along_dim0
         bar = progress_bar(rows, "convert", enabled=progress, unit="rows", unit_scale=True, leave=False)
         try:

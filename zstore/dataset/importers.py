@@ -30,6 +30,7 @@ the file. Fields of other types torch cannot hold raise :class:`SchemaError` nam
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -130,9 +131,12 @@ class _Writer:
             raise StoreExistsError(
                 f"cannot import into {spec.redacted()}: it already holds a zstore buffer or "
                 "dataset (left unchanged); choose another destination, or delete it first")
+        # committed only whole (by the seal): an import killed part way holds no row, so it is
+        # never sealed and published truncated (sealing refuses 0 rows, naming the fix)
         self.storage = LazyMemmapStorage(total, scratch_dir=url, storage_options=storage_options,
                                          codec=codec, chunks=chunks, auto_cleanup=False,
-                                         text_bytes=text_bytes or TEXT_BYTES)
+                                         text_bytes=text_bytes or TEXT_BYTES,
+                                         autocommit_seconds=math.inf)
         self.position = 0
         self.bar = progress_bar(total, desc, enabled=progress, unit="rows", unit_scale=True, leave=False)
 

@@ -9,6 +9,7 @@ and the store underneath is opened read-only as well.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import warnings
@@ -28,7 +29,7 @@ from zarr.storage import StorePath
 
 from ..cache import DEFAULT_CACHE_BYTES
 from ..errors import NotAZStoreError, ReadOnlyError, StoreNotFoundError, ZStoreError
-from ..group import store_io_error, read_meta
+from ..group import ZSTORE_ATTR, read_meta, store_io_error
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
 from ..writers import ImmutableDatasetWriter
@@ -171,6 +172,27 @@ class Dataset(LazyMemmapStorage):
         return out.reshape(num_slices, slice_len)
 
 
+def _zstore_block(root_json: bytes) -> dict | None:
+    """The ``zstore`` attributes of a root ``zarr.json`` (``None``: not a zstore buffer)."""
+    try:
+        block = json.loads(root_json).get("attributes", {}).get(ZSTORE_ATTR)
+    except (ValueError, AttributeError):
+        return None
+    return block if isinstance(block, dict) else None
+
+
+def _refuse_unsealed(where: str, storage_class: Any, length: Any) -> None:
+    """Refuse to open the unsealed buffer at ``where`` as a dataset, naming the fix: seal
+    it, or, where it holds no row (what an interrupted import leaves), make it anew."""
+    if storage_class == "LazyMemmapStorage" and not length:
+        raise NotAZStoreError(
+            f"{where} holds an empty, unsealed buffer: no dataset was published there (an "
+            "import or `zstore convert` that was interrupted leaves one: delete it and run it "
+            "again)")
+    raise NotAZStoreError(f"{where} holds a {storage_class} that is not sealed; publish it "
+                          "with zstore.seal(url) or `zstore seal URL` first")
+
+
 def _open_consolidated(spec: StoreSpec) -> zarr.Group:
     """The dataset's group from its root ``zarr.json`` alone: one request.
 
@@ -197,6 +219,9 @@ def _open_consolidated(spec: StoreSpec) -> zarr.Group:
                                                          use_consolidated=True))
     except ValueError as exc:
         if "consolidated" in str(exc).lower():
+            block = _zstore_block(raw.to_bytes())
+            if block is not None:
+                _refuse_unsealed(where, block.get("storage_class"), block.get("length"))
             raise NotAZStoreError(
                 f"{where} is not a sealed dataset (no consolidated metadata); publish a buffer "
                 "with zstore.seal(url) or `zstore seal URL`") from None
@@ -222,8 +247,6 @@ def open_dataset(url: str | os.PathLike, storage_options: Mapping[str, Any] | No
     group = _open_consolidated(spec)
     meta = read_meta(group, spec.redacted())
     if not meta.sealed or meta.storage_class != "LazyMemmapStorage":
-        raise NotAZStoreError(
-            f"{spec.redacted()} holds a {meta.storage_class} that is not sealed; publish it with "
-            "zstore.seal(url) or `zstore seal URL` first")
+        _refuse_unsealed(spec.redacted(), meta.storage_class, meta.length)
     return Dataset._from_store(spec, group, meta, cache_bytes=cache_bytes, cache=cache,
                                device=device)

@@ -41,8 +41,8 @@ def seal_storage(storage) -> int:
     if len(storage) == 0:  # arrays created, no row committed (emptied, or an import killed)
         raise NotAZStoreError(
             f"cannot seal {where}: it holds no rows (length 0), so there is nothing to publish; "
-            "write rows first (an import that was interrupted left it: delete it and run the "
-            "import again)")
+            "write rows first (an import or `zstore convert` that was interrupted left it: "
+            "delete it and run it again)")
     storage._hold_lease()  # sealing is a write: one writer at a time
     storage.flush()
     meta = storage._meta
