@@ -214,6 +214,21 @@ def test_xarray_opens_a_tree_with_a_dotted_key_beside_the_nested_one(tmp_path):
     assert torch.equal(torch.from_numpy(tree["a"].to_dataset()["b"].values), data["a", "b"])
 
 
+def test_xarray_opens_a_buffer_with_a_key_named_as_its_lane_dims(tmp_path):
+    """A key ``"env"`` with feature dims, in a buffer of two lane dims (``env_0``,
+    ``env_1``): its first feature dim was named ``env_0`` too, and xarray refused the buffer
+    (a dim of two sizes)."""
+    url = str(tmp_path / "buffer")
+    storage = LazyMemmapStorage(60, scratch_dir=url, ndim=3)
+    data = TensorDict({"env": torch.randn(4, 2, 3, 5), "obs": torch.randn(4, 2, 3)}, [4, 2, 3])
+    storage.set(torch.arange(4), data)
+    storage.close()
+    ds = _xarray(url, {}, consolidated=False)
+    assert ds["env"].dims == ("row", "env_0", "env_1", "env%5F0")
+    assert dict(ds.sizes) == {"row": 10, "env_0": 2, "env_1": 3, "env%5F0": 5}
+    assert torch.equal(torch.from_numpy(ds["env"].values[:4]), data["env"])
+
+
 def _ted(n: int) -> TensorDict:
     """``n`` TED steps with an episode end every 5 steps."""
     done = (torch.arange(n) % 5 == 4).unsqueeze(-1)

@@ -76,11 +76,15 @@ def dimension_names(path: str, ndim: int, lead: int = 0, prefix: str = "") -> li
     other dim is the array's own, ``<path>_0``, ``<path>_1`` ... (``/`` written ``.``, and
     a ``.`` or ``%`` of a key written ``%2E`` / ``%25``), so feature dims of different
     arrays never share a name: ``a.b`` and ``("a", "b")`` get ``a%2Eb_0`` and ``a.b_0``.
+    Nor a lane dim's: a key named as one (``env``, ``episode_env``) numbers its own dims
+    after ``%5F`` (an escaped ``_``): ``env%5F0``, where ``env_0`` is the first lane dim.
     """
     lanes = max(0, lead - 1)
     shared = [ROW_DIM, *([LANE_DIM] if lanes == 1 else [f"{LANE_DIM}_{i}" for i in range(lanes)])]
     own = ".".join(part.replace("%", "%25").replace(".", "%2E") for part in path.split("/"))
-    return [f"{prefix}{name}" for name in shared[:lead]] + [f"{own}_{i}" for i in range(ndim - lead)]
+    mark = "%5F" if own == LANE_DIM or own.endswith(f"_{LANE_DIM}") else "_"
+    return [f"{prefix}{name}" for name in shared[:lead]] + [f"{own}{mark}{i}"
+                                                            for i in range(ndim - lead)]
 
 
 def key_to_path(key: str | tuple[str, ...]) -> str:
