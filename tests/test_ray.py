@@ -110,10 +110,78 @@ def test_ray_replay_buffer_survives_kill(ray_cluster, location):
     finally:
         assert zray.close(rb) == 1120  # commits, releases the lease, ends the actor
     assert not rb.is_alive
+    assert zray.close(rb) is None  # closing twice: nothing left to commit
+    with pytest.raises(RuntimeError, match="closed.*replay_buffer over its URL"):
+        zray.commit(rb)
     zstore.LazyMemmapStorage(CAPACITY, scratch_dir=url, storage_options=location.options,
                              existsok=True).close()  # the lease is free: a writer starts
     check_rows(zstore.open(url, location.options, mode="r").get(torch.arange(1120)), 0,
                torch.arange(1120))
+
+
+DRIVER = """
+import sys, torch, ray, zstore.ray as zray
+from tensordict import TensorDict
+ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False)
+buffer = zray.replay_buffer(sys.argv[2], int(sys.argv[3]), autocommit_seconds=float("inf"),
+                            remote_config={"num_cpus": 0})
+serial = torch.arange(50)
+buffer.extend(TensorDict(meta=torch.stack([torch.zeros_like(serial), serial], 1),
+                         obs=serial[:, None].float().expand(50, 3).clone(), batch_size=[50]))
+"""  # a driver that ends without zstore.ray.close (its actor then dies with it)
+
+
+def test_a_driver_ending_without_close_commits(ray_cluster, tmp_path):
+    """Its rows were lost with the actor Ray kills when the driver ends (they are committed
+    at the driver's exit now)."""
+    import subprocess
+
+    url = str(tmp_path / "rb")
+    address = ray.get_runtime_context().gcs_address
+    subprocess.run([sys.executable, "-c", DRIVER, address, url, str(CAPACITY)], check=True,
+                   timeout=DEADLINE)
+    reader = zstore.open(url, mode="r")
+    assert len(reader) == 50
+    check_rows(reader.get(torch.arange(50)), 0, torch.arange(50))
+
+
+def test_a_memory_url_is_refused(ray_cluster):
+    """An actor's memory:// store is its own: the rows would go with it, unseen."""
+    with pytest.raises(ValueError, match="memory://zstore-tests/rb lives in one process.*s3://"):
+        zray.replay_buffer("memory://zstore-tests/rb", 10, remote_config={"num_cpus": 0})
+
+
+def test_an_unreachable_store_fails_when_built(ray_cluster):
+    """The store's own error, from the build, naming the URL (not an ActorDiedError at the
+    first use, its cause buried under an unrelated internal error)."""
+    from botocore.exceptions import EndpointConnectionError
+
+    unreachable = {"endpoint_url": "http://127.0.0.1:9", "key": "testing", "secret": "testing"}
+    with pytest.raises(EndpointConnectionError) as error:
+        zray.replay_buffer("s3://zstore-tests/rb", 10, storage_options=unreachable,
+                           remote_config={"num_cpus": 0})
+    assert "could not open s3://zstore-tests/rb" in " ".join(error.value.__notes__)
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def collect_and_commit(client, start: int, n: int) -> int:
+    """A collector task handed the buffer's ``client()``: it writes, then commits."""
+    client.extend(rows(0, start, n))
+    return zray.commit(client)
+
+
+def test_a_task_handed_a_client_commits(ray_cluster, tmp_path):
+    """``commit(client)`` works where the client goes; ``close(client)`` is refused before
+    it closes anything."""
+    url = str(tmp_path / "rb")
+    rb = zray.replay_buffer(url, CAPACITY, autocommit_seconds=math.inf,
+                            remote_config={"num_cpus": 0})
+    assert ray.get(collect_and_commit.remote(rb.client(), 0, 10)) == 10
+    check_rows(zstore.open(url, mode="r").get(torch.arange(10)), 0, torch.arange(10))
+    with pytest.raises(TypeError, match="client.. cannot close it"):
+        zray.close(rb.client())  # the storage stays open: the buffer writes on
+    rb.extend(rows(0, 10, 5))
+    assert zray.close(rb) == 15
 
 
 def test_existsok_alone_does_not_resume(tmp_path):

@@ -21,9 +21,12 @@ the only thing they share. What is here:
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import fnmatch
 import functools
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -142,19 +145,65 @@ def replay_buffer(url: str, capacity: int, *, storage_options: Mapping[str, Any]
     """TorchRL's ``RayReplayBuffer`` whose actor keeps its rows at ``url``.
 
     A buffer built again over the same URL (after ``ray.kill``, a lost node, a new job)
-    reopens the committed rows and writes on at the committed cursor. ``kwargs`` go to
-    ``RayReplayBuffer`` (``batch_size``, ``sampler``, ``remote_config`` ...);
-    ``storage_kwargs`` to the storage (``codec``, ``chunks`` ...)."""
+    reopens the committed rows and writes on at the committed cursor. A driver that ends
+    without :func:`close` commits what the actor holds as it exits. ``memory://`` is
+    refused: it lives in the actor's process only. ``kwargs`` go to ``RayReplayBuffer``
+    (``batch_size``, ``sampler``, ``remote_config`` ...); ``storage_kwargs`` to the
+    storage (``codec``, ``chunks`` ...)."""
+    spec = _actor_spec(url, storage_options)
     require_ray()
     from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
 
     from .torchrl import RoundRobinWriter
 
     kwargs.setdefault("writer", RoundRobinWriter)
+    kwargs.setdefault("delayed_init", True)  # see _open_in_actor
     factory = storage_factory(url, capacity, storage_options=storage_options,
                               autocommit_seconds=autocommit_seconds, lease_ttl=lease_ttl,
                               **dict(storage_kwargs or {}))
-    return RayReplayBuffer(storage=factory, **kwargs)
+    buffer = _open_in_actor(RayReplayBuffer(storage=factory, **kwargs), spec)
+    # Ray kills a job's actors when its driver exits: commit first (Ray's own exit hook,
+    # registered at ray.init, runs after this one)
+    atexit.register(_commit_at_exit, weakref.ref(buffer))
+    return buffer
+
+
+def _actor_spec(url: str, storage_options: Mapping[str, Any] | None) -> StoreSpec:
+    """The store of a buffer kept by a Ray actor: refused if ``memory://``."""
+    spec = StoreSpec.parse(url, storage_options)
+    if spec.is_memory:
+        raise ValueError(f"{spec.redacted()} lives in one process, so the actor's rows would "
+                         "be lost with it and seen by no other process: use a local "
+                         "directory or an s3:// URL")
+    return spec
+
+
+def _open_in_actor(buffer: Any, spec: StoreSpec) -> Any:
+    """Open ``buffer``'s storage in its actor now; on failure end the actor and raise the
+    store's error. (A storage failing in the actor, in its constructor or in a method, kills
+    the actor with an unrelated internal error, reported at its next use: hence
+    ``delayed_init``, and the error returned, not raised, by :func:`_opening_error`.)"""
+    ray = require_ray()
+    try:
+        error = ray.get(buffer._rb.__ray_call__.remote(_opening_error))
+    except ray.exceptions.RayActorError as exc:  # built with delayed_init=False
+        error = exc
+    if error is not None:
+        buffer.close()
+        error.add_note(f"zstore.ray.replay_buffer: its actor could not open {spec.redacted()} "
+                       "and was ended: check the URL, storage_options and capacity, and that "
+                       "the store is reachable from the actor's node")
+        raise error
+    return buffer
+
+
+def _opening_error(replay_buffer: Any) -> Exception | None:
+    """In the actor: open the storage (its first use); the error it raised, if any."""
+    try:
+        len(replay_buffer)
+    except Exception as exc:  # noqa: BLE001 - handed to the driver, which raises it
+        return exc
+    return None
 
 
 def _in_actor(replay_buffer: Any, close: bool) -> int:
@@ -163,22 +212,54 @@ def _in_actor(replay_buffer: Any, close: bool) -> int:
     return len(storage)
 
 
+def _client_actor(buffer: Any) -> Any:
+    """The actor behind ``buffer`` if it is a ``RayReplayBuffer.client()``, else ``None``."""
+    return vars(buffer).get("_actor")
+
+
+def _actor(buffer: Any) -> Any:
+    """The actor behind ``buffer``: a ``RayReplayBuffer`` not closed yet, or one of its
+    ``client()``s (what a task or another actor is handed)."""
+    actor = _client_actor(buffer)
+    if actor is not None:
+        return actor
+    if not buffer.is_alive:
+        raise RuntimeError("this RayReplayBuffer is closed (its rows are committed in its "
+                           "store): build zstore.ray.replay_buffer over its URL to write on")
+    return buffer._rb
+
+
 def commit(buffer: Any) -> int:
     """Commit what a ``RayReplayBuffer``'s actor has written (readers elsewhere then see
-    it) without waiting for its ``autocommit_seconds``; returns the committed length."""
-    return require_ray().get(buffer._rb.__ray_call__.remote(_in_actor, False))
+    it) without waiting for its ``autocommit_seconds``; returns the committed length.
+    ``buffer`` may be the ``RayReplayBuffer`` or one of its ``client()``s."""
+    return require_ray().get(_actor(buffer).__ray_call__.remote(_in_actor, False))
 
 
-def close(buffer: Any) -> int:
+def close(buffer: Any) -> int | None:
     """Commit, release the lease, then end a ``RayReplayBuffer``'s actor; returns the
-    committed length.
+    committed length (``None`` when it was closed already: nothing left to commit).
 
     ``RayReplayBuffer.close()`` alone kills the actor (``ray.kill``, SIGKILL): rows of its
     last ``autocommit_seconds`` are lost, and the next writer on another node waits one
     lease ttl (on the same machine a dead holder's lease is taken at once)."""
-    length = require_ray().get(buffer._rb.__ray_call__.remote(_in_actor, True))
+    if _client_actor(buffer) is not None:
+        raise TypeError("a RayReplayBuffer's client() cannot close it: close the buffer "
+                        "where it was built (zstore.ray.commit(client) commits its rows)")
+    if not buffer.is_alive:
+        return None
+    length = require_ray().get(_actor(buffer).__ray_call__.remote(_in_actor, True))
     buffer.close()
     return length
+
+
+def _commit_at_exit(buffer_ref: weakref.ref) -> None:
+    """Commit a buffer its driver leaves open (an ``atexit`` hook of :func:`replay_buffer`)."""
+    buffer = buffer_ref()
+    ray = require_ray()
+    if buffer is not None and buffer.is_alive and ray.is_initialized():
+        with contextlib.suppress(ray.exceptions.RayActorError):  # killed: nothing to commit
+            commit(buffer)
 
 
 class PrefixEnsemble(StorageEnsemble):
