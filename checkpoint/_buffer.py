@@ -38,9 +38,18 @@ from zstore.dtypes import (
 from zstore.group import commit, create_group, open_group
 from zstore.layout import KEY_SEPARATORS, StoreMeta, chunk_key, key_separator
 from zstore.storages.checkpoint_contract import TensorCheckpointable
+from zstore.store import StoreSpec
 
 from . import _mapped
-from ._chunks import read_raw, write_raw
+from ._chunks import (
+    ALL_STORED,
+    DAMAGED,
+    read_raw,
+    require_stored,
+    stored_keys,
+    storing_every_chunk,
+    write_raw,
+)
 from ._dest import CheckpointError, Destination, fault_point, progress_bar
 from ._state import TensorState, changed_rows, finish, prepare
 
@@ -137,8 +146,8 @@ def dump_buffer(storage: TensorCheckpointable, dest: Destination, *, codec: Code
             base, gen = None, dest.new_generation()  # the partial one goes after the commit
             gen_spec, separator = dest.child(gen), KEY_SEPARATOR
         group = create_group(gen_spec, meta, key_separator=separator)
-    arrays = {} if codec.is_raw else \
-        {leaf.path: group[leaf.path]._async_array for leaf in state.schema.leaves}
+    arrays = {} if codec.is_raw else {leaf.path: storing_every_chunk(group[leaf.path]._async_array)
+                                      for leaf in state.schema.leaves}
     changed = None if base is None else changed_rows(storage.checkpoint_revisions, base.revision)
     plan = {}  # path -> (chunk rows, changed mask over the chunks holding data)
     for leaf in state.schema.leaves:
@@ -152,10 +161,37 @@ def dump_buffer(storage: TensorCheckpointable, dest: Destination, *, codec: Code
         for i in np.flatnonzero(~plan[leaf.path][1]).tolist():
             key = chunk_key(leaf.path, 1 + len(leaf.shape), i, separator)
             copies.append((f"{base.generation}/{key}", f"{gen}/{key}"))
-    written = 0
+    writer = _ChunkWriter(gen_spec, separator, codec.is_raw, arrays)
     with progress_bar(total, f"dumps {dest.url}", progress) as bar, \
             ThreadPoolExecutor(1, thread_name_prefix="zstore-ckpt-carry") as carrier:
         carried = carrier.submit(dest.copy_objects, copies)  # links / copies while this writes
+        written = writer.write(state, plan, window, bar)
+        if carried.result() < len(copies):  # the base lacks chunks: write them from the rows
+            written += writer.write(state, writer.missing(state.schema, plan), window, bar)
+    meta.length, meta.last_cursor, meta.high_water = state.length, state.last_cursor, state.high
+    commit(group, meta)
+    _remember(dest.url, gen, meta, group)
+    return {"checkpointer": checkpointer, "form": "buffer", "generation": gen,
+            "length": state.length, "last_cursor": state.last_cursor, "max_size": state.max_size,
+            "rows": state.rows, "ndim": state.ndim, "incremental": base is not None,
+            "bytes_written": written, "revision": revision, "key_separator": separator,
+            ALL_STORED: True}
+
+
+class _ChunkWriter(NamedTuple):
+    """Where a dump writes chunks: the new generation, its chunk-key separator, and (for
+    compressed codecs; raw chunks are written as objects) its zarr arrays."""
+
+    spec: StoreSpec
+    separator: str
+    raw: bool
+    arrays: dict[str, Any]
+
+    def write(self, state: TensorState, plan: dict[str, tuple[int, np.ndarray]], window: int,
+              bar: Any) -> int:
+        """Write the chunks ``plan`` marks (``{path: (chunk rows, bool per chunk)}``) from
+        the storage's rows, a window of rows at a time; return the bytes written."""
+        written = 0
         for lo in range(0, state.high, window):
             hi = min(lo + window, state.rows)
             jobs, pieces = [], []
@@ -170,21 +206,27 @@ def dump_buffer(storage: TensorCheckpointable, dest: Destination, *, codec: Code
                     start, stop = (first + a) * chunk, min((first + b) * chunk, state.rows)
                     value = as_numpy(columns[leaf.path][start - lo: stop - lo], leaf.dtype)
                     written += value.nbytes
-                    if codec.is_raw:
+                    if self.raw:
                         pieces.append((leaf.path, value, first + a, chunk))
                     else:
-                        jobs.append((arrays[leaf.path], start, stop, value))
-            write_raw(gen_spec, pieces, separator)
+                        jobs.append((self.arrays[leaf.path], start, stop, value))
+            write_raw(self.spec, pieces, self.separator)
             _write_all(jobs)
             bar.update(sum(job[3].nbytes for job in jobs) + sum(p[1].nbytes for p in pieces))
-        carried.result()
-    meta.length, meta.last_cursor, meta.high_water = state.length, state.last_cursor, state.high
-    commit(group, meta)
-    _remember(dest.url, gen, meta, group)
-    return {"checkpointer": checkpointer, "form": "buffer", "generation": gen,
-            "length": state.length, "last_cursor": state.last_cursor, "max_size": state.max_size,
-            "rows": state.rows, "ndim": state.ndim, "incremental": base is not None,
-            "bytes_written": written, "revision": revision, "key_separator": separator}
+        return written
+
+    def missing(self, schema, plan: dict[str, tuple[int, np.ndarray]]
+                ) -> dict[str, tuple[int, np.ndarray]]:
+        """The plan of the chunks ``plan`` covers that the generation does not hold (one
+        listing): those the previous generation lacked, so none was carried over."""
+        stored = stored_keys(self.spec)
+        lost = {}
+        for leaf in schema.leaves:
+            chunk, mask = plan[leaf.path]
+            keys = (chunk_key(leaf.path, 1 + len(leaf.shape), i, self.separator)
+                    for i in range(len(mask)))
+            lost[leaf.path] = (chunk, np.array([key not in stored for key in keys], dtype=bool))
+        return lost
 
 
 class _Base(NamedTuple):
@@ -272,11 +314,14 @@ def load_buffer(storage: TensorCheckpointable, dest: Destination,
     high = max(meta.high_water, -(-meta.length // max(1, math.prod(lanes))) if meta.length < meta.max_size
                else meta.rows)
     high = min(high, meta.rows)
-    arrays = {leaf.path: group[leaf.path]._async_array for leaf in schema.leaves}
+    arrays = _arrays_of(group, schema, spec)
     separators = {key_separator(array.metadata.to_dict()) for array in arrays.values()}
     separator = separators.pop() if len(separators) == 1 else None
     raw = separator is not None and meta.all_raw \
         and all(shard is None for _, shard in meta.layout.values())
+    all_stored = bool(record and record.get(ALL_STORED))
+    if all_stored and not raw:  # raw chunks are checked as they are read
+        require_stored(spec, arrays, high)
 
     def read(lo: int, hi: int) -> dict[str, torch.Tensor]:
         if not raw:
@@ -284,7 +329,7 @@ def load_buffer(storage: TensorCheckpointable, dest: Destination,
         values = {leaf.path: np.empty((hi - lo, *leaf.shape), dtype=storage_numpy_dtype(leaf.dtype))
                   for leaf in schema.leaves}
         read_raw(spec, [(path, value, lo, meta.layout[path][0]) for path, value in values.items()],
-                 separator)
+                 separator, all_stored)
         return {leaf.path: as_torch(values[leaf.path], leaf.dtype) for leaf in schema.leaves}
 
     window = _window([chunk for chunk, _ in meta.layout.values()], schema.row_bytes)
@@ -298,9 +343,10 @@ def load_buffer(storage: TensorCheckpointable, dest: Destination,
         targets = _in_memory_columns(storage, schema) if raw else None
         if targets is not None:  # straight into the container's memory
             if mappable:  # chunk files mapped copy-on-write where they can be
-                targets = _map_columns(storage, schema, spec, meta.layout, targets, high, separator)
+                targets = _map_columns(storage, schema, spec, meta.layout, targets, high, separator,
+                                       all_stored)
             read_raw(spec, [(path, target[:high], 0, meta.layout[path][0])
-                            for path, target in targets.items()], separator)
+                            for path, target in targets.items()], separator, all_stored)
             bar.update(high * schema.row_bytes)
         else:
             for lo in range(0, high, window):
@@ -314,7 +360,7 @@ def load_buffer(storage: TensorCheckpointable, dest: Destination,
 
 
 def _map_columns(storage: Any, schema, spec, layout, targets: dict[str, np.ndarray], high: int,
-                 separator: str) -> dict[str, np.ndarray]:
+                 separator: str, all_stored: bool) -> dict[str, np.ndarray]:
     """Replace the container's columns whose chunks can be mapped (:mod:`._mapped`) by
     copy-on-write mappings of the chunk files of rows ``[0, high)``; return the targets
     left to read. A TensorDict or single-tensor container only (others: all left)."""
@@ -333,7 +379,7 @@ def _map_columns(storage: Any, schema, spec, layout, targets: dict[str, np.ndarr
         paths = [f"{root}/{chunk_key(leaf.path, target.ndim, i, separator)}"
                  for i in range(-(-high // chunk_rows))]
         try:
-            column = _mapped.map_chunks(paths, chunk_bytes, target.nbytes)
+            column = _mapped.map_chunks(paths, chunk_bytes, target.nbytes, all_stored)
         except OSError:  # a filesystem without mmap: read this column instead
             continue
         mapped[leaf.path] = as_torch(column.view(target.dtype).reshape(target.shape), leaf.dtype)
@@ -346,6 +392,20 @@ def _map_columns(storage: Any, schema, spec, layout, targets: dict[str, np.ndarr
             if leaf.path in mapped:
                 container.set(leaf.key, mapped[leaf.path])
     return {path: target for path, target in targets.items() if path not in mapped}
+
+
+def _arrays_of(group: zarr.Group, schema, spec) -> dict[str, Any]:
+    """The generation's array of every key of ``schema``; a missing one (its ``zarr.json``
+    gone) raises :class:`CheckpointError` naming it."""
+    arrays = {}
+    for leaf in schema.leaves:
+        try:
+            arrays[leaf.path] = group[leaf.path]._async_array
+        except KeyError:
+            raise CheckpointError(
+                f"{spec.redacted()}: the array of key {leaf.path!r} ({leaf.path}/zarr.json) is "
+                f"missing: {DAMAGED}") from None
+    return arrays
 
 
 def _in_memory_columns(storage: Any, schema) -> dict[str, np.ndarray] | None:

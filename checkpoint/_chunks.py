@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from zstore.layout import chunk_key
+from zstore.layout import chunk_key, key_separator
 from zstore.store import StoreSpec
 
 from ._dest import CheckpointError, fault_point
@@ -26,6 +26,12 @@ from ._dest import CheckpointError, fault_point
 #: Threads copying local chunk files: reads and writes release the GIL, and the page-cache
 #: copies of a single thread leave memory bandwidth unused.
 LOCAL_THREADS = 4
+
+#: Flag (commit record, tree attributes): every chunk of the generation's rows is stored,
+#: all-zero ones included, so a missing chunk object is damage, not zeros.
+ALL_STORED = "all_chunks_stored"
+#: What a missing object of a checkpoint means, and the fix (for error messages).
+DAMAGED = "the checkpoint is damaged (copied in part, or a file was deleted); load an intact copy"
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -100,10 +106,11 @@ def write_raw(spec: StoreSpec, pieces: Sequence[tuple[str, np.ndarray, int, int]
 
 
 def read_raw(spec: StoreSpec, targets: Sequence[tuple[str, np.ndarray, int, int]],
-             separator: str = "/") -> None:
+             separator: str = "/", all_stored: bool = False) -> None:
     """Fill arrays from raw chunk objects (keys using ``separator``): each target is
     ``(path, out, lo, chunk_rows)``, ``out`` receiving rows ``lo, lo + 1, ...`` (``lo`` a
-    chunk boundary) of the array at ``path``. Chunks never stored read as zeros."""
+    chunk boundary) of the array at ``path``. Chunks never stored read as zeros; with
+    ``all_stored`` (the writer stored every chunk) a missing one is damage and raises."""
     fs, root = spec.filesystem()
     spans: list[tuple[str, np.ndarray]] = []  # (object key, the bytes of out it fills)
     for path, out, lo, chunk_rows in targets:
@@ -118,6 +125,8 @@ def read_raw(spec: StoreSpec, targets: Sequence[tuple[str, np.ndarray, int, int]
                 with open(item[0], "rb", buffering=0) as handle:
                     got = handle.readinto(memoryview(item[1]))
             except FileNotFoundError:
+                if all_stored:
+                    raise missing_chunk_error(item[0]) from None
                 item[1][:] = 0
                 return
             if got != len(item[1]):
@@ -129,6 +138,8 @@ def read_raw(spec: StoreSpec, targets: Sequence[tuple[str, np.ndarray, int, int]
     for key, span in spans:
         data = found.get(key)
         if data is None:
+            if all_stored:
+                raise missing_chunk_error(key)
             span[:] = 0
         elif len(data) < len(span):
             raise short_chunk_error(key, len(data), len(span))
@@ -140,3 +151,47 @@ def short_chunk_error(key: str, got: int, expected: int) -> CheckpointError:
     """The error for a chunk object (or file) ``key`` shorter than the chunk it holds."""
     return CheckpointError(f"chunk object {key} holds {got} bytes, expected at least {expected}: "
                            "the checkpoint is damaged")
+
+
+def missing_chunk_error(key: str) -> CheckpointError:
+    """The error for chunk object (or file) ``key`` missing from a generation that stored
+    every chunk of its rows (a partial copy of the checkpoint, or a deleted file)."""
+    return CheckpointError(f"chunk object {key} is missing: {DAMAGED}")
+
+
+def storing_every_chunk(array: Any) -> Any:
+    """Zarr async ``array`` writing all-zero chunks too (zarr skips them by default), so that
+    :func:`require_stored` can tell a missing chunk from a zero one."""
+    return array.with_config({"write_empty_chunks": True})
+
+
+def require_stored(spec: StoreSpec, arrays: Mapping[str, Any], rows: int | None = None) -> None:
+    """Raise :func:`missing_chunk_error` unless every chunk object of ``arrays`` (``{path
+    below spec: zarr async array}`` chunked along rows only; of rows ``[0, rows)`` when
+    given) is stored at ``spec``: one listing, where zarr would read a missing chunk as zeros."""
+    stored = stored_keys(spec)
+    root = spec.filesystem()[1].rstrip("/")
+    for path, array in arrays.items():
+        for key in _chunk_keys(path, array, rows):
+            if key not in stored:
+                raise missing_chunk_error(f"{root}/{key}")
+
+
+def _chunk_keys(path: str, array: Any, rows: int | None) -> list[str]:
+    """The chunk objects of rows ``[0, rows)`` (all rows when None) of an array chunked along
+    rows only; none for an array without elements, which stores no data."""
+    if math.prod(array.shape) == 0:
+        return []
+    separator = key_separator(array.metadata.to_dict())
+    if not array.shape:
+        return [f"{path}/c"]
+    chunks = -(-(array.shape[0] if rows is None else rows) // array.chunks[0])
+    return [chunk_key(path, len(array.shape), i, separator) for i in range(chunks)]
+
+
+def stored_keys(spec: StoreSpec) -> set[str]:
+    """The keys (relative to ``spec``) of every object stored below it: one listing."""
+    fs, root = spec.filesystem()
+    fs.invalidate_cache(root)
+    prefix = root.rstrip("/") + "/"
+    return {path[len(prefix):] for path in fs.find(root) if path.startswith(prefix)}

@@ -35,7 +35,7 @@ from zstore.store import StoreSpec
 
 from ._base import _Configured
 from ._buffer import as_numpy, as_torch
-from ._dest import CheckpointError, Destination, as_spec, fault_point
+from ._dest import GEN_PREFIX, CheckpointError, Destination, as_spec, fault_point
 from ._h5form import GROUP, H5Form, decode, encode
 from ._result import DumpResult
 from ._state import TensorState, restore, shift_of
@@ -77,12 +77,26 @@ class H5StorageCheckpointer(_Configured):
             return Destination(StoreSpec(parent, dict(spec.storage_options))), name
         return Destination(spec), self.checkpoint_file
 
+    def _check_directory(self, dest: Destination) -> None:
+        """Refuse a directory destination holding anything but this checkpointer's file:
+        a zstore checkpoint left there would stay current for every other checkpointer
+        (``TensorStorageCheckpointer().loads`` would load it, not the new file)."""
+        dest.check_writable(allowed=(self.checkpoint_file,))
+        if dest.read_commit() is not None or any(
+                name.startswith(GEN_PREFIX) for name in dest.children()):
+            raise CheckpointError(
+                f"{dest.redacted()} holds a zstore checkpoint of another checkpointer; an "
+                f"{type(self).__name__} file written next to it would not replace it. Dump to "
+                "another directory (or to a path ending in .h5), or delete that checkpoint first")
+
     def dumps(self, storage: Any, path: Any) -> DumpResult:
         import h5py
 
         start = time.perf_counter()
         dest, name = self._file(path)
         dest.spec.require_writable("write a checkpoint")
+        if name == self.checkpoint_file:
+            self._check_directory(dest)
         state = TensorState.of(storage)
         data = state.data(0, state.rows if state.is_full else state.high)
         if not isinstance(data, TensorDict) and not hasattr(data, "batch_size"):
@@ -96,7 +110,7 @@ class H5StorageCheckpointer(_Configured):
         local_dir = dest.url if dest.spec.is_local else None
         if local_dir:
             Path(local_dir).mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".h5.partial", dir=local_dir)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=local_dir)
         os.close(fd)
         try:
             with h5py.File(tmp, "w") as f:

@@ -23,7 +23,7 @@ import numpy as np
 
 from zstore.libc import LIBC as _libc
 
-from ._chunks import short_chunk_error
+from ._chunks import missing_chunk_error, short_chunk_error
 
 _MAP_FIXED = 0x10  # Linux; not exported by the mmap module
 _MAP_FAILED = ctypes.c_void_p(-1).value
@@ -73,9 +73,11 @@ class MappedColumn:
             self.address = None
 
 
-def map_chunks(paths: list[str | None], chunk_bytes: int, nbytes: int) -> np.ndarray:
+def map_chunks(paths: list[str | None], chunk_bytes: int, nbytes: int,
+               all_stored: bool = False) -> np.ndarray:
     """A ``uint8`` array of ``nbytes``: chunk ``i`` is file ``paths[i]`` (mapped
-    copy-on-write), zeros where the path is None or the file does not exist."""
+    copy-on-write), zeros where the path is None or the file does not exist (with
+    ``all_stored``, a missing file raises: the writer stored every chunk)."""
     column = MappedColumn(nbytes)
     for i, path in enumerate(paths):
         offset = i * chunk_bytes
@@ -84,5 +86,7 @@ def map_chunks(paths: list[str | None], chunk_bytes: int, nbytes: int) -> np.nda
         try:
             column.map_file(path, offset, min(chunk_bytes, nbytes - offset))
         except FileNotFoundError:  # a chunk never stored: all zeros
+            if all_stored:
+                raise missing_chunk_error(path) from None
             continue
     return np.asarray(column)

@@ -27,6 +27,7 @@ from zstore.layout import dimension_names, key_to_path
 from zstore.store import StoreSpec
 
 from ._buffer import as_numpy, as_torch
+from ._chunks import ALL_STORED, require_stored, storing_every_chunk
 from ._dest import CheckpointError, fault_point, progress_bar
 
 TREE_ATTR = "zstore_tree"
@@ -75,14 +76,14 @@ def write_tree(spec: StoreSpec, td: TensorDictBase, codec: CodecSpec, progress: 
             fill_value=np.zeros((), dtype=np_dtype).item(),
             dimension_names=dimension_names(path, len(shape)),
             attributes={"zstore": {"torch_dtype": torch_dtype_name(value.dtype)}})
-        jobs.append((path, array._async_array, as_numpy(value, value.dtype)))
+        jobs.append((path, storing_every_chunk(array._async_array), as_numpy(value, value.dtype)))
     total = sum(job[2].nbytes for job in jobs)
     with progress_bar(total, f"dumps {spec.url}", progress) as bar:
         for path, array, value in jobs:
             sync(array.setitem(Ellipsis, value))
             fault_point("write")
             bar.update(value.nbytes)
-    put_attrs(group, {TREE_ATTR: {"batch_sizes": batches, "non_tensor": others}})
+    put_attrs(group, {TREE_ATTR: {"batch_sizes": batches, "non_tensor": others, ALL_STORED: True}})
     return total
 
 
@@ -94,6 +95,8 @@ def read_tree(spec: StoreSpec, progress: bool) -> TensorDict:
         raise CheckpointError(f"{spec.redacted()} is not a zstore checkpoint generation")
     arrays: dict[str, zarr.Array] = {}
     _collect(group, "", arrays)
+    if meta.pop(ALL_STORED, False):
+        require_stored(spec, {path: array._async_array for path, array in arrays.items()})
     total = sum(a.nbytes for a in arrays.values())
 
     async def run():

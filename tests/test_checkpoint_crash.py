@@ -33,7 +33,7 @@ from checkpoint import _dest
 
 def scenario(dest, point, k, kind, first):
     storage = zstore.LazyTensorStorage(64)
-    storage.checkpointer = (checkpoint.H5StorageCheckpointer() if kind == "h5"
+    storage.checkpointer = (checkpoint.H5StorageCheckpointer() if kind.startswith("h5")
                             else checkpoint.TensorStorageCheckpointer(chunks=8))
     g = torch.Generator().manual_seed(0)
     storage.set(torch.arange(64), TensorDict(obs=torch.randn(64, 4, generator=g), batch_size=[64]))
@@ -73,6 +73,7 @@ SCENARIOS = {  # name: (point, k, kind, first dump killed)
     "committed": ("committed", 1, "tensor", False),  # committed, old generation not yet deleted
     "h5-write": ("write", 1, "h5", False),
     "h5-commit": ("commit", 1, "h5", False),
+    "h5-dir": ("commit", 1, "h5-dir", False),     # into a directory: the file is left to it
     "first": ("write", 2, "tensor", True),         # no checkpoint was ever committed
 }
 
@@ -103,7 +104,8 @@ def expected(generation: int) -> torch.Tensor:
 
 def load(dest: str, kind: str = "tensor") -> torch.Tensor:
     storage = LazyTensorStorage(64)
-    storage.checkpointer = H5StorageCheckpointer() if kind == "h5" else TensorStorageCheckpointer()
+    storage.checkpointer = H5StorageCheckpointer() if kind.startswith("h5") \
+        else TensorStorageCheckpointer()
     storage.loads(dest)
     assert len(storage) == 64
     return storage.get(slice(None))["obs"]
@@ -124,9 +126,19 @@ def test_killed_dump_leaves_a_loadable_checkpoint(killed, name, survivor):
     assert torch.equal(load(dest), expected(survivor))
 
 
-@pytest.mark.parametrize("name", ["h5-write", "h5-commit"])
+@pytest.mark.parametrize("name", ["h5-write", "h5-commit", "h5-dir"])
 def test_killed_h5_dump_keeps_the_previous_file(killed, name):
     assert torch.equal(load(killed[name], "h5"), expected(1))
+
+
+def test_killed_h5_dump_into_a_directory_leaves_a_dot_name_the_next_dump_passes(killed):
+    dest = Path(killed["h5-dir"])
+    (leftover,) = dest.glob(".checkpoint.h5.*.partial")  # the killed dump's temporary file
+    storage = LazyTensorStorage(64)
+    storage.checkpointer = H5StorageCheckpointer()
+    storage.loads(dest)
+    storage.dumps(dest)
+    assert torch.equal(load(str(dest), "h5"), expected(1))
 
 
 def test_first_dump_killed_fails_clearly(killed):

@@ -10,6 +10,7 @@ checks but fail those.
 from __future__ import annotations
 
 import gc
+import json
 import math
 import os
 import shutil
@@ -147,8 +148,24 @@ def test_a_truncated_chunk_file_is_named(tmp_path, key):
         loaded(dest)
 
 
-def test_a_missing_chunk_file_reads_as_zeros(tmp_path):
+@pytest.mark.parametrize("key", ["obs", "odd"], ids=["mapped", "read"])
+def test_a_missing_chunk_file_is_named(tmp_path, key):
+    _, dest = dumped(tmp_path)
+    chunk = os.path.join(generation_dir(dest), key, "c.2.0")
+    os.remove(chunk)
+    with pytest.raises(CheckpointError, match=f"{chunk} is missing: the checkpoint is damaged"):
+        loaded(dest)
+
+
+def test_a_missing_chunk_file_of_an_older_generation_reads_as_zeros(tmp_path):
+    """Generations written before the commit record said every chunk is stored."""
     written, dest = dumped(tmp_path)
+    commit = os.path.join(dest, "zarr.json")
+    with open(commit) as handle:
+        body = json.load(handle)
+    del body["attributes"]["zstore_checkpoint"]["all_chunks_stored"]
+    with open(commit, "w") as handle:
+        json.dump(body, handle)
     for key in ("obs", "odd"):
         os.remove(os.path.join(generation_dir(dest), key, "c.2.0"))
     got = loaded(dest).get(slice(None))

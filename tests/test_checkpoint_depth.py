@@ -1,0 +1,126 @@
+"""Checkpoints used as users do, where they used to lose data silently.
+
+The reference is the storage before the dump: a checkpoint loads back bit for bit, or
+fails with a ``CheckpointError`` naming what is wrong (as TorchRL's own checkpoints fail
+when one of their files is missing); never with rows silently replaced by zeros.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage as TorchRLLazyTensorStorage
+
+from checkpoint import (
+    CheckpointError,
+    FlatStorageCheckpointer,
+    H5StorageCheckpointer,
+    NestedStorageCheckpointer,
+    TensorStorageCheckpointer,
+)
+from test_checkpoint import TEDStream, assert_same, fill, spec
+from zstore import LazyTensorStorage
+
+#: Checkpointers whose generations are Zarr chunk objects (H5 is one file).
+CHUNKED = {
+    "raw": lambda: TensorStorageCheckpointer(chunks=4),
+    "zstd": lambda: TensorStorageCheckpointer(chunks=4, codec="zstd"),
+    "flat": FlatStorageCheckpointer,
+    "nested": NestedStorageCheckpointer,
+}
+
+
+def _dumped(name: str, dest) -> LazyTensorStorage:
+    """A wrapped TED storage (12 rows) dumped at ``dest`` with checkpointer ``name``."""
+    storage = LazyTensorStorage(12)
+    storage.checkpointer = CHUNKED[name]()
+    fill(storage, "full", TEDStream())
+    storage.dumps(dest)
+    return storage
+
+
+def _loaded(name: str, dest) -> LazyTensorStorage:
+    again = LazyTensorStorage(12)
+    again.checkpointer = CHUNKED[name]()
+    again.loads(dest)
+    return again
+
+
+def _chunk_objects(dest, key: str) -> list[str]:
+    """The chunk objects of array ``key`` (e.g. ``"obs"``) in the checkpoint at ``dest``."""
+    fs, root = dest.filesystem()
+    return sorted(path for path in fs.find(root)
+                  if f"/{key}/c" in path and not path.endswith("zarr.json"))
+
+
+@pytest.mark.parametrize("name", CHUNKED)
+def test_a_missing_chunk_object_fails_the_load_instead_of_reading_zeros(location, name):
+    dest = spec(location, "ck")
+    storage = _dumped(name, dest)
+    assert_same(_loaded(name, dest)._storage, storage._storage)  # intact: bit for bit
+    fs, _ = dest.filesystem()
+    lost = _chunk_objects(dest, "obs")[0]
+    fs.rm_file(lost)  # a partial copy of the checkpoint, a deleted file
+    with pytest.raises(CheckpointError, match="is missing: the checkpoint is damaged") as caught:
+        _loaded(name, dest)
+    assert lost.rsplit("/", 3)[-1] in str(caught.value)
+
+
+@pytest.mark.parametrize("name", CHUNKED)
+def test_all_zero_rows_round_trip(tmp_path, name):
+    """Chunks of zeros are stored too (zarr skips them by default): they load as zeros."""
+    storage = _dumped(name, tmp_path / "first")
+    storage.set(torch.arange(8), torch.zeros_like(storage[torch.arange(8)]))
+    storage.dumps(tmp_path / "ck")
+    assert_same(_loaded(name, tmp_path / "ck")._storage, storage._storage)
+
+
+def test_a_missing_array_is_named(tmp_path):
+    _dumped("raw", tmp_path / "ck")
+    (array_meta,) = tmp_path.glob("ck/gen-*/obs/zarr.json")
+    array_meta.unlink()
+    with pytest.raises(CheckpointError, match=r"the array of key 'obs' \(obs/zarr.json\) is missing"):
+        _loaded("raw", tmp_path / "ck")
+
+
+@pytest.mark.parametrize(("location", "first"), [
+    ("memory", "tensor"), ("local", "tensor"), ("s3", "tensor"), ("local", "torchrl")],
+    indirect=["location"])
+def test_h5_dump_refuses_a_directory_holding_another_checkpoint(location, first):
+    """An H5 file written next to another checkpoint would not replace it: every loader
+    but H5's would go on loading the old rows. Refused, as the reverse is, and unchanged."""
+    dest = spec(location, "ck")
+    if first == "torchrl":  # TorchRL writes local directories only
+        trl = TorchRLLazyTensorStorage(12)
+        fill(trl, "full", TEDStream())
+        trl.dumps(Path(dest.url))
+    else:
+        _dumped("raw", dest)
+    before = LazyTensorStorage(12)
+    before.loads(dest)
+    storage = LazyTensorStorage(12)
+    storage.checkpointer = H5StorageCheckpointer()
+    fill(storage, "partial", TEDStream(seed=1))
+    with pytest.raises(CheckpointError, match=f"^{re.escape(dest.redacted())} holds "):
+        storage.dumps(dest)
+    after = LazyTensorStorage(12)
+    after.loads(dest)
+    assert_same(after._storage, before._storage)
+    assert len(after) == len(before)
+
+
+@pytest.mark.parametrize("name", ["raw", "zstd"])
+def test_incremental_dump_rewrites_chunks_its_previous_generation_lost(location, name):
+    """Carried-over chunks come from the previous generation: one it lost is written
+    from the storage's rows, not left out of the new generation."""
+    dest = spec(location, "ck")
+    storage = _dumped(name, dest)
+    fs, _ = dest.filesystem()
+    fs.rm_file(_chunk_objects(dest, "obs")[0])
+    storage.set(torch.tensor([11]), storage[torch.tensor([0])])  # one changed chunk
+    assert storage.dumps(dest).incremental
+    assert_same(_loaded(name, dest)._storage, storage._storage)
