@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import pickle
 
@@ -15,7 +16,8 @@ from torchrl.data.replay_buffers.storages import (
 )
 
 import zstore
-from zstore.errors import NotAZStoreError, ReadOnlyError, StoreExistsError
+from zstore.errors import (FormatVersionError, NotAZStoreError, ReadOnlyError, StoreExistsError,
+                           StoreNotFoundError)
 from zstore.store import StoreSpec
 
 SIZES = (5, 7, 4)
@@ -95,7 +97,7 @@ def test_matches_torchrl(location):
 def test_errors_match_torchrl(tmp_path):
     ours = zstore.StorageEnsemble(*members_at_local(tmp_path))
     theirs = reference()
-    for bad, error in ((3, IndexError), (torch.tensor([], dtype=torch.int64), IndexError), ([], TypeError),
+    for bad, error in ((torch.tensor([], dtype=torch.int64), IndexError), ([], TypeError),
                        (torch.ones(2, 2, dtype=torch.int64), RuntimeError),
                        (torch.tensor([0.5]), TypeError)):
         with pytest.raises(error) as expected:
@@ -105,10 +107,56 @@ def test_errors_match_torchrl(tmp_path):
         assert str(got.value).replace("zstore.storages.ensemble", "X") == \
             str(expected.value).replace("torchrl.data.replay_buffers.storages", "X")
     for method in ("add", "extend"):
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError) as expected:
+            getattr(theirs, method)(member_rows(0, 1))
+        assert str(expected.value) == ""  # TorchRL's: a bare RuntimeError()
+        with pytest.raises(RuntimeError, match=rf"StorageEnsemble only reads its members: write to one of "
+                                               rf"them \(ensemble\[i\].{method}\(...\)\)"):
             getattr(ours, method)(member_rows(0, 1))
+    assert theirs.set(0, member_rows(0, 1)) is None  # TorchRL's writes nothing, silently
+    with pytest.raises(NotImplementedError, match="StorageEnsemble only reads its members"):
+        ours.set(0, member_rows(0, 1))
     with pytest.raises(TypeError, match="transforms must have the same length"):
         zstore.StorageEnsemble(*ours._storages, transforms=[None])
+
+
+def test_integer_scalars_ellipsis_and_masks_select_members(tmp_path):
+    """``ens[np.int64(1)]`` and ``ens[torch.tensor(1)]`` (a buffer id a SamplerEnsemble
+    samples) raised "has no len()", ``ens[...]`` too, and a boolean mask selected members
+    1, 0, 1 (flags read as ids). Reference: TorchRL's ensemble indexed with the ids they name."""
+    ours, theirs = zstore.StorageEnsemble(*members_at_local(tmp_path)), reference()
+    for scalar in (np.int64(1), torch.tensor(1), np.array(2), torch.tensor(-1)):
+        assert_same(ours[scalar], theirs[int(scalar)])
+    assert_same(ours[torch.tensor(1), slice(0, 2)], theirs[1, slice(0, 2)])
+    assert ours[...] is ours
+    for mask in ([True, False, True], np.array([True, False, True]), torch.tensor([True, False, True])):
+        assert_same(ours[mask], theirs[[0, 2]])
+
+
+def test_bad_member_ids_and_requests_are_named(tmp_path):
+    """A buffer id beyond the members raised "tuple index out of range", an int one TorchRL's
+    "Expected an index of type ... got <class 'int'>"; ``get`` with fewer buffer ids than
+    indexes dropped the extra indexes (TorchRL's does: reference below), and without
+    ``buffer_ids`` raised "'NoneType' object is not iterable"."""
+    ours, theirs = zstore.StorageEnsemble(*members_at_local(tmp_path)), reference()
+    transformed = zstore.StorageEnsemble(*ours._storages, transforms=[None] * 3)
+    for ensemble, bad in itertools.product((ours, transformed), (3, -4, torch.tensor([0, 3]), [3])):
+        with pytest.raises(IndexError, match=r"member (3|-4) is out of range: the ensemble has 3 members"):
+            ensemble[bad]
+    for bad in (1.0, None, "a"):  # TorchRL: "object of type 'float' has no len()", ...
+        with pytest.raises(IndexError, match="Expected an index of type torch.Tensor, range"):
+            ours[bad]
+    with pytest.raises(IndexError, match="boolean mask of 2 flags cannot select among 3 members"):
+        ours[torch.tensor([True, False])]
+    uneven = {"buffer_ids": [1], "index": [torch.tensor([0]), torch.tensor([1])]}
+    assert len(theirs.get(uneven)) == 1  # TorchRL: the second index is silently dropped
+    with pytest.raises(ValueError, match="1 buffer_ids but 2 entries of index"):
+        ours.get(uneven)
+    with pytest.raises(IndexError, match="member 5 is out of range"):
+        ours.get({"buffer_ids": torch.tensor([1, 5]), "index": [torch.tensor([0]), torch.tensor([0])]})
+    for request in ({"index": [torch.tensor([0])]}, [0, 1]):
+        with pytest.raises(TypeError, match="takes a mapping with 'buffer_ids' and 'index'"):
+            ours.get(request)
 
 
 def members_at_local(tmp_path) -> list:
@@ -208,6 +256,45 @@ def test_recording_refuses_what_cannot_be_reopened(tmp_path):
     with pytest.raises(StoreExistsError, match="not a StorageEnsemble"):
         zstore.StorageEnsemble(committed, scratch_dir=str(tmp_path / "ok"))
     assert len(zstore.open(str(tmp_path / "ok"), mode="r")) == 2
+
+
+def test_a_member_that_cannot_be_reopened_is_named_with_its_ensemble(location):
+    """A member deleted after the ensemble was recorded failed ``zstore.open(ensemble)`` with
+    "no zstore buffer at .../member-1", which named neither the ensemble nor the way on.
+    Reference: the ensemble recorded again without it reads as its members do."""
+    base = location.new("ens")
+    members = members_at(location, base)
+    zstore.StorageEnsemble(*members, scratch_dir=base, storage_options=location.options)
+    for member in members:
+        member.close()
+    fs, path = StoreSpec.parse(base, location.options).filesystem()
+    fs.rm(f"{path}/member-1", recursive=True)
+    with pytest.raises(StoreNotFoundError, match=(
+            r"cannot reopen member 1 \(\S+/member-1\) of the StorageEnsemble at \S+: .*; restore it, "
+            r"or record the ensemble again without it \(zstore.StorageEnsemble\(\*members, scratch_dir=")):
+        zstore.open(base, location.options, mode="r")
+    kept = [zstore.open(members[m].spec.url, location.options) for m in (0, 2)]
+    zstore.StorageEnsemble(*kept, scratch_dir=base, storage_options=location.options)
+    again = zstore.open(base, location.options, mode="r")
+    assert_same(again[(slice(None), slice(None))], [m[:] for m in kept])
+    for member in kept:
+        member.close()
+
+
+def test_a_member_error_keeps_its_type_and_fix(tmp_path):
+    """A member written by a newer zstore: the error names the member and the ensemble, and
+    stays a FormatVersionError that says to upgrade."""
+    base = str(tmp_path / "ens")
+    member = filled(zstore.LazyMemmapStorage(10, scratch_dir=f"{base}/a"), 0, 2)
+    zstore.StorageEnsemble(member, scratch_dir=base)
+    member.close()
+    meta_path = tmp_path / "ens" / "a" / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    meta["attributes"]["zstore"]["format_version"] = 999
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(FormatVersionError, match=r"cannot reopen member 0 \(\S+/a\) of the "
+                                                 r"StorageEnsemble at \S+/ens: .*upgrade zstore"):
+        zstore.open(base, mode="r")
 
 
 def test_malformed_index_is_refused(tmp_path):

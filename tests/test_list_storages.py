@@ -117,6 +117,60 @@ def test_get_variants():
         s.get((0, 1))
 
 
+def _steps(out) -> list[int]:
+    """The ``step`` of each item a read returned (a list, or a lazy stack)."""
+    return out["step"].tolist() if isinstance(out, LazyStackedTensorDict) else [x["step"].item() for x in out]
+
+
+@pytest.mark.parametrize("kind", [ListStorage, LazyStackStorage])
+@pytest.mark.parametrize("as_mask", [torch.tensor, np.array, list], ids=["tensor", "ndarray", "list"])
+def test_a_boolean_mask_reads_the_items_it_flags(kind, as_mask):
+    """A mask was read as positions (True as 1, False as 0): [T, F, T, T] returned items
+    1, 0, 1, 1. Reference: TorchRL's LazyTensorStorage holding the same items."""
+    items = [item(i) for i in range(4)]
+    ours, theirs = kind(6), torchrl_data.LazyTensorStorage(6)
+    ours.set(range(4), items)
+    theirs.set(torch.arange(4), torch.stack(items))
+    flags = [True, False, True, True]
+    assert _steps(ours.get(as_mask(flags))) == theirs.get(torch.tensor(flags))["step"].tolist() == [0, 2, 3]
+    assert _steps(ours[as_mask(flags)]) == [0, 2, 3]
+
+
+@pytest.mark.parametrize("kind", [ListStorage, LazyStackStorage])
+def test_a_boolean_mask_writes_the_items_it_flags(kind):
+    """A mask was read as positions (False as 0, True as 1): writing one item per flagged
+    position raised zip's "argument 2 is shorter", one item per flag overwrote items 0 and 1.
+    Reference: a Python list, assigned at the flagged positions."""
+    s, model = kind(6), [item(i) for i in range(4)]
+    s.set(range(4), list(model))
+    flags = torch.tensor([False, True, False, True])
+    new = [item(10), item(30)]
+    s.set(flags, new)
+    for position, value in zip(flags.nonzero().flatten().tolist(), new):
+        model[position] = value
+    assert _steps(s.get(slice(None))) == _steps(model) == [0, 10, 2, 30]
+
+
+def test_bad_indexes_are_named():
+    """Out-of-range reads raised a bare "list index out of range", a 2-D index a TypeError
+    about ``int()``, a mask of the wrong length read wrong items: each names what is wrong."""
+    s = ListStorage(10)
+    s.set(range(4), [item(i) for i in range(4)])
+    for bad in (7, -5, [0, 7], torch.tensor([1, -5]), np.array([9])):
+        with pytest.raises(IndexError, match=r"index (7|-5|9) is out of range: the storage holds 4 "
+                                             r"items \(indices -4 to 3\)"):
+            s.get(bad)
+    with pytest.raises(IndexError, match="out of range: the storage is empty"):
+        ListStorage(3).get(0)
+    with pytest.raises(IndexError, match=r"1-D index, got one of shape \(2, 2\)"):
+        s.get(torch.tensor([[0, 1], [2, 3]]))
+    with pytest.raises(IndexError, match="boolean mask of 2 flags cannot index a storage of 4 items"):
+        s.get(torch.tensor([True, False]))
+    with pytest.raises(IndexError, match="boolean mask of 3 flags"):
+        s.set(np.array([True, False, True]), [item(8), item(9)])
+    assert _steps(s.get(slice(None))) == [0, 1, 2, 3]
+
+
 def test_setitem_overwrites():
     s = ListStorage(3)
     s.set(0, "a")
@@ -256,6 +310,19 @@ def test_lazy_stack_dim(stack_dim, expected):
     ref = torchrl_data.LazyStackStorage(stack_dim=stack_dim)
     ref.set([0, 1], [s.get(0), s.get(1)])
     assert torch.equal(out["obs"], ref.get([0, 1])["obs"])
+
+
+def test_an_empty_selection_of_a_lazy_stack_is_named():
+    """``rb[2:2]`` or a mask without a flag raised tensordict's "items cannot be empty"
+    (TorchRL's too: reference below), which named neither the index nor the storage."""
+    ours, theirs = LazyStackStorage(), torchrl_data.LazyStackStorage()
+    for s in (ours, theirs):
+        s.set(range(3), [item(i) for i in range(3)])
+    with pytest.raises(RuntimeError, match="items cannot be empty"):
+        theirs.get(slice(2, 2))
+    for empty in (slice(2, 2), [], torch.tensor([False, False, False])):
+        with pytest.raises(RuntimeError, match=r"index .* selects none of the 3 items, and a lazy stack"):
+            ours.get(empty)
 
 
 def test_lazy_stack_inherits_list_rules():

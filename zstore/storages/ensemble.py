@@ -34,7 +34,7 @@ from .. import autocommit
 from .._registry import reopen
 from ..cache import DEFAULT_CACHE_BYTES
 from ..display import Summary
-from ..errors import NotAZStoreError, StoreExistsError
+from ..errors import NotAZStoreError, StoreExistsError, StoreNotFoundError, ZStoreError
 from ..group import ZSTORE_ATTR, new_group, open_plain_group, put_attrs
 from ..layout import FORMAT_VERSION, check_format_version
 from ..lease import DEFAULT_TTL
@@ -43,6 +43,9 @@ from .base import Storage
 
 _INDEX_ERROR = ("Expected an index of type torch.Tensor, range, np.ndarray, int, slice or "
                 "ellipsis, got {} instead.")
+_WRITES_REFUSED = ("a StorageEnsemble only reads its members: write to one of them "
+                   "(ensemble[i].{}(...)), or route rows to members with "
+                   "ReplayBufferEnsemble(..., routing_key=...)")
 
 
 class StorageEnsemble(Storage):
@@ -95,25 +98,47 @@ class StorageEnsemble(Storage):
             storage._rng = value
 
     def extend(self, value: Any) -> None:
-        """Refused: write to a member (``ensemble[i]``) instead."""
-        raise RuntimeError
+        """Refused (``RuntimeError``, as TorchRL's): write to a member (``ensemble[i]``) instead."""
+        raise RuntimeError(_WRITES_REFUSED.format("extend"))
 
     def add(self, value: Any) -> None:
-        """Refused: write to a member (``ensemble[i]``) instead."""
-        raise RuntimeError
+        """Refused (``RuntimeError``, as TorchRL's): write to a member (``ensemble[i]``) instead."""
+        raise RuntimeError(_WRITES_REFUSED.format("add"))
+
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        """Refused (TorchRL's writes nothing and returns ``None``): write to a member instead."""
+        raise NotImplementedError(_WRITES_REFUSED.format("set"))
 
     def get(self, item: Any) -> list[tuple[int, Any]]:
         """``[(buffer_id, member.get(index)), ...]`` for ``item["buffer_ids"]`` / ``item["index"]``."""
-        buffer_ids = item.get("buffer_ids")
-        index = item.get("index")
         results = []
-        for buffer_id, sample in zip(buffer_ids, index):
+        for buffer_id, sample in self._requests(item):
             buffer_id = buffer_id.item() if isinstance(buffer_id, torch.Tensor) else buffer_id
-            results.append((buffer_id, self._storages[buffer_id].get(sample)))
+            results.append((buffer_id, self._member(buffer_id).get(sample)))
         if self._transforms is not None:
             results = [(i, result if self._transforms[i] is None else self._transforms[i](result))
                        for i, result in results]
         return results
+
+    def _requests(self, item: Any) -> zip:
+        """``item``'s ``(buffer_id, index)`` pairs; one index per buffer id, else ``ValueError``."""
+        try:
+            buffer_ids, index = item["buffer_ids"], item["index"]
+        except (KeyError, TypeError, IndexError):
+            raise TypeError(f"{type(self).__name__}.get takes a mapping with 'buffer_ids' and 'index' "
+                            f"(what a SamplerEnsemble samples), got {type(item).__name__}") from None
+        if len(buffer_ids) != len(index):
+            raise ValueError(f"{len(buffer_ids)} buffer_ids but {len(index)} entries of index: give "
+                             "one index (that member's rows) per buffer id")
+        return zip(buffer_ids, index)
+
+    def _member(self, buffer_id: Any) -> Storage:
+        """Member ``buffer_id``, or ``IndexError`` naming it and the number of members."""
+        n = len(self._storages)
+        if not -n <= buffer_id < n:
+            raise IndexError(f"member {buffer_id} is out of range: the ensemble has {n} members "
+                             f"(ids 0 to {n - 1}, or {-n} to -1 from the end)")
+        return self._storages[buffer_id]
 
     def __len__(self) -> int:
         """The number of member storages (TorchRL's meaning), not of items."""
@@ -140,29 +165,42 @@ class StorageEnsemble(Storage):
             if isinstance(result, StorageEnsemble):
                 return result[(slice(None), *index[1:])]
             return result[index[1:]]
-        if isinstance(index, slice) and index == slice(None):
+        if index is Ellipsis or (isinstance(index, slice) and index == slice(None)):
             return self
-        if isinstance(index, (list, range, np.ndarray)):
-            index = torch.as_tensor(index)
-        if isinstance(index, torch.Tensor):
-            if index.ndim > 1:
-                raise RuntimeError(f"Cannot index a {type(self)} with tensor indices that have "
-                                   "more than one dimension.")
-            if index.is_floating_point():
-                raise TypeError("A floating point index was received when an integer dtype was "
-                                "expected.")
-        if isinstance(index, int) or (not isinstance(index, slice) and len(index) == 0):
-            try:
-                return self._storages[int(index)]
-            except (IndexError, TypeError, ValueError, RuntimeError):
-                raise IndexError(_INDEX_ERROR.format(type(index))) from None
-        if isinstance(index, torch.Tensor):
-            chosen = index.tolist()
-        else:
-            chosen = list(range(len(self._storages)))[index]
+        chosen = self._selection(index)
+        if isinstance(chosen, int):
+            return self._member(chosen)
+        members = [self._member(i) for i in chosen]
         transforms = [None] * len(chosen) if self._transforms is None else \
             [self._transforms[i] for i in chosen]
-        return StorageEnsemble(*(self._storages[i] for i in chosen), transforms=transforms)
+        return StorageEnsemble(*members, transforms=transforms)
+
+    def _selection(self, index: Any) -> int | list[int]:
+        """The member ``index`` names (an int) or those it selects (a list): TorchRL's index
+        kinds, integer scalars (numpy's, 0-d tensors) and boolean masks (one flag per member)."""
+        if isinstance(index, slice):
+            return list(range(len(self._storages)))[index]
+        if isinstance(index, (int, np.integer)):
+            return int(index)
+        if isinstance(index, (list, range, np.ndarray)):
+            index = torch.as_tensor(index)
+        if not isinstance(index, torch.Tensor):
+            raise IndexError(_INDEX_ERROR.format(type(index)))
+        if index.ndim > 1:
+            raise RuntimeError(f"Cannot index a {type(self)} with tensor indices that have "
+                               "more than one dimension.")
+        if index.is_floating_point():
+            raise TypeError("A floating point index was received when an integer dtype was expected.")
+        if index.ndim == 0:
+            return int(index)
+        if not len(index):
+            raise IndexError(_INDEX_ERROR.format(type(index)))
+        if index.dtype == torch.bool:
+            if len(index) != len(self._storages):
+                raise IndexError(f"a boolean mask of {len(index)} flags cannot select among "
+                                 f"{len(self._storages)} members: give one flag per member")
+            return index.nonzero().flatten().tolist()
+        return index.tolist()
 
     def state_dict(self) -> dict[str, Any]:
         """``{"0": member0.state_dict(), "1": ...}``."""
@@ -254,12 +292,27 @@ class StorageEnsemble(Storage):
         if not isinstance(members, list) or not all(
                 isinstance(m, str) and m and ".." not in m.split("/") for m in members):
             raise NotAZStoreError(f"{where}: malformed StorageEnsemble block (members {members!r})")
-        storages = []
-        for ref in members:
-            url = ref if "://" in ref or ref.startswith("/") else f"{spec.url}/{ref}"
-            member = StoreSpec.parse(url, spec.storage_options, read_only=spec.read_only)
-            storages.append(reopen(member, cache_bytes=cache_bytes, cache=cache, device=device,
-                                   lease_ttl=lease_ttl))
-        self = cls(*storages)
+        self = cls(*(_reopened_member(spec, i, ref, cache_bytes=cache_bytes, cache=cache,
+                                      device=device, lease_ttl=lease_ttl)
+                     for i, ref in enumerate(members)))
         self.spec = spec
         return self
+
+
+def _reopened_member(spec: StoreSpec, i: int, ref: str, **options: Any) -> Storage:
+    """Member ``i`` of the ensemble at ``spec``, recorded as ``ref``, reopened with the
+    ensemble's ``storage_options`` and mode; an error names the ensemble, the member and the
+    way on, as the member's own exception type (its nearest builtin or zstore base)."""
+    url = ref if "://" in ref or ref.startswith("/") else f"{spec.url}/{ref}"
+    member = StoreSpec.parse(url, spec.storage_options, read_only=spec.read_only)
+    try:
+        return reopen(member, **options)
+    except (ZStoreError, OSError) as exc:
+        if isinstance(exc, (StoreNotFoundError, NotAZStoreError)):
+            fix = ("restore it, or record the ensemble again without it "
+                   f"(zstore.StorageEnsemble(*members, scratch_dir={spec.url!r}))")
+        else:
+            fix = "members are reopened with the storage_options and mode given to zstore.open"
+        kind = next(c for c in type(exc).__mro__ if c.__module__ in ("builtins", ZStoreError.__module__))
+        raise kind(f"cannot reopen member {i} ({member.url}) of the StorageEnsemble at "
+                   f"{spec.url}: {exc}; {fix}") from exc

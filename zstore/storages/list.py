@@ -25,6 +25,41 @@ def _as_int(cursor: Any) -> int | None:
     return None
 
 
+def _is_mask(index: Any) -> bool:
+    """Whether ``index`` is a boolean mask: a bool tensor or array, or a list of bools."""
+    if isinstance(index, torch.Tensor):
+        return index.dtype == torch.bool
+    if isinstance(index, np.ndarray):
+        return index.dtype == np.bool_
+    return isinstance(index, list) and bool(index) and all(
+        isinstance(flag, (bool, np.bool_)) for flag in index)
+
+
+def _positions(index: Any, n: int) -> list[int]:
+    """The item positions a list, range, tensor or array ``index`` names among ``n`` items;
+    a boolean mask (one flag per item) names those it flags, as in a tensor storage."""
+    if isinstance(index, (torch.Tensor, np.ndarray)) and index.ndim != 1:
+        raise IndexError(f"a list storage takes a 1-D index, got one of shape {tuple(index.shape)}: "
+                         "flatten it (index.reshape(-1)) and reshape the items")
+    if _is_mask(index):
+        flags = index.tolist() if isinstance(index, (torch.Tensor, np.ndarray)) else index
+        if len(flags) != n:
+            raise IndexError(f"a boolean mask of {len(flags)} flags cannot index a storage of {n} "
+                             "items: give one flag per item")
+        return [i for i, flag in enumerate(flags) if flag]
+    if isinstance(index, (torch.Tensor, np.ndarray)):
+        return index.tolist()
+    return [int(i) for i in index]
+
+
+def _check_in_range(positions: list[int], n: int) -> None:
+    """Raise ``IndexError`` naming the first of ``positions`` that ``n`` items do not hold."""
+    for position in positions:
+        if not -n <= position < n:
+            held = f"holds {n} items (indices {-n} to {n - 1})" if n else "is empty"
+            raise IndexError(f"index {position} is out of range: the storage {held}")
+
+
 class ListStorage(Storage):
     """A storage holding items in a Python list (any object; no preallocation).
 
@@ -95,11 +130,7 @@ class ListStorage(Storage):
                 f"Cannot extend a {type(self)} with data of type {type(data)}. Provide a list, tuple, "
                 "set, range, np.ndarray, tensor or tensordict subclass instead."
             )
-        if isinstance(cursor, torch.Tensor):
-            cursor = cursor.tolist()
-        elif isinstance(cursor, np.ndarray):
-            cursor = cursor.tolist()
-        for index, item in zip(cursor, data, strict=True):
+        for index, item in zip(_positions(cursor, len(self._storage)), data, strict=True):
             self.set(index, item, set_cursor=set_cursor)
 
     def _newest_row(self) -> int | None:
@@ -115,12 +146,13 @@ class ListStorage(Storage):
             index = index[0]
         as_int = _as_int(index)
         if as_int is not None:
+            _check_in_range([as_int], len(self._storage))
             return self._storage[as_int]
         if isinstance(index, slice):
             return self._storage[index]
-        if isinstance(index, (torch.Tensor, np.ndarray)):
-            index = index.tolist()
-        return [self._storage[int(i)] for i in index]
+        positions = _positions(index, len(self._storage))
+        _check_in_range(positions, len(self._storage))
+        return [self._storage[i] for i in positions]
 
     def __len__(self) -> int:
         return len(self._storage)
@@ -194,8 +226,11 @@ class LazyStackStorage(ListStorage):
     def get(self, index: Any) -> Any:
         out = super().get(index)
         if isinstance(out, list):
+            if not out:
+                raise RuntimeError(f"index {index!r} selects none of the {len(self)} items, and a lazy "
+                                   "stack needs one at least: check that the selection is not empty")
             stack_dim = self.stack_dim
-            if stack_dim < 0 and out:
+            if stack_dim < 0:
                 stack_dim = out[0].ndim + 1 + stack_dim
             return lazy_stack(out, stack_dim)
         return out
