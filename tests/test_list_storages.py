@@ -10,7 +10,7 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict
 
 import zstore
-from zstore import LazyStackStorage, ListStorage
+from zstore import CompressedListStorage, LazyStackStorage, ListStorage
 
 torchrl_data = pytest.importorskip("torchrl.data")
 
@@ -122,7 +122,7 @@ def _steps(out) -> list[int]:
     return out["step"].tolist() if isinstance(out, LazyStackedTensorDict) else [x["step"].item() for x in out]
 
 
-@pytest.mark.parametrize("kind", [ListStorage, LazyStackStorage])
+@pytest.mark.parametrize("kind", [ListStorage, LazyStackStorage, CompressedListStorage])
 @pytest.mark.parametrize("as_mask", [torch.tensor, np.array, list], ids=["tensor", "ndarray", "list"])
 def test_a_boolean_mask_reads_the_items_it_flags(kind, as_mask):
     """A mask was read as positions (True as 1, False as 0): [T, F, T, T] returned items
@@ -136,7 +136,7 @@ def test_a_boolean_mask_reads_the_items_it_flags(kind, as_mask):
     assert _steps(ours[as_mask(flags)]) == [0, 2, 3]
 
 
-@pytest.mark.parametrize("kind", [ListStorage, LazyStackStorage])
+@pytest.mark.parametrize("kind", [ListStorage, LazyStackStorage, CompressedListStorage])
 def test_a_boolean_mask_writes_the_items_it_flags(kind):
     """A mask was read as positions (False as 0, True as 1): writing one item per flagged
     position raised zip's "argument 2 is shorter", one item per flag overwrote items 0 and 1.

@@ -61,7 +61,7 @@ from ..layout import FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, check_form
 from ..store import StoreSpec, run_deferred
 from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .leasing import LeasedWriter
-from .list import ListStorage, _as_int
+from .list import ListStorage, _as_int, _flagged, _is_mask
 from .lifecycle import collect_store, delete_store
 from .memmap import LazyMemmapStorage
 from .ragged import RaggedKey
@@ -653,7 +653,10 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         return td
 
     def _rows(self, index: Any) -> torch.Tensor:
-        rows = torch.as_tensor(index if not isinstance(index, range) else list(index))
+        if _is_mask(index):  # the items it flags, as a tensor storage reads them
+            index = _flagged(index, self._len)
+        rows = torch.as_tensor(index if not isinstance(index, range) else list(index),
+                               dtype=torch.int64)
         rows = rows.to("cpu", torch.int64).reshape(-1)
         if rows.numel():
             bad = (rows >= self._len) | (rows < -self._len)
@@ -689,7 +692,9 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                 raise TypeError(
                     f"Cannot extend a {type(self)} with data of type {type(data)}. Provide a list, "
                     "tuple, set, range, np.ndarray, tensor or tensordict subclass instead.")
-            if isinstance(cursor, (torch.Tensor, np.ndarray)):
+            if _is_mask(cursor):
+                cursor = _flagged(cursor, self._len)
+            elif isinstance(cursor, (torch.Tensor, np.ndarray)):
                 cursor = cursor.reshape(-1).tolist()
             cursor = list(cursor)
             if isinstance(data, torch.Tensor) or is_tensor_collection(data):

@@ -35,6 +35,17 @@ def _is_mask(index: Any) -> bool:
         isinstance(flag, (bool, np.bool_)) for flag in index)
 
 
+def _flagged(mask: Any, n: int) -> list[int]:
+    """The positions a 1-D boolean ``mask`` (:func:`_is_mask`) flags among ``n`` items;
+    ``IndexError`` unless it holds one flag per item."""
+    flags = mask.tolist() if isinstance(mask, (torch.Tensor, np.ndarray)) else mask
+    if np.ndim(flags) != 1 or len(flags) != n:
+        held = f"{len(flags)} flags" if np.ndim(flags) == 1 else f"shape {np.shape(flags)}"
+        raise IndexError(f"a boolean mask of {held} cannot index a storage of {n} items: "
+                         "give one flag per item")
+    return [i for i, flag in enumerate(flags) if flag]
+
+
 def _positions(index: Any, n: int) -> list[int]:
     """The item positions a list, range, tensor or array ``index`` names among ``n`` items;
     a boolean mask (one flag per item) names those it flags, as in a tensor storage."""
@@ -42,11 +53,7 @@ def _positions(index: Any, n: int) -> list[int]:
         raise IndexError(f"a list storage takes a 1-D index, got one of shape {tuple(index.shape)}: "
                          "flatten it (index.reshape(-1)) and reshape the items")
     if _is_mask(index):
-        flags = index.tolist() if isinstance(index, (torch.Tensor, np.ndarray)) else index
-        if len(flags) != n:
-            raise IndexError(f"a boolean mask of {len(flags)} flags cannot index a storage of {n} "
-                             "items: give one flag per item")
-        return [i for i, flag in enumerate(flags) if flag]
+        return _flagged(index, n)
     if isinstance(index, (torch.Tensor, np.ndarray)):
         return index.tolist()
     return [int(i) for i in index]
