@@ -21,11 +21,9 @@ demo: install
 	$(VENV)/bin/zstore demo
 
 # One pytest worker per core (pytest-xdist; TEST_WORKERS=0 runs in one process): each worker
-# starts its own moto S3 server. Each test file runs on one worker (loadfile), so the Ray tests
-# share one Ray cluster: under pytest 9, pytest-xdist 3.8's loadgroup no longer keeps an
-# xdist_group together, and each worker started a cluster of its own.
+# starts its own moto S3 server; the Ray tests share one worker (xdist_group "ray").
 TEST_WORKERS ?= auto
-XDIST = -n $(TEST_WORKERS) --dist loadfile
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
 
 test: install
 	$(PY) -m pytest $(XDIST)

@@ -26,7 +26,7 @@ pytest.importorskip("torchrl", reason="TorchRL is not installed")
 import zstore.ray as zray  # noqa: E402
 import zstore.torchrl  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # one worker: make runs --dist loadfile
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 # the actors below travel by value: Ray's workers cannot import this test module
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
