@@ -11,12 +11,13 @@ exactly. Every dataset carries a ``torch_dtype`` attribute. Format 1 (zstore's
 own segments, before TorchRL could read them) and TorchRL's files are read too.
 The file is written to a temporary name and renamed (locally), or uploaded in
 one PUT (object stores), so a crash never leaves a half-written file in place of
-a good one.
+a good one; the next local dump of that file deletes what a killed one left.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import tempfile
@@ -31,6 +32,7 @@ from tensordict import TensorDict
 
 from zstore.dtypes import torch_dtype_from_name, torch_dtype_name
 from zstore.layout import Schema
+from zstore.processes import process_tag, tag_gone_here
 from zstore.store import StoreSpec
 
 from ._base import _Configured
@@ -45,6 +47,21 @@ from ._torchrl import load_torchrl_h5
 ATTR = "zstore_checkpoint"
 #: The format this checkpointer writes (1: before TorchRL could load the files).
 FORMAT = 2
+
+
+#: The suffix of a dump's temporary file, ``.<name>.<process tag>.<random>.partial``.
+_PARTIAL = ".partial"
+
+
+def _remove_stale_partials(local_dir: str, name: str) -> None:
+    """Delete the temporary files of dumps of ``name`` into ``local_dir`` whose process is gone
+    (killed mid-dump): each is as large as the checkpoint. Those of a dump still running, or
+    of another machine, are kept."""
+    prefix = f".{name}."
+    for path in Path(local_dir).glob(f"{glob.escape(prefix)}*{_PARTIAL}"):
+        tag = path.name[len(prefix):-len(_PARTIAL)].rsplit(".", 1)[0]
+        if tag_gone_here(tag):
+            path.unlink(missing_ok=True)
 
 
 class H5StorageCheckpointer(_Configured):
@@ -110,7 +127,9 @@ class H5StorageCheckpointer(_Configured):
         local_dir = dest.url if dest.spec.is_local else None
         if local_dir:
             Path(local_dir).mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=local_dir)
+            _remove_stale_partials(local_dir, name)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.{process_tag()}.", suffix=_PARTIAL,
+                                   dir=local_dir)
         os.close(fd)
         try:
             with h5py.File(tmp, "w") as f:

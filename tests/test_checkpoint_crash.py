@@ -21,6 +21,7 @@ from checkpoint import (
     _dest,
 )
 from zstore import LazyTensorStorage
+from zstore.processes import process_tag
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
@@ -131,14 +132,18 @@ def test_killed_h5_dump_keeps_the_previous_file(killed, name):
     assert torch.equal(load(killed[name], "h5"), expected(1))
 
 
-def test_killed_h5_dump_into_a_directory_leaves_a_dot_name_the_next_dump_passes(killed):
+def test_killed_h5_dump_into_a_directory_leaves_a_dot_name_the_next_dump_removes(killed):
+    """The killed dump's temporary file, as large as the checkpoint, was left for good."""
     dest = Path(killed["h5-dir"])
     (leftover,) = dest.glob(".checkpoint.h5.*.partial")  # the killed dump's temporary file
+    running = dest / f".checkpoint.h5.{process_tag()}.abc123.partial"  # a live dump's
+    running.touch()
     storage = LazyTensorStorage(64)
     storage.checkpointer = H5StorageCheckpointer()
     storage.loads(dest)
     storage.dumps(dest)
     assert torch.equal(load(str(dest), "h5"), expected(1))
+    assert not leftover.exists() and running.exists()
 
 
 def test_first_dump_killed_fails_clearly(killed):

@@ -43,6 +43,7 @@ from typing import Any
 
 from .conditional import Token, objects_for
 from .errors import LeaseError
+from .processes import boot_id, gone_here
 from .sigterm import shielded
 from .store import StoreSpec, defer_memory_work, run_deferred
 
@@ -65,37 +66,9 @@ def _owner_id() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
 
 
-def _boot_id() -> str | None:
-    """This machine's boot id (Linux), so a host name shared by two machines is not enough."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
 def _dead_here(holder: dict[str, Any]) -> bool:
     """Whether the holder was a process of this machine (same boot) that no longer runs."""
-    boot = _boot_id()
-    if boot is None or holder.get("boot_id") != boot or holder.get("host") != socket.gethostname():
-        return False
-    try:
-        pid = int(holder["pid"])
-    except (KeyError, TypeError, ValueError):
-        return False
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    try:  # killed but not reaped yet: a zombie runs no more
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
+    return gone_here(holder.get("host"), holder.get("boot_id"), holder.get("pid"))
 
 
 def _describe(holder: dict[str, Any], now: float) -> str:
@@ -135,7 +108,7 @@ class Lease:
 
     def _record(self, now: float, acquired: float) -> bytes:
         return json.dumps({"version": 1, "owner": self.owner, "host": socket.gethostname(),
-                           "pid": os.getpid(), "boot_id": _boot_id(),
+                           "pid": os.getpid(), "boot_id": boot_id(),
                            "acquired": acquired, "renewed": now, "ttl": self.ttl}).encode()
 
     def ensure(self) -> bool:

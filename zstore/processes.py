@@ -1,0 +1,58 @@
+"""Which process of which machine wrote something, and whether it still runs.
+
+A lease (:mod:`zstore.lease`) and a checkpoint's temporary file (:mod:`checkpoint._h5`)
+record the process that made them: its host name, the machine's boot id and its pid. A
+later process of the same machine (same host name and boot id, so a host name shared by two
+machines is not enough) can then tell that the maker is gone, and take over or clean up at
+once instead of waiting out a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+def boot_id() -> str | None:
+    """This machine's boot id (Linux; ``None`` elsewhere)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def gone_here(host: object, boot: object, pid: object) -> bool:
+    """Whether ``pid`` was a process of this machine (``host`` and ``boot`` its host name and
+    boot id) that no longer runs; ``False`` when that cannot be told."""
+    here = boot_id()
+    if here is None or boot != here or host != socket.gethostname():
+        return False
+    try:
+        pid = int(pid)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    try:  # killed but not reaped yet: a zombie runs no more
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def process_tag() -> str:
+    """``pid@host@boot id``: this process, in a form a file name can carry."""
+    return f"{os.getpid()}@{socket.gethostname()}@{boot_id()}"
+
+
+def tag_gone_here(tag: str) -> bool:
+    """Whether the process of :func:`process_tag` ``tag`` ran on this machine and is gone."""
+    parts = tag.split("@")
+    return len(parts) == 3 and gone_here(parts[1], parts[2], parts[0])
