@@ -46,7 +46,6 @@ from ._chunks import (
     DAMAGED,
     read_raw,
     require_stored,
-    stored_keys,
     storing_every_chunk,
     write_raw,
 )
@@ -219,7 +218,7 @@ class _ChunkWriter(NamedTuple):
                 ) -> dict[str, tuple[int, np.ndarray]]:
         """The plan of the chunks ``plan`` covers that the generation does not hold (one
         listing): those the previous generation lacked, so none was carried over."""
-        stored = stored_keys(self.spec)
+        stored = self.spec.objects()
         lost = {}
         for leaf in schema.leaves:
             chunk, mask = plan[leaf.path]
@@ -325,7 +324,7 @@ def load_buffer(storage: TensorCheckpointable, dest: Destination,
 
     def read(lo: int, hi: int) -> dict[str, torch.Tensor]:
         if not raw:
-            return _read(arrays, schema, lo, hi)
+            return _read(arrays, schema, lo, hi, spec.redacted())
         values = {leaf.path: np.empty((hi - lo, *leaf.shape), dtype=storage_numpy_dtype(leaf.dtype))
                   for leaf in schema.leaves}
         read_raw(spec, [(path, value, lo, meta.layout[path][0]) for path, value in values.items()],
@@ -421,7 +420,9 @@ def _in_memory_columns(storage: Any, schema) -> dict[str, np.ndarray] | None:
         storage_numpy_dtype(leaf.dtype)) for leaf in schema.leaves}
 
 
-def _read(arrays, schema, lo: int, hi: int) -> dict[str, torch.Tensor]:
+def _read(arrays, schema, lo: int, hi: int, where: str) -> dict[str, torch.Tensor]:
+    """Rows ``[lo, hi)`` of every key through zarr; a failure names the checkpoint ``where``,
+    the key and the rows, and a chunk that does not decode says the checkpoint is damaged."""
     async def run():
         return await asyncio.gather(*[arrays[leaf.path].getitem(slice(lo, hi))
                                       for leaf in schema.leaves], return_exceptions=True)
@@ -429,7 +430,9 @@ def _read(arrays, schema, lo: int, hi: int) -> dict[str, torch.Tensor]:
     out = {}
     for leaf, result in zip(schema.leaves, sync(run())):
         if isinstance(result, BaseException):
-            raise CheckpointError(f"cannot read rows {lo}:{hi} of key {leaf.path!r}: {result}") \
-                from result
+            damaged = "" if isinstance(result, OSError) else (
+                "; the checkpoint is damaged (a chunk does not decode): load an intact copy")
+            raise CheckpointError(f"{where}: cannot read rows {lo}:{hi} of key {leaf.path!r} "
+                                  f"({type(result).__name__}: {result}){damaged}") from result
         out[leaf.path] = as_torch(result, leaf.dtype)
     return out

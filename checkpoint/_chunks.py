@@ -169,7 +169,7 @@ def require_stored(spec: StoreSpec, arrays: Mapping[str, Any], rows: int | None 
     """Raise :func:`missing_chunk_error` unless every chunk object of ``arrays`` (``{path
     below spec: zarr async array}`` chunked along rows only; of rows ``[0, rows)`` when
     given) is stored at ``spec``: one listing, where zarr would read a missing chunk as zeros."""
-    stored = stored_keys(spec)
+    stored = spec.objects()
     root = spec.filesystem()[1].rstrip("/")
     for path, array in arrays.items():
         for key in _chunk_keys(path, array, rows):
@@ -188,10 +188,3 @@ def _chunk_keys(path: str, array: Any, rows: int | None) -> list[str]:
     chunks = -(-(array.shape[0] if rows is None else rows) // array.chunks[0])
     return [chunk_key(path, len(array.shape), i, separator) for i in range(chunks)]
 
-
-def stored_keys(spec: StoreSpec) -> set[str]:
-    """The keys (relative to ``spec``) of every object stored below it: one listing."""
-    fs, root = spec.filesystem()
-    fs.invalidate_cache(root)
-    prefix = root.rstrip("/") + "/"
-    return {path[len(prefix):] for path in fs.find(root) if path.startswith(prefix)}

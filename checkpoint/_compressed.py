@@ -61,38 +61,20 @@ def listing(spec: StoreSpec) -> dict[str, Mapping[str, Any]]:
     """``{relative path: fsspec-style info}`` of the objects below ``spec`` (no lease, no
     partials); local directories are walked directly (fsspec's ``find`` is several times
     slower there)."""
-    if spec.is_local:
+    if not spec.is_local:
+        found = spec.objects()
+    else:
         found = {}
         for folder, _, names in os.walk(spec.url):
             for name in names:
                 path = os.path.join(folder, name)
                 with contextlib.suppress(FileNotFoundError):
                     st = os.stat(path)
-                    found[path] = {"size": st.st_size, "mtime": st.st_mtime_ns,
-                                   "ino": st.st_ino, "created": st.st_ctime_ns}
-        prefix = spec.url
-    else:
-        fs, prefix = spec.filesystem()
-        fs.invalidate_cache()
-        for attempt in range(3):
-            try:
-                found = fs.find(prefix, detail=True)
-                break
-            except FileNotFoundError:
-                return {}
-            except RuntimeError:
-                # memory:// is one dict, iterated by find: a garbage collection in the middle
-                # can run an owned storage's finalizer that deletes from it ("dictionary
-                # changed size"); the finalizer has finished by now, so list again
-                if not spec.is_memory or attempt == 2:
-                    raise
-    prefix = prefix.rstrip("/")
-    out = {}
-    for path, info in found.items():
-        rel = path[len(prefix):].lstrip("/").replace(os.sep, "/")
-        if rel and rel != LEASE_NAME and not rel.rsplit("/", 1)[-1].endswith(".partial"):
-            out[rel] = info
-    return out
+                    found[os.path.relpath(path, spec.url).replace(os.sep, "/")] = {
+                        "size": st.st_size, "mtime": st.st_mtime_ns,
+                        "ino": st.st_ino, "created": st.st_ctime_ns}
+    return {rel: info for rel, info in found.items()
+            if rel and rel != LEASE_NAME and not rel.rsplit("/", 1)[-1].endswith(".partial")}
 
 
 def signature(info: Mapping[str, Any]) -> tuple:

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from zstore.credentials import credentials_named
+from zstore.credentials import store_errors_named
 from zstore.errors import ZStoreError
 from zstore.progress import progress
 from zstore.store import StoreSpec
@@ -112,7 +112,7 @@ class Destination:
         """A JSON object below the destination, or None when absent."""
         self.fs.invalidate_cache()
         try:
-            with credentials_named(self.redacted()):
+            with store_errors_named(self.redacted()):
                 raw = self.fs.cat_file(self.path_of(name))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
@@ -170,7 +170,7 @@ class Destination:
         """Names directly below the destination ([] when it does not exist)."""
         self.fs.invalidate_cache()
         try:
-            with credentials_named(self.redacted()):
+            with store_errors_named(self.redacted()):
                 entries = self.fs.ls(self.root, detail=False)
         except (FileNotFoundError, NotADirectoryError):
             return []

@@ -70,6 +70,25 @@ def test_a_missing_chunk_object_fails_the_load_instead_of_reading_zeros(location
     assert lost.rsplit("/", 3)[-1] in str(caught.value)
 
 
+def test_a_corrupt_compressed_chunk_names_the_checkpoint_and_the_key(location):
+    """Flipped bytes in a zstd chunk fail the load naming the checkpoint, the key and the rows
+    (the error named the key alone: not which of a run's checkpoints was damaged)."""
+    dest = spec(location, "ck")
+    _dumped("zstd", dest)
+    fs, _ = dest.filesystem()
+    damaged = next(path for path in _chunk_objects(dest, "obs")
+                   if re.search(r"/gen-[^/]+/obs/c", path))  # not next/obs's
+    data = bytearray(fs.cat_file(damaged))
+    data[8:24] = bytes(b ^ 0xFF for b in data[8:24])
+    fs.pipe_file(damaged, bytes(data))
+    with pytest.raises(CheckpointError) as caught:
+        _loaded("zstd", dest)
+    message = str(caught.value)
+    assert dest.url in message and "of key 'obs'" in message, message
+    assert message.endswith("the checkpoint is damaged (a chunk does not decode): load an "
+                            "intact copy"), message
+
+
 @pytest.mark.parametrize("name", CHUNKED)
 def test_all_zero_rows_round_trip(tmp_path, name):
     """Chunks of zeros are stored too (zarr skips them by default): they load as zeros."""

@@ -120,29 +120,39 @@ def test_ray_replay_buffer_survives_kill(ray_cluster, location):
 
 
 DRIVER = """
-import sys, torch, ray, zstore.ray as zray
+import atexit, sys, torch, ray, zstore.ray as zray
 from tensordict import TensorDict
+hooks, register, unregister = [], atexit.register, atexit.unregister
+atexit.register = lambda f, *a, **k: (hooks.append(f), register(f, *a, **k))[1]
+atexit.unregister = lambda f: (hooks.__setitem__(slice(None), [h for h in hooks if h != f]),
+                               unregister(f))[1]
 ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False)
-buffer = zray.replay_buffer(sys.argv[2], int(sys.argv[3]), autocommit_seconds=float("inf"),
-                            remote_config={"num_cpus": 0})
 serial = torch.arange(50)
-buffer.extend(TensorDict(meta=torch.stack([torch.zeros_like(serial), serial], 1),
-                         obs=serial[:, None].float().expand(50, 3).clone(), batch_size=[50]))
-"""  # a driver that ends without zstore.ray.close (its actor then dies with it)
+buffers = []
+for url in sys.argv[2:4]:
+    buffers.append(zray.replay_buffer(url, int(sys.argv[4]), autocommit_seconds=float("inf"),
+                                      remote_config={"num_cpus": 0}))
+    buffers[-1].extend(TensorDict(meta=torch.stack([torch.zeros_like(serial), serial], 1),
+                                  obs=serial[:, None].float().expand(50, 3).clone(),
+                                  batch_size=[50]))
+ours = [h for h in hooks if getattr(h, "__module__", None) == "zstore.ray"]
+assert len(ours) == 1, f"each buffer registered an exit hook of its own: {ours}"
+"""  # a driver that ends without zstore.ray.close (its actors then die with it)
 
 
 def test_a_driver_ending_without_close_commits(ray_cluster, tmp_path):
-    """Its rows were lost with the actor Ray kills when the driver ends (they are committed
-    at the driver's exit now)."""
+    """Its rows were lost with the actors Ray kills when the driver ends (they are committed
+    at the driver's exit now, by one exit hook however many buffers it built)."""
     import subprocess
 
-    url = str(tmp_path / "rb")
+    urls = [str(tmp_path / "rb"), str(tmp_path / "rb2")]
     address = ray.get_runtime_context().gcs_address
-    subprocess.run([sys.executable, "-c", DRIVER, address, url, str(CAPACITY)], check=True,
+    subprocess.run([sys.executable, "-c", DRIVER, address, *urls, str(CAPACITY)], check=True,
                    timeout=DEADLINE)
-    reader = zstore.open(url, mode="r")
-    assert len(reader) == 50
-    check_rows(reader.get(torch.arange(50)), 0, torch.arange(50))
+    for url in urls:
+        reader = zstore.open(url, mode="r")
+        assert len(reader) == 50
+        check_rows(reader.get(torch.arange(50)), 0, torch.arange(50))
 
 
 def test_a_memory_url_is_refused(ray_cluster):
@@ -154,10 +164,9 @@ def test_a_memory_url_is_refused(ray_cluster):
 def test_an_unreachable_store_fails_when_built(ray_cluster):
     """The store's own error, from the build, naming the URL (not an ActorDiedError at the
     first use, its cause buried under an unrelated internal error)."""
-    from botocore.exceptions import EndpointConnectionError
-
-    unreachable = {"endpoint_url": "http://127.0.0.1:9", "key": "testing", "secret": "testing"}
-    with pytest.raises(EndpointConnectionError) as error:
+    unreachable = {"endpoint_url": "http://127.0.0.1:9", "key": "testing", "secret": "testing",
+                   "config_kwargs": {"retries": {"max_attempts": 1}}}
+    with pytest.raises(ConnectionError, match="its server cannot be reached") as error:
         zray.replay_buffer("s3://zstore-tests/rb", 10, storage_options=unreachable,
                            remote_config={"num_cpus": 0})
     assert "could not open s3://zstore-tests/rb" in " ".join(error.value.__notes__)

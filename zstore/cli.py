@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from . import __version__
 from . import cli_commands as _commands
 from .cli_commands import PROG, UsageError, add_storage_options, codec_name, positive_int
-from .credentials import CHECK_CREDENTIALS
+from .credentials import CHECK_CREDENTIALS, CHECK_ENDPOINT
 from .errors import OPEN_READ_ONLY, StoreExistsError, ZStoreError
 
 if TYPE_CHECKING:
@@ -160,6 +160,13 @@ def _named(*names: str) -> Callable[[BaseException], bool]:
     return lambda exc: any(cls.__name__ in names for cls in type(exc).__mro__)
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """A client's error for a server it could not reach; not zstore's wording of one (it
+    comes from the client's, and gives the fix for Python callers)."""
+    return (_named("ConnectionError", "ClientConnectionError")(exc)
+            and not str(exc).endswith(CHECK_ENDPOINT))
+
+
 def _denied(exc: BaseException) -> bool:
     """A ``PermissionError`` (s3fs's 403), or a botocore ``ClientError`` with HTTP status 403."""
     response = getattr(exc, "response", None)
@@ -220,7 +227,7 @@ def error_message(exc: BaseException, args: argparse.Namespace) -> str:
 
     if _cause(exc, _named("NoCredentialsError", "PartialCredentialsError")):
         text = f"no credentials to access {remote}: {_CREDENTIALS} (-o anon=true for a public bucket)"
-    elif cause := _cause(exc, _named("ConnectionError", "ClientConnectionError")):
+    elif cause := _cause(exc, _unreachable):
         text = f"cannot connect to the server: {about(cause)}; {_connection_fix(stores)}"
     elif isinstance(exc, StoreExistsError):  # its advice (existsok=True) is for Python callers
         destination = stores[-1].redacted() if stores else where  # DST, or the command's URL

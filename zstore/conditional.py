@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from .credentials import credentials_named
+from .credentials import store_errors_named
 from .errors import folder_not_writable
 from .store import StoreSpec
 
@@ -203,7 +203,7 @@ class S3Objects(ConditionalObjects):
                     out["Data"] = await body.read()
             return out
 
-        with credentials_named(self.spec.redacted()):
+        with store_errors_named(self.spec.redacted()):
             result = sync(fs.loop, run)
         fs.invalidate_cache(path)
         return result

@@ -1,6 +1,7 @@
-"""Errors about credentials, the same whichever client met them: botocore's missing
-credentials become :class:`~zstore.errors.NoCredentialsError`, and a server's refusal of them
-a ``PermissionError``; both name the store and what to do.
+"""Errors about credentials and reaching a store, the same whichever client met them:
+botocore's missing credentials become :class:`~zstore.errors.NoCredentialsError`, a server's
+refusal of them a ``PermissionError``, and a server that cannot be reached a
+``ConnectionError``; each names the store and what to do.
 """
 
 from __future__ import annotations
@@ -45,14 +46,36 @@ def credentials_error(exc: BaseException, where: str) -> PermissionError | None:
     return None
 
 
+#: What to check when a store's server cannot be reached.
+CHECK_ENDPOINT = ("check the server's address (for S3, storage_options endpoint_url or "
+                  "AWS_ENDPOINT_URL; else the host and port in the URL), that the server is "
+                  "running, and that this machine can reach it")
+
+#: Errors of clients that never reached the server: ``(module prefix, class name)``.
+_UNREACHABLE = {("botocore", "EndpointConnectionError"), ("botocore", "ConnectTimeoutError"),
+                ("aiohttp", "ClientConnectorError"), ("builtins", "ConnectionRefusedError")}
+
+
+def unreachable_error(exc: BaseException, where: str) -> ConnectionError | None:
+    """A ``ConnectionError`` naming the store at ``where`` and what to check when ``exc`` (or
+    an error it comes from) says its server could not be reached; ``None`` otherwise."""
+    error: BaseException | None = exc
+    while error is not None and not isinstance(error, ZStoreError):
+        if (type(error).__module__.split(".")[0], type(error).__name__) in _UNREACHABLE:
+            return ConnectionError(f"{where}: its server cannot be reached "
+                                   f"({type(error).__name__}: {error}); {CHECK_ENDPOINT}")
+        error = error.__cause__ or error.__context__
+    return None
+
+
 @contextlib.contextmanager
-def credentials_named(where: str) -> Iterator[None]:
-    """Raise :func:`credentials_error` (about the store at ``where``) in place of the errors
-    of the block that it covers."""
+def store_errors_named(where: str) -> Iterator[None]:
+    """Raise :func:`credentials_error` or :func:`unreachable_error` (about the store at
+    ``where``) in place of the errors of the block that it covers."""
     try:
         yield
     except Exception as exc:
-        error = credentials_error(exc, where)
+        error = credentials_error(exc, where) or unreachable_error(exc, where)
         if error is None:
             raise
         raise error from exc

@@ -34,7 +34,7 @@ from zarr.errors import GroupNotFoundError, NodeNotFoundError
 from zarr.storage import LocalStore, MemoryStore, StorePath
 
 from . import _faults
-from .credentials import credentials_error
+from .credentials import credentials_error, unreachable_error
 from .errors import NoCredentialsError, NotAZStoreError, StoreNotFoundError, ZStoreError
 from .store import StoreSpec
 
@@ -112,12 +112,16 @@ def store_io_error(what: str, exc: Exception, where: str) -> OSError:
     """An ``OSError`` (of ``exc``'s type when it is one) saying ``what`` failed at ``where``
     (the store, named once: an error that starts with it loses that start) and why; botocore's
     missing credentials and a server's refusal as :func:`~zstore.credentials.credentials_error`
-    words them, with the fix."""
+    words them, a server out of reach as :func:`~zstore.credentials.unreachable_error` does,
+    with the fix."""
     refused = credentials_error(exc, where)
     if isinstance(refused, NoCredentialsError):
         return refused
     if refused is not None:
         return PermissionError(f"{what} {refused}")
+    unreachable = unreachable_error(exc, where)
+    if unreachable is not None:
+        return ConnectionError(f"{what} {unreachable}")
     if isinstance(exc, PermissionError) and exc.filename:  # a local file the OS refused
         return PermissionError(f"{what} {where}: permission denied on {exc.filename}; check the "
                                f"permissions of {where} and of the files in it")

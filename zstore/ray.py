@@ -46,6 +46,10 @@ __all__ = ["PrefixEnsemble", "close", "commit", "ensemble", "member_url", "open_
 MEMBER_PATTERN = "collector-*"
 
 
+#: The buffers :func:`replay_buffer` built that are still referenced, for :func:`_commit_at_exit`.
+_LEFT_OPEN: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
 def require_ray() -> Any:
     """Import Ray, or say how to install it."""
     try:
@@ -162,9 +166,11 @@ def replay_buffer(url: str, capacity: int, *, storage_options: Mapping[str, Any]
                               autocommit_seconds=autocommit_seconds, lease_ttl=lease_ttl,
                               **dict(storage_kwargs or {}))
     buffer = _open_in_actor(RayReplayBuffer(storage=factory, **kwargs), spec)
-    # Ray kills a job's actors when its driver exits: commit first (Ray's own exit hook,
-    # registered at ray.init, runs after this one)
-    atexit.register(_commit_at_exit, weakref.ref(buffer))
+    _LEFT_OPEN.add(buffer)
+    # Ray kills a job's actors when its driver exits: commit first. Exit hooks run newest
+    # first, and Ray registers its own at each ray.init: hence one hook, registered anew
+    atexit.unregister(_commit_at_exit)
+    atexit.register(_commit_at_exit)
     return buffer
 
 
@@ -253,13 +259,15 @@ def close(buffer: Any) -> int | None:
     return length
 
 
-def _commit_at_exit(buffer_ref: weakref.ref) -> None:
-    """Commit a buffer its driver leaves open (an ``atexit`` hook of :func:`replay_buffer`)."""
-    buffer = buffer_ref()
+def _commit_at_exit() -> None:
+    """Commit the buffers a driver leaves open (the ``atexit`` hook of :func:`replay_buffer`)."""
     ray = require_ray()
-    if buffer is not None and buffer.is_alive and ray.is_initialized():
-        with contextlib.suppress(ray.exceptions.RayActorError):  # killed: nothing to commit
-            commit(buffer)
+    if not ray.is_initialized():
+        return
+    for buffer in list(_LEFT_OPEN):
+        if buffer.is_alive:
+            with contextlib.suppress(ray.exceptions.RayActorError):  # killed: nothing to commit
+                commit(buffer)
 
 
 class PrefixEnsemble(StorageEnsemble):

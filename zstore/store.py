@@ -34,7 +34,7 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import FsspecStore, LocalStore, ObjectStore
 
 from ._aws_credentials import botocore_chain
-from .credentials import no_credentials_error
+from .credentials import no_credentials_error, store_errors_named
 from .errors import BackendNotInstalledError, NotAZStoreError, ReadOnlyError, StoreNotFoundError
 
 _INSTALL_HINTS = {
@@ -269,7 +269,29 @@ class StoreSpec:
         if self.is_local:
             return Path(self.url).exists()
         fs, path = self.filesystem()
-        return fs.exists(path)
+        with store_errors_named(self.redacted()):
+            return fs.exists(path)
+
+    def objects(self) -> dict[str, dict[str, Any]]:
+        """``{key relative to this location: fsspec info}`` of every object stored below it, in
+        one listing (empty when nothing is there)."""
+        fs, root = self.filesystem()
+        fs.invalidate_cache(root)
+        for attempt in range(3):
+            try:
+                found = fs.find(root, detail=True)
+                break
+            except FileNotFoundError:
+                return {}
+            except RuntimeError:
+                # memory:// is one dict, iterated by find: a garbage collection in the middle
+                # can run an owned storage's finalizer that deletes from it ("dictionary
+                # changed size"); the finalizer has finished by now, so list again
+                if not self.is_memory or attempt == 2:
+                    raise
+        prefix = root.rstrip("/") + "/"
+        return {path[len(prefix):].replace(os.sep, "/"): info
+                for path, info in found.items() if path.startswith(prefix)}
 
     def stored_bytes(self, ignore: tuple[str, ...] = ()) -> int:
         """Bytes of every object at or below this location (0 when nothing is there),

@@ -94,7 +94,7 @@ def dumps(rb: Any, url: str | os.PathLike,
                 "what it would have to unpickle. Save the transforms' state_dict() yourself "
                 "(e.g. as tensors), or use rb.dumps(local_path)")
         files = [rel for rel in files if rel != PREFETCH]  # transient; a pickle
-        for old in _state_files(fs, root):
+        for old in _state_files(spec):
             if old not in files:
                 fs.rm_file(f"{root}/{old}")  # of an earlier save (e.g. a transform since removed)
         for rel in sorted(files, key=lambda f: f == METADATA):
@@ -116,7 +116,7 @@ def loads(rb: Any, url: str | os.PathLike,
         raise FileNotFoundError(
             f"no replay-buffer checkpoint at {spec.redacted()}: {METADATA} is missing "
             "(zstore.torchrl.dumps writes it last; save there first)")
-    found = _state_files(fs, root)
+    found = _state_files(spec)
     pickled = sorted(set(found) & {PREFETCH, TRANSFORM})
     if pickled:
         raise ValueError(
@@ -132,10 +132,6 @@ def loads(rb: Any, url: str | os.PathLike,
         rb.loads(local)
 
 
-def _state_files(fs: Any, root: str) -> list[str]:
-    """The files of a save at ``root`` besides the storage's checkpoint, relative to it."""
-    if not fs.exists(root):
-        return []
-    prefix = fs._strip_protocol(root).rstrip("/") + "/"
-    found = (path[len(prefix):] for path in fs.find(root) if path.startswith(prefix))
-    return sorted(rel for rel in found if rel.split("/")[0] != STORAGE)
+def _state_files(spec: StoreSpec) -> list[str]:
+    """The files of a save at ``spec`` besides the storage's checkpoint, relative to it."""
+    return sorted(rel for rel in spec.objects() if rel.split("/")[0] != STORAGE)

@@ -943,9 +943,9 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                  "lease_ttl": self.lease_ttl, "autocommit_seconds": self.autocommit_seconds}
         if self.spec.is_memory:
             fs, root = self.spec.filesystem()
-            files = fs.find(root) if self._root is not None else []
-            state["files"] = {f[len(root):].lstrip("/"): fs.cat_file(f) for f in files
-                              if f[len(root):].lstrip("/") != LEASE_NAME}
+            keys = self.spec.objects() if self._root is not None else {}
+            state["files"] = {key: fs.cat_file(f"{root}/{key}") for key in keys
+                              if key != LEASE_NAME}
         else:
             state["spec"] = self.spec.to_json()
         return state
