@@ -281,6 +281,30 @@ def test_a_member_that_cannot_be_reopened_is_named_with_its_ensemble(location):
         member.close()
 
 
+def test_an_ensemble_that_holds_itself_is_refused_when_recorded_and_when_opened(tmp_path):
+    """Two ensembles recorded as each other's member made ``zstore.open`` recurse until
+    ``RecursionError``. Recording such a cycle is refused; one written in the store by other
+    means fails the open naming the cycle. Reference: the ensembles without it reopen."""
+    member = filled(zstore.LazyMemmapStorage(10, scratch_dir=str(tmp_path / "m")), 0, 2)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    inner = zstore.StorageEnsemble(member, scratch_dir=a)
+    outer = zstore.StorageEnsemble(inner, scratch_dir=b)
+    with pytest.raises(ValueError, match=r"member 1 \(StorageEnsemble\) at \S+/b holds this "
+                                         r"ensemble, and an ensemble cannot hold itself"):
+        zstore.StorageEnsemble(member, outer, scratch_dir=a)
+    assert len(zstore.open(b, mode="r")) == 1 and len(zstore.open(a, mode="r")) == 1
+
+    meta_path = tmp_path / "a" / "zarr.json"  # the cycle, written by other means
+    meta = json.loads(meta_path.read_text())
+    meta["attributes"]["zstore"]["members"].append(b)
+    meta_path.write_text(json.dumps(meta))
+    for url, cycle in ((a, f"{a} -> {b} -> {a}"), (b, f"{b} -> {a} -> {b}")):
+        with pytest.raises(NotAZStoreError) as caught:
+            zstore.open(url, mode="r")
+        assert f"this StorageEnsemble is its own member, through {cycle}" in str(caught.value)
+    member.close()
+
+
 def test_a_member_error_keeps_its_type_and_fix(tmp_path):
     """A member written by a newer zstore: the error names the member and the ensemble, and
     stays a FormatVersionError that says to upgrade."""

@@ -20,6 +20,7 @@ ensemble's URL when they live under it, absolute URLs otherwise)::
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import textwrap
 from collections import OrderedDict
@@ -246,6 +247,10 @@ class StorageEnsemble(Storage):
         if not isinstance(spec, StoreSpec):
             raise TypeError(f"{where} does not live in a store; every member must be a storage "
                             "at a URL (LazyMemmapStorage, CompressedListStorage, StorageEnsemble)")
+        if isinstance(storage, StorageEnsemble) and self.spec.url in _urls_within(storage):
+            raise ValueError(f"{where} at {spec.redacted()} holds this ensemble, and an "
+                             "ensemble cannot hold itself (reopening it would never end): "
+                             "record the members that member holds instead")
         if autocommit.is_temporary(storage):
             raise ValueError(f"{where} is a temporary store deleted at exit ({spec.redacted()}); "
                              "give it a scratch_dir")
@@ -292,11 +297,43 @@ class StorageEnsemble(Storage):
         if not isinstance(members, list) or not all(
                 isinstance(m, str) and m and ".." not in m.split("/") for m in members):
             raise NotAZStoreError(f"{where}: malformed StorageEnsemble block (members {members!r})")
-        self = cls(*(_reopened_member(spec, i, ref, cache_bytes=cache_bytes, cache=cache,
-                                      device=device, lease_ttl=lease_ttl)
-                     for i, ref in enumerate(members)))
+        opening = _OPENING.get()
+        if spec.url in opening:
+            raise _CycleError(
+                f"{where}: this StorageEnsemble is its own member, through "
+                f"{' -> '.join([*opening[opening.index(spec.url):], spec.url])}; record the "
+                "ensembles again so that none holds itself")
+        token = _OPENING.set((*opening, spec.url))
+        try:
+            self = cls(*(_reopened_member(spec, i, ref, cache_bytes=cache_bytes, cache=cache,
+                                          device=device, lease_ttl=lease_ttl)
+                         for i, ref in enumerate(members)))
+        finally:
+            _OPENING.reset(token)
         self.spec = spec
         return self
+
+
+class _CycleError(NotAZStoreError):
+    """An ensemble that holds itself, raised as it is through every ensemble being reopened."""
+
+
+#: The URLs of the ensembles being reopened in this context, outermost first (a cycle guard).
+_OPENING: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("zstore_ensembles",
+                                                                         default=())
+
+
+def _urls_within(storage: Storage, seen: set[int] | None = None) -> set[str]:
+    """The URLs of ``storage`` and, for an ensemble, of every member, however deep."""
+    seen = set() if seen is None else seen
+    if id(storage) in seen:
+        return set()
+    seen.add(id(storage))
+    spec = getattr(storage, "spec", None)
+    urls = {spec.url} if isinstance(spec, StoreSpec) else set()
+    for member in storage._storages if isinstance(storage, StorageEnsemble) else ():
+        urls |= _urls_within(member, seen)
+    return urls
 
 
 def _reopened_member(spec: StoreSpec, i: int, ref: str, **options: Any) -> Storage:
@@ -307,6 +344,8 @@ def _reopened_member(spec: StoreSpec, i: int, ref: str, **options: Any) -> Stora
     member = StoreSpec.parse(url, spec.storage_options, read_only=spec.read_only)
     try:
         return reopen(member, **options)
+    except _CycleError:
+        raise  # names the whole cycle already
     except (ZStoreError, OSError) as exc:
         if isinstance(exc, (StoreNotFoundError, NotAZStoreError)):
             fix = ("restore it, or record the ensemble again without it "
