@@ -162,7 +162,8 @@ def _named(*names: str) -> Callable[[BaseException], bool]:
 
 def _unreachable(exc: BaseException) -> bool:
     """A client's error for a server it could not reach; not zstore's wording of one (it
-    comes from the client's, and gives the fix for Python callers)."""
+    comes from the client's, and gives the fix for Python callers), used only where no
+    client error names the cause (obstore's is a generic one)."""
     return (_named("ConnectionError", "ClientConnectionError")(exc)
             and not str(exc).endswith(CHECK_ENDPOINT))
 
@@ -227,8 +228,9 @@ def error_message(exc: BaseException, args: argparse.Namespace) -> str:
 
     if _cause(exc, _named("NoCredentialsError", "PartialCredentialsError")):
         text = f"no credentials to access {remote}: {_CREDENTIALS} (-o anon=true for a public bucket)"
-    elif cause := _cause(exc, _unreachable):
-        text = f"cannot connect to the server: {about(cause)}; {_connection_fix(stores)}"
+    elif cause := _cause(exc, _unreachable) or _cause(exc, _named("ConnectionError")):
+        reason = str(cause).removesuffix(f"; {CHECK_ENDPOINT}")  # the fix for Python callers
+        text = f"cannot connect to the server: {about(reason)}; {_connection_fix(stores)}"
     elif isinstance(exc, StoreExistsError):  # its advice (existsok=True) is for Python callers
         destination = stores[-1].redacted() if stores else where  # DST, or the command's URL
         text = (f"{destination} already exists and holds a zstore buffer: choose another "

@@ -34,7 +34,7 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import FsspecStore, LocalStore, ObjectStore
 
 from ._aws_credentials import botocore_chain
-from .credentials import no_credentials_error, store_errors_named
+from .credentials import CHECK_ENDPOINT, no_credentials_error, store_errors_named
 from .errors import BackendNotInstalledError, NotAZStoreError, ReadOnlyError, StoreNotFoundError
 
 _INSTALL_HINTS = {
@@ -620,7 +620,7 @@ def _obstore_error(exc: Exception, where: str) -> Exception:
             or "403 Forbidden" in first:
         return PermissionError(f"{where}: {first}")
     if "error sending request" in first:
-        return ConnectionError(f"{where}: {first}")
+        return ConnectionError(f"{where}: its server cannot be reached ({first}); {CHECK_ENDPOINT}")
     if type(exc).__name__ == "GenericError":
         return OSError(f"{where}: {first}")
     return exc
