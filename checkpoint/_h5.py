@@ -11,7 +11,8 @@ exactly. Every dataset carries a ``torch_dtype`` attribute. Format 1 (zstore's
 own segments, before TorchRL could read them) and TorchRL's files are read too.
 The file is written to a temporary name and renamed (locally), or uploaded in
 one PUT (object stores), so a crash never leaves a half-written file in place of
-a good one; the next local dump of that file deletes what a killed one left.
+a good one; the next dump of that file deletes what a killed one left (in the
+destination, or in the temporary directory for an object store).
 """
 
 from __future__ import annotations
@@ -53,15 +54,16 @@ FORMAT = 2
 _PARTIAL = ".partial"
 
 
-def _remove_stale_partials(local_dir: str, name: str) -> None:
-    """Delete the temporary files of dumps of ``name`` into ``local_dir`` whose process is gone
-    (killed mid-dump): each is as large as the checkpoint. Those of a dump still running, or
-    of another machine, are kept."""
+def _remove_stale_partials(folder: str, name: str) -> None:
+    """Delete the temporary files of dumps of ``name`` in ``folder`` whose process is gone
+    (killed mid-dump): each is as large as the checkpoint. Those of a dump still running, of
+    another machine, or that this user may not delete, are kept."""
     prefix = f".{name}."
-    for path in Path(local_dir).glob(f"{glob.escape(prefix)}*{_PARTIAL}"):
+    for path in Path(folder).glob(f"{glob.escape(prefix)}*{_PARTIAL}"):
         tag = path.name[len(prefix):-len(_PARTIAL)].rsplit(".", 1)[0]
         if tag_gone_here(tag):
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 class H5StorageCheckpointer(_Configured):
@@ -127,9 +129,10 @@ class H5StorageCheckpointer(_Configured):
         local_dir = dest.url if dest.spec.is_local else None
         if local_dir:
             Path(local_dir).mkdir(parents=True, exist_ok=True)
-            _remove_stale_partials(local_dir, name)
+        scratch = local_dir or tempfile.gettempdir()  # an object store's file: uploaded from here
+        _remove_stale_partials(scratch, name)
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.{process_tag()}.", suffix=_PARTIAL,
-                                   dir=local_dir)
+                                   dir=scratch)
         os.close(fd)
         try:
             with h5py.File(tmp, "w") as f:

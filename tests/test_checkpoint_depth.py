@@ -8,6 +8,9 @@ when one of their files is missing); never with rows silently replaced by zeros.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,7 @@ from checkpoint import (
 )
 from test_checkpoint import TEDStream, assert_same, fill, spec
 from zstore import LazyTensorStorage
+from zstore.processes import process_tag
 
 #: Checkpointers whose generations are Zarr chunk objects (H5 is one file).
 CHUNKED = {
@@ -87,6 +91,31 @@ def test_a_corrupt_compressed_chunk_names_the_checkpoint_and_the_key(location):
     assert dest.url in message and "of key 'obs'" in message, message
     assert message.endswith("the checkpoint is damaged (a chunk does not decode): load an "
                             "intact copy"), message
+
+
+def test_an_h5_dump_to_a_store_deletes_the_temporary_files_of_killed_ones(location):
+    """An H5 dump to a remote store writes its file in the temporary directory first; one
+    killed there left it (as large as the checkpoint) for good. The next dump of that file
+    deletes those of processes that are gone, and keeps a running dump's."""
+    if location.kind == "local":
+        pytest.skip("a local dump's temporary file is in its directory (test_checkpoint_crash)")
+    gone = subprocess.run([sys.executable, "-c", "from zstore.processes import process_tag; "
+                           "print(process_tag())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    scratch = Path(tempfile.gettempdir())
+    left = scratch / f".checkpoint.h5.{gone}.a1b2c3.partial"
+    running = scratch / f".checkpoint.h5.{process_tag()}.d4e5f6.partial"
+    left.write_bytes(b"\0" * 1024)
+    running.touch()
+    try:
+        storage = LazyTensorStorage(12)
+        storage.checkpointer = H5StorageCheckpointer()
+        fill(storage, "full", TEDStream())
+        storage.dumps(spec(location, "h5"))
+        assert not left.exists() and running.exists()
+    finally:
+        left.unlink(missing_ok=True)
+        running.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("name", CHUNKED)
