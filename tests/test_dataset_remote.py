@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 import warnings
 from pathlib import Path
 
@@ -122,14 +123,21 @@ def test_s3_and_http_datasets_read_by_another_process(s3_options, http_server):
     _check(answers[-1], f"{base}/published", {}, store_refuses=True)
 
 
+def _unwarned_name() -> str:
+    """A dataset name no other test used: the warning about a server that ignores Range comes
+    once per array URL and process, and a later test's server may get an earlier one's port."""
+    return f"sharded-{uuid.uuid4().hex[:8]}"
+
+
 def test_a_sharded_dataset_over_a_server_that_ignores_ranges(http_server):
     """``python -m http.server`` answers a ranged read with the whole object: the rows read
     are still exactly the stored ones (they failed a checksum, or were wrong, before), and a
     warning names the cost and the fix."""
     root, base = http_server
-    _publish(str(root / "sharded"), {}, shards=200)
-    want = open_dataset(str(root / "sharded"))
-    ds = open_dataset(f"{base}/sharded")
+    name = _unwarned_name()
+    _publish(str(root / name), {}, shards=200)
+    want = open_dataset(str(root / name))
+    ds = open_dataset(f"{base}/{name}")
     rows = torch.tensor([450, 3, 599, 201])  # one chunk of a shard: ranged reads
     with pytest.warns(RuntimeWarning, match=r"ignores Range requests.*honours Range"):
         got = ds.get(rows)
@@ -163,8 +171,9 @@ def test_the_ignored_range_warning_comes_once_per_array(http_server):
     by ``python -m http.server`` warns at most once per array (it warned on every read of a
     new shard or size), each time naming the array, the cost and the fix."""
     root, base = http_server
-    _publish(str(root / "sharded"), {}, shards=200)
-    ds = open_dataset(f"{base}/sharded", cache_bytes=1 << 12)
+    name = _unwarned_name()
+    _publish(str(root / name), {}, shards=200)
+    ds = open_dataset(f"{base}/{name}", cache_bytes=1 << 12)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for seed in range(5):
@@ -173,6 +182,6 @@ def test_the_ignored_range_warning_comes_once_per_array(http_server):
     texts = [str(w.message) for w in caught if "ignores Range requests" in str(w.message)]
     arrays = [text.split(": ", 1)[0] for text in texts]
     assert texts and len(arrays) == len(set(arrays)) <= 4, texts  # obs, traj, reward, done
-    assert all(a.startswith(f"{base}/sharded/") and "honours Range" in t
+    assert all(a.startswith(f"{base}/{name}/") and "honours Range" in t
                for a, t in zip(arrays, texts))
     ds.close()
