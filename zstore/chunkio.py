@@ -145,8 +145,10 @@ class ColumnReader:
                  compressor: str | None = None, metadata_file: str | None = None):
         self.path = path
         #: the array's ``zarr.json`` in a local directory, looked for when an object is
-        #: missing (:meth:`_missing`); None on other stores
+        #: missing (:meth:`_confirm_store`); None on other stores, asked for its key instead
         self.metadata_file = metadata_file
+        #: objects found missing so far, and the last one's key (:meth:`read` checks once)
+        self._absent, self._absent_key = 0, ""
         self.ndim = len(shape)
         self.separator = separator
         self.rows = shape[0]
@@ -246,21 +248,25 @@ class ColumnReader:
         async with limit.slot():
             buffer = await store.get(key, _PROTOTYPE, byte_range=byte_range)
         if buffer is None:
-            return self._missing(key)
+            self._absent, self._absent_key = self._absent + 1, key
+            return None
         payload = memoryview(buffer.as_numpy_array()).cast("B")
         limit.bytes += len(payload)
         return self._requested(payload, byte_range, key)
 
-    def _missing(self, key: str) -> None:
-        """``None`` for an object never stored (its rows read as zeros, as Zarr defines),
-        after checking, on a local store, that the array's own metadata is still there: a
-        store moved or deleted under its reader raises instead of reading as zeros (on a
-        bucket that check would cost a request per absent chunk)."""
-        if self.metadata_file is not None and not os.path.exists(self.metadata_file):
+    async def _confirm_store(self, store: Store, key: str) -> None:
+        """Return when ``key``, found missing, was never stored (its rows read as zeros, as
+        Zarr defines): the array's own ``zarr.json`` is still there. A store moved or
+        deleted under its reader raises instead of reading as zeros. One look per read
+        that met a missing object (a stat locally, one request on a bucket)."""
+        if self.metadata_file is not None:
+            there = os.path.exists(self.metadata_file)
+        else:
+            there = await store.exists(f"{self.path}/zarr.json")
+        if not there:
             raise StoreNotFoundError(
                 f"{self.where}: {key!r} and the array's zarr.json are gone: the store was moved "
                 "or deleted while it was open. Reopen it where it is now")
-        return None
 
     def _requested(self, payload: memoryview, byte_range, key: str) -> memoryview:
         """The bytes ``byte_range`` asked for. A server that ignores ``Range`` (``python -m
@@ -324,11 +330,14 @@ class ColumnReader:
         """
         into = into or [None] * len(blocks)
         pool = decode_pool() if parallel else None
+        absent = self._absent
         if not self.sharded:
             # a ranged read of the whole object: s3fs sends a plain GET after a HEAD, a
             # ranged one alone (measured: twice the throughput on the loopback server)
             payloads = await _settled([self._get(store, self._key(b), _WHOLE, limit)
                                        for b in blocks])
+            if self._absent != absent:
+                await self._confirm_store(store, self._absent_key)
             return await _settled([self._decoded(p, b, o, pool)
                                    for p, b, o in zip(payloads, blocks, into)])
         by_shard: dict[int, list[int]] = {}
@@ -337,6 +346,8 @@ class ColumnReader:
         out: list = [None] * len(blocks)
         await _settled([self._read_shard(store, shard, positions, blocks, out, limit, into, pool)
                         for shard, positions in by_shard.items()])
+        if self._absent != absent:
+            await self._confirm_store(store, self._absent_key)
         return out
 
     async def _decoded(self, payload, block: int, out: np.ndarray | None,
@@ -382,6 +393,8 @@ class ColumnReader:
                 raw = await self._get(store, self._key(shard), RangeByteRequest(start, stop), limit)
             else:
                 raw = whole[start:]
+            if raw is None:
+                await self._confirm_store(store, self._key(shard))
             if raw is None or len(raw) < stop - start:
                 raise CorruptChunkError(f"{self.where}: key {self.path!r}, shard {shard} is "
                                         "shorter than its index says (truncated object)")
