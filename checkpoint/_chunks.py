@@ -170,11 +170,10 @@ def require_stored(spec: StoreSpec, arrays: Mapping[str, Any], rows: int | None 
     below spec: zarr async array}`` chunked along rows only; of rows ``[0, rows)`` when
     given) is stored at ``spec``: one listing, where zarr would read a missing chunk as zeros."""
     stored = spec.objects()
-    root = spec.filesystem()[1].rstrip("/")
     for path, array in arrays.items():
         for key in _chunk_keys(path, array, rows):
             if key not in stored:
-                raise missing_chunk_error(f"{root}/{key}")
+                raise missing_chunk_error(f"{spec.filesystem()[1].rstrip('/')}/{key}")
 
 
 def _chunk_keys(path: str, array: Any, rows: int | None) -> list[str]:

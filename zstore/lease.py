@@ -66,11 +66,6 @@ def _owner_id() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
 
 
-def _dead_here(holder: dict[str, Any]) -> bool:
-    """Whether the holder was a process of this machine (same boot) that no longer runs."""
-    return gone_here(holder.get("host"), holder.get("boot_id"), holder.get("pid"))
-
-
 def _describe(holder: dict[str, Any], now: float) -> str:
     age = now - float(holder.get("renewed", 0.0))
     return (f"{holder.get('owner', '<unknown>')} (renewed {age:.1f} s ago, "
@@ -156,7 +151,7 @@ class Lease:
             renewed, ttl = float(holder["renewed"]), float(holder["ttl"])
         except (ValueError, KeyError, TypeError):
             holder, renewed, ttl = {"owner": "<unreadable lease>"}, float("-inf"), 0.0
-        dead = _dead_here(holder)
+        dead = gone_here(holder.get("host"), holder.get("boot_id"), holder.get("pid"))
         if now <= renewed + ttl and not dead:
             raise LeaseError(
                 f"{self.spec.redacted()} is being written by {_describe(holder, now)}: one writer "

@@ -9,12 +9,14 @@ once instead of waiting out a timeout.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 
 
+@functools.cache
 def boot_id() -> str | None:
-    """This machine's boot id (Linux; ``None`` elsewhere)."""
+    """This machine's boot id (Linux; ``None`` elsewhere), read once per process."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
