@@ -44,7 +44,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
-from tensordict import TensorDict, is_tensor_collection, is_tensorclass, lazy_stack
+from tensordict import (LazyStackedTensorDict, TensorDict, is_tensor_collection, is_tensorclass,
+                        lazy_stack)
 from tensordict._td import _StringOnlyDict
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
@@ -61,10 +62,11 @@ from ..layout import FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, check_form
 from ..store import StoreSpec, run_deferred
 from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .leasing import LeasedWriter
-from .list import ListStorage, _as_int, _flagged, _is_mask
+from .list import ListStorage, _as_int, _flagged, _is_mask, _positions
 from .lifecycle import collect_store, delete_store
 from .memmap import LazyMemmapStorage
 from .ragged import RaggedKey
+from .torchrl_state import is_torchrl_state, torchrl_items
 
 _BATCH = "__zstore__/batch"
 _ROOT = ".root"
@@ -108,6 +110,25 @@ def stack_items(items: list) -> Any:
         except RuntimeError:
             return items
     return lazy_stack(list(items))
+
+
+def _key_difference(expected: Mapping[str, Any], got: Mapping[str, Any]) -> str:
+    """``lacks [keys] and adds [keys]``: how the keys of ``got`` differ from ``expected``'s."""
+    missing, extra = set(expected) - set(got), set(got) - set(expected)
+    return " and ".join(f"{word} {sorted(keys)}" for word, keys in (("lacks", missing),
+                                                                    ("adds", extra)) if keys)
+
+
+def _items_differ(data: Any) -> bool:
+    """Whether ``data`` is a lazy stack along dim 0 whose TensorDicts differ in keys or
+    shapes: its keys are those all of them share, so a write of it as one batch would
+    drop the others (or fail on a shape)."""
+    if not isinstance(data, LazyStackedTensorDict) or data.stack_dim != 0:
+        return False
+    layouts = [{key: getattr(value, "shape", None)
+                for key, value in item.items(include_nested=True, leaves_only=True)}
+               for item in data.tensordicts]
+    return any(layout != layouts[0] for layout in layouts[1:])
 
 
 def _tree(leaves: Mapping[str, Any]) -> dict:
@@ -453,6 +474,9 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             raise TypeError(self._refusal(f"got a {type(data).__name__}, where it stores "
                                           "tensors, TensorDicts and tensorclasses"))
         td = data._tensordict if is_tensorclass(data) else data
+        if _items_differ(td):
+            raise SchemaError(self._refusal("it is a lazy stack of TensorDicts that differ in "
+                                            "keys or shapes, which one item cannot hold"))
         leaves = _flat_leaves(td)
         for path, value in leaves.items():
             if not isinstance(value, torch.Tensor):
@@ -497,11 +521,8 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             got = "a tensor" if SINGLE_TENSOR_KEY in leaves else "a TensorDict"
             raise SchemaError(self._refusal(f"it is {got}, and the first item was not"))
         if set(leaves) != set(self._dtypes):
-            missing, extra = set(self._dtypes) - set(leaves), set(leaves) - set(self._dtypes)
-            differ = [f"{word} {sorted(keys)}" for word, keys in (("lacks", missing),
-                                                                   ("adds", extra)) if keys]
-            raise MissingKeyError(self._refusal(f"it {' and '.join(differ)}, next to the first "
-                                                "item's keys"))
+            raise MissingKeyError(self._refusal(f"it {_key_difference(self._dtypes, leaves)}, "
+                                                "next to the first item's keys"))
         for path, value in leaves.items():
             if value.dtype != self._dtypes[path]:
                 raise SchemaError(self._refusal(f"{_key_name(path)} has dtype {value.dtype}, the "
@@ -653,11 +674,9 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         return td
 
     def _rows(self, index: Any) -> torch.Tensor:
-        if _is_mask(index):  # the items it flags, as a tensor storage reads them
-            index = _flagged(index, self._len)
-        rows = torch.as_tensor(index if not isinstance(index, range) else list(index),
-                               dtype=torch.int64)
-        rows = rows.to("cpu", torch.int64).reshape(-1)
+        """The item rows a list, range, tensor, array or boolean mask ``index`` names (1-D
+        and of integers, as a list storage takes them; a mask names the items it flags)."""
+        rows = torch.tensor(_positions(index, self._len), dtype=torch.int64)
         if rows.numel():
             bad = (rows >= self._len) | (rows < -self._len)
             if bool(bad.any()):
@@ -683,6 +702,8 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             positions = list(range(*cursor.indices(self._len)))
             items = data if isinstance(data, (list, tuple)) else \
                 [data[i] for i in range(min(len(positions), len(data)))]
+            items = list(items)[:len(positions)]
+            self._refuse_mixed(items)
             for position, item in zip(positions, items):
                 self._write_positions([position], item, single=True, bump=False)
             self._bump_mutation_revision()
@@ -697,14 +718,45 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             elif isinstance(cursor, (torch.Tensor, np.ndarray)):
                 cursor = cursor.reshape(-1).tolist()
             cursor = list(cursor)
+            if _items_differ(data):  # as TorchRL stores them: item by item, each whole
+                data = list(data.unbind(0))
             if isinstance(data, torch.Tensor) or is_tensor_collection(data):
                 if len(cursor) != len(data):
                     raise ValueError(f"zip() argument 2 is longer or shorter than argument 1: "
                                      f"{len(cursor)} cursors for {len(data)} items")
                 self._write_positions(cursor, data, single=False)
             else:
-                for position, item in zip(cursor, data, strict=True):
+                items = list(data)
+                if len(cursor) != len(items):
+                    raise ValueError(f"zip() argument 2 is longer or shorter than argument 1: "
+                                     f"{len(cursor)} cursors for {len(items)} items")
+                self._refuse_mixed(items)
+                for position, item in zip(cursor, items):
                     self._write_positions([position], item, single=True)
+
+    def _refuse_mixed(self, items: list) -> None:
+        """Refuse, before any of them is written, items that differ from the first in their
+        keys, dtypes, numbers of dims or batch dims: each is checked against the stored
+        items as it is written, so the first alone meets that check unwritten (a refusal
+        half-way through an extend left the items before it written)."""
+        first = None
+        for position, item in enumerate(items):
+            if not (isinstance(item, torch.Tensor) or is_tensor_collection(item)):
+                continue  # refused by its own write (the first such is item 0's or after)
+            leaves, nodes = self._flatten(item, 0)
+            layout = ({p: v.dtype for p, v in leaves.items()},
+                      {p: v.ndim for p, v in leaves.items()} if not self.custom else {},
+                      {n: len(b) for n, b in nodes.items()})
+            if first is None:
+                first = layout
+            elif set(layout[0]) != set(first[0]):
+                raise MissingKeyError(self._refusal(
+                    f"item {position} of this write {_key_difference(first[0], layout[0])}, "
+                    "next to item 0's keys (nothing was written)"))
+            elif layout != first:
+                raise SchemaError(self._refusal(
+                    f"item {position} of this write differs from item 0 in dtypes, numbers of "
+                    "dims or batch dims (nothing was written)"))
 
     def _write_positions(self, positions: list, data: Any, single: bool, bump: bool = True) -> None:
         """Check cursors as ListStorage does, then write; one revision per element."""
@@ -979,12 +1031,14 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         return {"_storage": [x.clone() for x in items]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Replace the content with the items of :meth:`state_dict`."""
-        items = state_dict["_storage"]
+        """Replace the content with the items of :meth:`state_dict`, or of the one TorchRL's
+        ``CompressedListStorage`` writes (its compressed items are decoded)."""
+        items = torchrl_items(state_dict) if is_torchrl_state(state_dict) else state_dict["_storage"]
+        items = [TensorDict(item, batch_size=[]) if isinstance(item, dict) else item
+                 for item in items]
+        self._refuse_mixed(items)  # before the content goes
         self._empty()
         for item in items:
-            if isinstance(item, dict):
-                item = TensorDict(item, batch_size=[])
             self._write_positions([self._len], item, single=True, bump=False)
         self._bump_mutation_revision()
 

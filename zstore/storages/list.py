@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Any
 
 import numpy as np
@@ -54,9 +55,12 @@ def _positions(index: Any, n: int) -> list[int]:
                          "flatten it (index.reshape(-1)) and reshape the items")
     if _is_mask(index):
         return _flagged(index, n)
-    if isinstance(index, (torch.Tensor, np.ndarray)):
-        return index.tolist()
-    return [int(i) for i in index]
+    positions = index.tolist() if isinstance(index, (torch.Tensor, np.ndarray)) else index
+    try:
+        return [operator.index(i) for i in positions]
+    except TypeError:
+        raise TypeError(f"a list storage takes integer indices, got {index!r}: cast it "
+                        "(index.long()) where it holds whole numbers") from None
 
 
 def _check_in_range(positions: list[int], n: int) -> None:

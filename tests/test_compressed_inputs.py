@@ -1,0 +1,120 @@
+"""CompressedListStorage against TorchRL's own, for inputs a batch write once got wrong:
+lazy stacks of differing items, refused writes, float and 2-D indexes, and TorchRL's
+own ``state_dict``. Each case runs on memory://, a local directory and S3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict, lazy_stack
+from torchrl.data import CompressedListStorage as TorchRLCompressedListStorage
+from torchrl.data import ReplayBuffer, TensorDictReplayBuffer
+
+import zstore
+import zstore.torchrl
+
+
+def compressed(location, capacity: int):
+    """zstore's CompressedListStorage, as TorchRL's buffers take it, at ``location``."""
+    return zstore.torchrl.CompressedListStorage(capacity, scratch_dir=location.new(),
+                                                storage_options=location.options)
+
+
+def items_of(rb) -> list:
+    return [rb.storage.get(i) for i in range(len(rb))]
+
+
+def assert_items_equal(got: list, expected: list) -> None:
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert sorted(g.keys(True, True)) == sorted(e.keys(True, True))
+        for key in e.keys(True, True):
+            assert g[key].dtype == e[key].dtype and g[key].equal(e[key]), key
+
+
+@pytest.mark.parametrize("buffer", [ReplayBuffer, TensorDictReplayBuffer])
+def test_a_lazy_stack_of_items_of_different_shapes_is_stored_item_by_item(location, buffer):
+    """zstore refused the stack ("Failed to stack tensors"), storing nothing; TorchRL's
+    stores each item, and a plain list of the same items worked."""
+    items = [TensorDict(obs=torch.arange(float(1 + i % 3))) for i in range(7)]
+    ours = buffer(storage=compressed(location, 5))
+    theirs = buffer(storage=TorchRLCompressedListStorage(5))
+    assert ours.extend(lazy_stack(items)).tolist() == theirs.extend(lazy_stack(items)).tolist()
+    assert_items_equal(items_of(ours), items_of(theirs))
+
+
+def test_a_lazy_stack_whose_items_differ_in_keys_is_refused_whole(location):
+    """zstore stored the stack with only the keys all items share, silently dropping
+    ``x`` of items 1 and 2. Now it is refused as the same items in a list are (keys are
+    the first item's: docs/torchrl.md §4), and nothing of it is written."""
+    items = [TensorDict(o=torch.ones(2) * i, **({"x": torch.full((1,), 10. * i)} if i else {}))
+             for i in range(3)]
+    for data in (lazy_stack(items), items):
+        rb = ReplayBuffer(storage=compressed(location, 10))
+        with pytest.raises(zstore.MissingKeyError, match=r"item 1 of this write adds \['x'\]"):
+            rb.extend(data)
+        assert len(rb) == 0 and len(rb.storage) == 0
+
+
+def test_a_refused_item_leaves_the_items_before_it_unwritten(location):
+    """An extend refused at its third item had written the first two (len 2, holding
+    rows no writer counted); now the whole write is refused first."""
+    rb = ReplayBuffer(storage=compressed(location, 10))
+    rb.extend([torch.zeros(3), torch.ones(3)])
+    bad = [torch.full((3,), 2.), torch.full((3,), 3.), torch.full((3,), 4, dtype=torch.int64)]
+    with pytest.raises(zstore.SchemaError, match="item 2 of this write"):
+        rb.extend(bad)
+    assert len(rb.storage) == 2
+    assert [t.tolist() for t in items_of(rb)] == [[0.] * 3, [1.] * 3]
+    with pytest.raises(zstore.SchemaError, match="nothing was written"):
+        rb.storage.set(slice(0, 2), [torch.full((3,), 5.), torch.full((3,), 5, dtype=torch.int8)])
+    assert [t.tolist() for t in items_of(rb)] == [[0.] * 3, [1.] * 3]
+
+
+@pytest.mark.parametrize("index", [torch.tensor([1.7, 2.9]), torch.tensor([[0, 1], [2, 3]])],
+                         ids=["float", "2-D"])
+def test_float_and_2d_indexes_are_refused(location, index):
+    """A float index was truncated (items 1 and 2 for 1.7 and 2.9) and a 2-D one flattened
+    (4 items); TorchRL's raises on both, as zstore's ListStorage already did."""
+    ours = ReplayBuffer(storage=compressed(location, 10))
+    theirs = ReplayBuffer(storage=TorchRLCompressedListStorage(10))
+    for rb in (ours, theirs):
+        rb.extend(torch.arange(12).reshape(4, 3))
+    with pytest.raises((TypeError, RuntimeError, ValueError)):
+        theirs.storage.get(index)
+    error = TypeError if index.is_floating_point() else IndexError
+    with pytest.raises(error, match="integer indices" if error is TypeError else "1-D index"):
+        ours.storage.get(index)
+
+
+def test_torchrls_own_state_dict_loads_as_items(location):
+    """TorchRL's state_dict holds its items zlib-compressed, with their metadata: zstore
+    stored the compressed bytes as the items (uint8 tensors), and the next extend then
+    failed. Now they are decoded, tensors and TensorDicts alike."""
+    for make in (lambda i: torch.arange(3.) + i,
+                 lambda i: TensorDict(obs=torch.arange(4, dtype=torch.int16) * i,
+                                      reward=torch.tensor([float(i)]))):
+        source = ReplayBuffer(storage=TorchRLCompressedListStorage(6))
+        source.extend([make(i) for i in range(4)])
+        rb = ReplayBuffer(storage=compressed(location, 6))
+        rb.load_state_dict(source.state_dict())
+        expected = items_of(source)
+        got = items_of(rb)
+        if isinstance(expected[0], torch.Tensor):
+            assert [g.tolist() for g in got] == [e.tolist() for e in expected]
+        else:
+            assert_items_equal(got, expected)
+        rb.extend([make(9)])
+        assert len(rb) == 5
+
+
+def test_a_state_dict_compressed_by_another_function_is_refused_naming_the_way(location):
+    source = ReplayBuffer(storage=TorchRLCompressedListStorage(
+        6, compression_fn=lambda t: t.reshape(-1).view(torch.uint8).clone(),
+        decompression_fn=lambda p, meta: p.view(meta["dtype"]).reshape(meta["shape"])))
+    source.extend([torch.arange(3.)])
+    rb = ReplayBuffer(storage=compressed(location, 6))
+    rb.extend([torch.ones(2)])
+    with pytest.raises(ValueError, match="compression_fn other than TorchRL's default"):
+        rb.load_state_dict(source.state_dict())
+    assert [t.tolist() for t in items_of(rb)] == [[1., 1.]]  # the content stays
