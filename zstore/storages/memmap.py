@@ -556,7 +556,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             if not -self._meta.rows <= row < self._meta.rows:
                 raise IndexError(f"index {row} is out of bounds for dimension 0 with size "
                                  f"{self._meta.rows}")
-            table.write_row(row % self._meta.rows, self._columns(row, row, data, 0))
+            table.write_row(row % self._meta.rows, self._columns(row, (), data, 0))
             self._mark_dirty()
             return
         if not isinstance(cursor, (slice, range)):
@@ -569,7 +569,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             return
         self._refuse_non_tensors(data)
         lead = 1 if shape is None else len(shape)
-        columns = self._columns(rows, cursor, data, lead)
+        columns = self._columns(rows, shape, data, lead)
         if lead != 1:
             columns = {p: c.reshape(-1, *c.shape[lead:]) for p, c in columns.items()}
         if next(iter(columns.values())).shape[0] != len(rows):
@@ -578,25 +578,29 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         table.write(rows, columns)
         self._mark_dirty()
 
-    def _columns(self, rows: torch.Tensor | int, cursor: Any, data: Any,
+    def _columns(self, rows: torch.Tensor | int, shape: tuple[int, ...] | None, data: Any,
                  lead: int) -> dict[str, torch.Tensor]:
-        """The columns of ``data`` to write at ``rows`` (``cursor``). A TensorDict lacking
-        some of the buffer's keys keeps their stored values where every row was written
-        before, as TorchRL's in-place update does (``rb[i] = td`` without the ``"index"``
-        key a ``TensorDictReplayBuffer`` adds); rows never written need every key."""
+        """The columns of ``data`` to write at ``rows`` (the rows the cursor names, of the
+        cursor's ``shape``; ``None`` for a slice). A TensorDict lacking some of the buffer's
+        keys keeps their stored values where every row was written before, as TorchRL's
+        in-place update does (``rb[i] = td`` without the ``"index"`` key a
+        ``TensorDictReplayBuffer`` adds); rows never written need every key."""
         try:
             return self._schema.columns(data, lead)
         except MissingKeyError as exc:
             if not exc.lacking:  # a key the buffer does not have
                 raise
-            rows = torch.as_tensor(rows).reshape(-1) % self._meta.rows
+            rows = torch.as_tensor(rows) % self._meta.rows
             unwritten = rows[rows >= (self._len_along_dim0 or 0)]
             if unwritten.numel():
                 raise MissingKeyError(
                     f"{exc}: row(s) {unwritten.unique()[:5].tolist()} were never written, and "
                     "new rows need every key (rows already written keep the keys an update "
                     "leaves out)") from None
-            current = self._read(cursor)
+            # the kept values are those of the rows written: read by row, not by the cursor,
+            # which a read resolves against the length (a negative index, a mask over every
+            # row), not against the capacity as the write does
+            current = self._read(rows.reshape(shape) if shape is not None else rows.reshape(-1))
             current = current._tensordict if is_tensorclass(current) else current
             current.update(data._tensordict if is_tensorclass(data) else data)
             return self._schema.columns(current, lead)

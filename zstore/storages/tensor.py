@@ -742,6 +742,10 @@ class LazyTensorStorage(TensorStorage):
             container = td.apply(
                 lambda x: torch.empty((rows, *x.shape), dtype=x.dtype, device=device or x.device),
                 batch_size=[rows, *td.batch_size], device=device)
+            for key in td.keys(include_nested=True):  # apply gives nested nodes no batch dims
+                node = td.get(key)
+                if is_tensor_collection(node) and node.batch_size:  # parents come first
+                    container.get(key).batch_size = torch.Size([rows, *node.batch_size])
             if is_tensorclass(example):
                 container = type(example).from_tensordict(container)
             if self.consolidated:

@@ -1,0 +1,59 @@
+"""Tensor storages against TorchRL's own, for two writes the differential fuzzer found
+wrong: an update lacking a key at a negative index or through a mask over every row
+(the kept values came from the wrong row), and nested TensorDicts with batch dims of
+their own in ``LazyTensorStorage`` (they were dropped)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage as TorchRLLazyTensorStorage
+from torchrl.data import TensorDictReplayBuffer
+
+import zstore.torchrl
+
+
+def memmap(location, capacity: int):
+    """zstore's LazyMemmapStorage, as TorchRL's buffers take it, at ``location``."""
+    return zstore.torchrl.LazyMemmapStorage(capacity, scratch_dir=location.new(),
+                                            storage_options=location.options)
+
+
+@pytest.mark.parametrize("write", ["negative int", "mask over every row"])
+def test_an_update_lacking_a_key_keeps_the_values_of_the_rows_it_writes(location, write):
+    """A TensorDictReplayBuffer adds "index" to what it extends; an update without it
+    keeps each row's own. On a buffer not yet full, zstore's memmap storage read the kept
+    values through the cursor resolved against the length: ``set(-6, td)`` of 7 rows of
+    8 wrote row 2 with row 1's index, and a mask with a flag per row raised IndexError."""
+    results = []
+    for storage in (TorchRLLazyTensorStorage(8), memmap(location, 8)):
+        rb = TensorDictReplayBuffer(storage=storage)
+        rb.extend(TensorDict(obs=torch.arange(7.), batch_size=[7]))
+        if write == "negative int":
+            rb.storage.set(-6, TensorDict(obs=torch.tensor(100.)))
+        else:
+            mask = torch.tensor([True, False, True, False, False, False, True, False])
+            rb.storage.set(mask, TensorDict(obs=torch.tensor([10., 20., 30.]), batch_size=[3]))
+        rows = rb.storage.get(torch.arange(7))
+        results.append((rows["obs"].tolist(), rows["index"].tolist()))
+    assert results[1] == results[0]
+    assert results[1][1] == list(range(7))
+
+
+def test_nested_batch_dims_are_kept_in_ram_and_on_every_store(location):
+    """``LazyTensorStorage`` allocated nested TensorDicts without their batch dims:
+    ``rb[0]["a"].batch_size`` was ``[]`` (TorchRL's: ``[4]``), a sample's ``[2]`` (not
+    ``[2, 4]``), and ``rb[0]["a"][1]`` raised."""
+    data = TensorDict({"a": TensorDict(x=torch.arange(24.).view(3, 4, 2), batch_size=[3, 4]),
+                       "obs": torch.zeros(3)}, batch_size=[3])
+    reference = TensorDictReplayBuffer(storage=TorchRLLazyTensorStorage(5))
+    reference.extend(data.clone())
+    for storage in (zstore.torchrl.LazyTensorStorage(5), memmap(location, 5)):
+        rb = TensorDictReplayBuffer(storage=storage)
+        rb.extend(data.clone())
+        for index in (0, torch.tensor([2, 0])):
+            got, expected = rb.storage.get(index), reference.storage.get(index)
+            assert got["a"].batch_size == expected["a"].batch_size
+            assert got["a", "x"].equal(expected["a", "x"])
+        assert rb.storage.get(0)["a"][1]["x"].tolist() == [2., 3.]
