@@ -507,3 +507,35 @@ def test_a_closed_storage_refuses_writes_as_it_refuses_reads(location):
     successor.set(torch.tensor([5]), td_rows(5, 1))  # the lease is free for it
     successor.close()
     assert len(zstore.open(url, location.options, mode="r")) == 6
+
+
+@pytest.mark.parametrize("writer", ["zstore", "torchrl-twin"])
+def test_existsok_adopts_when_built_so_a_writer_continues_after_the_stored_rows(location, writer):
+    """A rerun that passes ``existsok=True`` (as StoreExistsError advises) adopted the
+    stored buffer only at its first write: the writer had started at row 0, so rows 0..9 of
+    the earlier run were overwritten, and the length said 310 with rows 300..309 never
+    written (zeros a sampler draws). Now the buffer is adopted when the storage is built."""
+    from torchrl.data import ReplayBuffer
+
+    import zstore.torchrl
+
+    url = location.new()
+    first = location.memmap(1000, scratch_dir=url)
+    first.set(torch.arange(300), td_rows(0, 300))
+    first.close()
+    if writer == "zstore":
+        storage = location.memmap(1000, scratch_dir=url, existsok=True)
+        assert len(storage) == 300
+        ring = zstore.RoundRobinWriter()
+        ring.register_storage(storage)
+        ring.extend(td_rows(300, 10))
+    else:
+        storage = zstore.torchrl.LazyMemmapStorage(1000, scratch_dir=url, existsok=True,
+                                                   storage_options=location.options)
+        assert len(storage) == 300
+        rb = ReplayBuffer(storage=storage, writer=zstore.torchrl.RoundRobinWriter())
+        rb.extend(td_rows(300, 10))
+    storage.close()
+    after = zstore.open(url, location.options, mode="r")
+    assert len(after) == 310
+    assert after[:]["nested", "i"].tolist() == list(range(310))

@@ -193,25 +193,25 @@ def test_a_task_handed_a_client_commits(ray_cluster, tmp_path):
     assert zray.close(rb) == 15
 
 
-def test_existsok_alone_does_not_resume(tmp_path):
-    """Why storage_factory reopens: ``existsok=True`` adopts a committed buffer only at
-    its first write, after the writer has started at cursor 0 (no Ray needed)."""
+def test_existsok_resumes_as_storage_factory_does(tmp_path):
+    """``existsok=True`` adopted a committed buffer only at its first write, after the
+    writer had started at cursor 0: row 0 was overwritten first (no Ray needed). It now
+    adopts it when built, as storage_factory's reopening does."""
     from torchrl.data import ReplayBuffer
 
     url = str(tmp_path / "rb")
     first = zstore.torchrl.LazyMemmapStorage(100, scratch_dir=url)
     first.set(torch.arange(10), rows(0, 0, 10))
     first.close()
-    adopted = functools.partial(zstore.torchrl.LazyMemmapStorage, 100, scratch_dir=url,
-                                existsok=True)()
-    assert len(adopted) == 0  # nothing adopted before a write: a writer cannot resume
-    adopted.close()
-    rb = ReplayBuffer(storage=zray.storage_factory(url, 100),
-                      writer=zstore.torchrl.RoundRobinWriter)
-    assert len(rb) == 10
-    rb.extend(rows(0, 10, 5))
-    check_rows(rb.storage.get(torch.arange(15)), 0, torch.arange(15))
-    rb.storage.close()
+    for build in (functools.partial(zstore.torchrl.LazyMemmapStorage, 100, scratch_dir=url,
+                                    existsok=True), zray.storage_factory(url, 100)):
+        rb = ReplayBuffer(storage=build, writer=zstore.torchrl.RoundRobinWriter)
+        assert len(rb) == len(zstore.open(url, mode="r"))
+        rb.extend(rows(0, len(rb), 5))
+        rb.storage.close()
+    reread = zstore.open(url, mode="r")
+    assert len(reread) == 20
+    check_rows(reread.get(torch.arange(20)), 0, torch.arange(20))
 
 
 def test_prefix_ensemble_without_ray(tmp_path):

@@ -95,8 +95,7 @@ def storage_factory(url: str, capacity: int, *, storage_options: Mapping[str, An
     """A picklable callable returning the buffer at ``url``: created on first use, reopened after.
 
     Reopened means what :func:`zstore.open` gives: the committed rows, length and cursor
-    (``existsok=True`` alone adopts the rows only at the first write, too late for a writer
-    to resume). With ``torchrl=True`` the storage is TorchRL's twin class
+    (as ``existsok=True`` adopts them when the storage is built). With ``torchrl=True`` the storage is TorchRL's twin class
     (:mod:`zstore.torchrl`), which ``RayReplayBuffer`` needs; pair it with
     :class:`zstore.torchrl.RoundRobinWriter` to continue at the committed cursor.
     ``options`` (``codec``, ``chunks``, ``cache_bytes`` ...) apply when it is created;

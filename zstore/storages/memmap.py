@@ -61,8 +61,9 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             ``cache="cuda"``.
         ndim: cell dims (``2`` for ``[time, env]`` data).
         existsok: adopt a buffer already at ``scratch_dir`` (its rows, length,
-            cursor, codecs and layout) at the first write instead of refusing it; one of
-            another capacity is refused.
+            cursor, codecs and layout) instead of refusing it: when the storage is built,
+            so a writer continues after its rows; one of another capacity is refused at
+            the first write.
         auto_cleanup: delete the store at exit (default: only for temporary ones).
         storage_options: fsspec options (``endpoint_url``, ``key``, ``secret`` ...).
         codec: compression preset (``None``, ``"zstd"``, ``"lz4"``, ``"blosc-zstd"``), or a
@@ -153,6 +154,27 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                 "them together as a zstore.StorageEnsemble, or write through one zstore.ray actor "
                 "(docs/scaling.md)")
         self._setup_runtime()
+        if existsok and not temporary:
+            self._adopt_existing()
+
+    def _adopt_existing(self) -> None:
+        """``existsok``: a buffer of this class, capacity and ndim already at the URL is
+        attached now, as :func:`zstore.open` attaches it, so its length, rows and cursor
+        are there before the first write and a writer continues after them. Adopted only
+        at the first write (as anything else still is: no buffer, another capacity, a
+        store zstore cannot open, which that write creates or refuses, naming why), a
+        writer started at row 0, over the stored rows."""
+        if not self.spec.exists():
+            return
+        try:
+            group, meta = open_group(self.spec)
+        except ZStoreError:
+            return
+        if (meta.storage_class, meta.max_size, meta.ndim) != \
+                (LazyMemmapStorage.__name__, self.max_size, self.ndim) or meta.read_only:
+            return
+        self.codec, self.key_codecs = meta.codec, dict(meta.key_codecs)
+        self._attach(group, meta)
 
     def _setup_runtime(self) -> None:
         run_deferred()  # memory:// stores of collected storages: a safe point to delete them
