@@ -86,14 +86,20 @@ def _check(answer: dict, url: str, options: dict, store_refuses: bool) -> None:
     here.close()
 
 
+def _serve(directory) -> tuple[subprocess.Popen, str]:
+    """``python -m http.server`` in a subprocess on 127.0.0.1 (free port): it and its URL."""
+    server = subprocess.Popen(
+        [sys.executable, "-u", "-m", "http.server", "--bind", "127.0.0.1", "--directory",
+         str(directory), "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (http://...) ..."
+    return server, f"http://127.0.0.1:{int(line.split(' port ')[1].split()[0])}"
+
+
 @pytest.fixture
 def http_server(tmp_path):
     """``python -m http.server`` in a subprocess on 127.0.0.1 (free port), serving ``tmp_path``."""
-    server = subprocess.Popen(
-        [sys.executable, "-u", "-m", "http.server", "--bind", "127.0.0.1", "--directory",
-         str(tmp_path), "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (http://...) ..."
-    yield tmp_path, f"http://127.0.0.1:{int(line.split(' port ')[1].split()[0])}"
+    server, base = _serve(tmp_path)
+    yield tmp_path, base
     server.terminate()
     server.wait(timeout=30)
 
@@ -185,3 +191,23 @@ def test_the_ignored_range_warning_comes_once_per_array(http_server):
     assert all(a.startswith(f"{base}/{name}/") and "honours Range" in t
                for a, t in zip(arrays, texts))
     ds.close()
+
+
+@pytest.mark.s3
+def test_a_server_gone_after_the_open_is_a_connection_error_not_damage(tmp_path):
+    """Rows read after the HTTP server stopped raised ``CorruptChunkError`` ("cannot read
+    chunks"), which a caller handling damaged data would act on; now a ``ConnectionError``
+    naming the store and what to check."""
+    name = _unwarned_name()
+    _publish(str(tmp_path / name), {})
+    server, base = _serve(tmp_path)
+    try:
+        ds = open_dataset(f"{base}/{name}", cache_bytes=1 << 14)
+        assert ds.get(torch.tensor([0, 1]))["obs"].flatten().tolist() == [0.0, 1.0]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    with pytest.raises(ConnectionError, match="server cannot be reached") as info:
+        ds.get(torch.tensor([550, 599]))
+    assert not isinstance(info.value, zstore.CorruptChunkError)
+    assert base in str(info.value)

@@ -28,6 +28,7 @@ from . import _faults
 from ._pages import gather_rows
 from .cache import ChunkCache
 from .chunkio import MAX_IN_FLIGHT, PARALLEL_BYTES, ColumnReader, Throttle
+from .credentials import credentials_error, unreachable_error
 from .dtypes import compute_dtype, from_numpy, from_storage, storage_numpy_dtype, to_storage
 from .errors import CorruptChunkError, ZStoreError
 from .layout import Leaf
@@ -337,9 +338,16 @@ class BlockGroup:
             if isinstance(result, ZStoreError):  # a corrupt chunk, a store gone: said already
                 raise result
             if isinstance(result, BaseException):
-                raise CorruptChunkError(
-                    f"cannot read chunks {blocks[:8]}{'...' if len(blocks) > 8 else ''} of key "
-                    f"{leaf.path!r} in {self.where}: {type(result).__name__}: {result}") from result
+                what = (f"cannot read chunks {blocks[:8]}{'...' if len(blocks) > 8 else ''} of "
+                        f"key {leaf.path!r} in {self.where}")
+                named = credentials_error(result, self.where) or \
+                    unreachable_error(result, self.where)
+                if named is not None:  # the server or the credentials: the data is not at fault
+                    raise named from result
+                if isinstance(result, (ConnectionError, TimeoutError)):
+                    raise ConnectionError(f"{what}: the connection failed "
+                                          f"({type(result).__name__}: {result})") from result
+                raise CorruptChunkError(f"{what}: {type(result).__name__}: {result}") from result
             out[leaf.path] = result
         stats = self.cache.stats
         stats.loads += len(blocks)
