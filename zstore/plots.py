@@ -297,12 +297,21 @@ def _discrete(actions: torch.Tensor) -> torch.Tensor | None:
     return per_step.to(torch.int64).argmax(-1) if bool(one_hot) else None
 
 
+#: Integer actions spanning more values than this are drawn as a histogram of ``bins``
+#: bins, not a bar each (100,000 distinct ids took 61-96 s as bars, and as much memory).
+MAX_ACTION_BARS = 1024
+
+
 def action_hist(data: Storage | TensorDictBase | torch.Tensor, *, key: Any = "action",
                 bins: int = 30):
-    """Action distribution: a bar per action for discrete actions (indices or one-hot),
-    else one histogram per action dimension."""
+    """Action distribution: a bar per action for discrete actions (indices or one-hot,
+    spanning fewer than :data:`MAX_ACTION_BARS` values), else one histogram per action
+    dimension."""
     actions = data.cpu() if isinstance(data, torch.Tensor) else _get(time_ordered(data), key)
     index = _discrete(actions)
+    if index is not None and index.numel() and \
+            int(index.max()) - int(index.min()) >= MAX_ACTION_BARS:
+        actions, index = index, None  # too many for a bar each (an id): a histogram of them
     if index is not None:
         fig = _figure()
         ax = fig.add_subplot()
