@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+from tensordict import TensorDict
 
 from zstore.codecs import is_remote
 from zstore.store import CAPABILITIES, StoreSpec
@@ -118,6 +120,28 @@ def test_an_endpoint_without_a_scheme_is_refused(options, transport):
     """s3fs said "not a zstore buffer", obstore panicked: both now refuse it before a request."""
     with pytest.raises(ValueError, match=r"'127\.0\.0\.1:9000'.*'http://127\.0\.0\.1:9000'"):
         StoreSpec.parse("s3://bucket/rb", {**options, "transport": transport})
+
+
+def test_a_misspelled_s3_option_is_named_with_the_likely_one(s3_options, s3_bucket):
+    """``{"secrett": ...}`` reached botocore's session: ``zstore.open`` said the store was
+    "not a zstore buffer: AioSession.__init__() got an unexpected keyword argument", and
+    creating a storage raised a bare TypeError. Now it is refused before any request."""
+    import zstore
+
+    url = f"s3://{s3_bucket}/typo"
+    storage = zstore.LazyMemmapStorage(4, scratch_dir=url, storage_options=s3_options)
+    storage.set(torch.arange(2), TensorDict(x=torch.ones(2), batch_size=[2]))
+    storage.close()
+    typo = {**s3_options, "secrett": s3_options["secret"]}
+    for attempt in (lambda: zstore.open(url, typo, mode="r"),
+                    lambda: zstore.LazyMemmapStorage(4, scratch_dir=f"{url}-new",
+                                                     storage_options=typo)):
+        with pytest.raises(ValueError, match=r"unknown storage option\(s\) 'secrett' "
+                                             r"\(did you mean 'secret'\?\)"):
+            attempt()
+    options = {**s3_options, "use_listings_cache": False, "skip_instance_cache": True,
+               "profile": None, "region": "us-east-1", "config_kwargs": {}}
+    assert len(zstore.open(url, options, mode="r")) == 2  # every option it takes passes
 
 
 def test_region_is_s3fs_region_name():

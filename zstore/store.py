@@ -17,6 +17,9 @@ conditional writes always use s3fs (:meth:`StoreSpec.filesystem`).
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import inspect
 import json
 import os
 import re
@@ -54,6 +57,24 @@ _SECRET_WORDS = ("secret", "token", "password", "key", "credential", "session")
 TRANSPORT_OPTION = "transport"
 TRANSPORT_ENV = "ZSTORE_S3_CLIENT"
 TRANSPORTS = ("fsspec", "obstore")
+@functools.cache
+def _s3_option_names() -> frozenset[str]:
+    """Every storage option an S3 store takes: s3fs's own, those s3fs passes on to botocore's
+    session and fsspec's listing cache, fsspec's ``skip_instance_cache``, and zstore's
+    ``region`` and ``transport``; empty when s3fs is not installed (nothing is checked)."""
+    try:
+        import s3fs
+        from aiobotocore.session import AioSession
+        from fsspec.dircache import DirCache
+    except ImportError:
+        return frozenset()
+    names = {"skip_instance_cache", "region", TRANSPORT_OPTION}
+    for function in (s3fs.S3FileSystem.__init__, AioSession.__init__, DirCache.__init__):
+        names.update(name for name, parameter in inspect.signature(function).parameters.items()
+                     if name != "self" and parameter.kind is not parameter.VAR_KEYWORD)
+    return frozenset(names)
+
+
 #: s3fs options with no obstore meaning that the obstore transport ignores: fsspec's caches.
 _FSSPEC_ONLY = frozenset({"skip_instance_cache", "use_listings_cache", "listings_expiry_time",
                           "max_paths", "default_block_size", "default_fill_cache"})
@@ -143,6 +164,15 @@ class StoreSpec:
         if region and region_name and region != region_name:
             raise ValueError(f"{self.url}: storage options region={region!r} and "
                              f'client_kwargs["region_name"]={region_name!r} differ: give one')
+        known = _s3_option_names()
+        unknown = sorted(set(options) - known) if known else []
+        if unknown:  # s3fs hands them to botocore's session, which fails at the first request
+            near = {name: difflib.get_close_matches(name, known, 1) for name in unknown}
+            hints = [f"{name!r}" + (f" (did you mean {near[name][0]!r}?)" if near[name] else "")
+                     for name in unknown]
+            raise ValueError(f"{self.url}: unknown storage option(s) {', '.join(hints)}; S3 takes "
+                             "s3fs's options (key, secret, token, endpoint_url, client_kwargs, "
+                             "config_kwargs, anon, profile ...), region and transport")
 
     @property
     def protocol(self) -> str:
