@@ -193,6 +193,21 @@ def test_open_missing_location(location):
     assert url in str(info.value)
 
 
+def test_a_location_holding_only_a_lease_says_a_buffer_is_being_created(location):
+    """A writer killed after taking its lease and before writing its group (or one still
+    creating it) left a location that ``zstore.open`` called "not a zstore buffer: no Zarr
+    group there"; it now says what is there and the way on, and creating it again works."""
+    url = location.new("lease-only")
+    creating = location.memmap(8, scratch_dir=url)
+    creating.take_write_lease()  # the first step of a creation: the lease, nothing else yet
+    with pytest.raises(NotAZStoreError, match="holds only a write lease, no buffer yet") as info:
+        zstore.open(url, location.options, mode="r")
+    assert url in str(info.value) and "create the buffer there again" in str(info.value)
+    creating.set(torch.arange(2), TensorDict(x=torch.ones(2), batch_size=[2]))
+    creating.close()
+    assert len(zstore.open(url, location.options, mode="r")) == 2
+
+
 def test_plain_zarr_group_is_not_a_buffer(location):
     url = location.new("plain")
     group = zarr.open_group(url, mode="w", storage_options=location.options or None)

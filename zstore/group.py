@@ -139,6 +139,25 @@ def _not_found(spec: StoreSpec) -> StoreNotFoundError:
         + (" (memory:// stores live inside one process)" if spec.is_memory else ""))
 
 
+def _no_group(spec: StoreSpec) -> NotAZStoreError:
+    """The error for a location that exists and holds no Zarr group. When all it holds is a
+    write lease, a buffer is being created there, or its creation was killed before it
+    wrote its group: say so, and the way on (one listing, on this error path only)."""
+    from .lease import LEASE_NAME
+
+    try:
+        held = set(spec.objects())
+    except OSError:
+        held = set()
+    if held and held <= {LEASE_NAME}:
+        return NotAZStoreError(
+            f"{spec.redacted()} holds only a write lease, no buffer yet: a writer is creating "
+            "one there (open it once that writer has written its first rows), or its creation "
+            "was killed before it wrote anything (create the buffer there again: the lease "
+            "is taken over once it expires, at once from a dead process of this machine)")
+    return NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: no Zarr group there")
+
+
 def open_zarr_group(spec: StoreSpec) -> zarr.Group:
     """The Zarr group of the buffer at ``spec``, its ``zstore`` block not yet read.
 
@@ -154,7 +173,7 @@ def open_zarr_group(spec: StoreSpec) -> zarr.Group:
     except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError) as exc:
         if not spec.exists():
             raise _not_found(spec) from None
-        raise NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: no Zarr group there") from exc
+        raise _no_group(spec) from exc
     except (ValueError, TypeError, KeyError) as exc:
         raise NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: {exc}") from exc
     except Exception as exc:  # the network after the client's retries: name the store
