@@ -57,3 +57,25 @@ def test_nested_batch_dims_are_kept_in_ram_and_on_every_store(location):
             assert got["a"].batch_size == expected["a"].batch_size
             assert got["a", "x"].equal(expected["a", "x"])
         assert rb.storage.get(0)["a"][1]["x"].tolist() == [2., 3.]
+
+
+def test_documented_differences_deepcopy_shares_the_store_and_dtypes_are_not_cast(tmp_path):
+    """docs/torchrl.md: ``copy.deepcopy`` of a URL storage reopens the same store (TorchRL's
+    copies the data), and a row of another dtype is refused where TorchRL's casts it."""
+    import copy
+
+    import zstore
+
+    url = str(tmp_path / "rb")
+    storage = zstore.torchrl.LazyMemmapStorage(4, scratch_dir=url)
+    storage.set(torch.arange(2), TensorDict(x=torch.zeros(2), batch_size=[2]))
+    twin = copy.deepcopy(storage)
+    twin.set(0, TensorDict(x=torch.tensor(5.)))
+    assert storage.get(0)["x"].item() == 5.0  # the same store
+    theirs = TorchRLLazyTensorStorage(4)
+    theirs.set(torch.arange(2), TensorDict(x=torch.zeros(2), batch_size=[2]))
+    theirs.set(1, TensorDict(x=torch.tensor(7., dtype=torch.float64)))
+    assert theirs.get(1)["x"].dtype == torch.float32  # TorchRL's casts
+    with pytest.raises(zstore.SchemaError, match="float64"):
+        storage.set(1, TensorDict(x=torch.tensor(7., dtype=torch.float64)))
+    assert storage.get(1)["x"].item() == 0.0
