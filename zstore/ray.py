@@ -95,9 +95,10 @@ def storage_factory(url: str, capacity: int, *, storage_options: Mapping[str, An
     """A picklable callable returning the buffer at ``url``: created on first use, reopened after.
 
     Reopened means what :func:`zstore.open` gives: the committed rows, length and cursor
-    (as ``existsok=True`` adopts them when the storage is built). With ``torchrl=True`` the storage is TorchRL's twin class
-    (:mod:`zstore.torchrl`), which ``RayReplayBuffer`` needs; pair it with
-    :class:`zstore.torchrl.RoundRobinWriter` to continue at the committed cursor.
+    (as ``existsok=True`` adopts them when the storage is built). With ``torchrl=True``
+    the storage is TorchRL's twin class (:mod:`zstore.torchrl`), which ``RayReplayBuffer``
+    needs; pair it with :class:`zstore.torchrl.RoundRobinWriter` to continue at the
+    committed cursor.
     ``options`` (``codec``, ``chunks``, ``cache_bytes`` ...) apply when it is created;
     a reopened buffer keeps its own layout. A different ``capacity`` from the stored
     buffer's is refused.
