@@ -7,17 +7,20 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import TensorDict, lazy_stack
-from torchrl.data import CompressedListStorage as TorchRLCompressedListStorage
-from torchrl.data import ReplayBuffer, TensorDictReplayBuffer
 
 import zstore
-import zstore.torchrl
+
+pytestmark = pytest.mark.torchrl
+T = pytest.importorskip("torchrl.data")
+zt = pytest.importorskip("zstore.torchrl")
+TorchRLCompressedListStorage, ReplayBuffer, TensorDictReplayBuffer = \
+    T.CompressedListStorage, T.ReplayBuffer, T.TensorDictReplayBuffer
 
 
 def compressed(location, capacity: int):
     """zstore's CompressedListStorage, as TorchRL's buffers take it, at ``location``."""
-    return zstore.torchrl.CompressedListStorage(capacity, scratch_dir=location.new(),
-                                                storage_options=location.options)
+    return zt.CompressedListStorage(capacity, scratch_dir=location.new(),
+                                    storage_options=location.options)
 
 
 def items_of(rb) -> list:

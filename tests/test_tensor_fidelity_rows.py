@@ -8,16 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import TensorDict
-from torchrl.data import LazyTensorStorage as TorchRLLazyTensorStorage
-from torchrl.data import TensorDictReplayBuffer
 
-import zstore.torchrl
+import zstore
+
+pytestmark = pytest.mark.torchrl
+T = pytest.importorskip("torchrl.data")
+zt = pytest.importorskip("zstore.torchrl")
+TorchRLLazyTensorStorage, TensorDictReplayBuffer = T.LazyTensorStorage, T.TensorDictReplayBuffer
 
 
 def memmap(location, capacity: int):
     """zstore's LazyMemmapStorage, as TorchRL's buffers take it, at ``location``."""
-    return zstore.torchrl.LazyMemmapStorage(capacity, scratch_dir=location.new(),
-                                            storage_options=location.options)
+    return zt.LazyMemmapStorage(capacity, scratch_dir=location.new(),
+                                storage_options=location.options)
 
 
 @pytest.mark.parametrize("write", ["negative int", "mask over every row"])
@@ -49,7 +52,7 @@ def test_nested_batch_dims_are_kept_in_ram_and_on_every_store(location):
                        "obs": torch.zeros(3)}, batch_size=[3])
     reference = TensorDictReplayBuffer(storage=TorchRLLazyTensorStorage(5))
     reference.extend(data.clone())
-    for storage in (zstore.torchrl.LazyTensorStorage(5), memmap(location, 5)):
+    for storage in (zt.LazyTensorStorage(5), memmap(location, 5)):
         rb = TensorDictReplayBuffer(storage=storage)
         rb.extend(data.clone())
         for index in (0, torch.tensor([2, 0])):
@@ -64,10 +67,8 @@ def test_documented_differences_deepcopy_shares_the_store_and_dtypes_are_not_cas
     copies the data), and a row of another dtype is refused where TorchRL's casts it."""
     import copy
 
-    import zstore
-
     url = str(tmp_path / "rb")
-    storage = zstore.torchrl.LazyMemmapStorage(4, scratch_dir=url)
+    storage = zt.LazyMemmapStorage(4, scratch_dir=url)
     storage.set(torch.arange(2), TensorDict(x=torch.zeros(2), batch_size=[2]))
     twin = copy.deepcopy(storage)
     twin.set(0, TensorDict(x=torch.tensor(5.)))
