@@ -194,7 +194,7 @@ def test_an_array_naming_a_foreign_codec_is_refused_before_decoding(tmp_path, co
 def test_a_store_moved_or_deleted_under_its_reader_raises_not_zeros(location, kind, how):
     """Rows a reader had not cached read as zeros once its store was moved or deleted (an
     absent chunk is Zarr's fill value); now they raise StoreNotFoundError naming the store:
-    locally since 2026-12-02, on memory:// and buckets since 2026-12-06 (one request per
+    locally since 2026-12-05, on memory:// and buckets since 2026-12-06 (one request per
     read that meets a missing object). A single deleted chunk, the array still there, reads
     as zeros as Zarr defines (reliability.md)."""
     if how == "moved" and location.kind != "local":
