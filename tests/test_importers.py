@@ -165,6 +165,18 @@ def test_bad_files_name_the_culprit(tmp_path):
     assert not (tmp_path / "y").exists()
 
 
+@pytest.mark.parametrize("importer", [import_d4rl, import_minari])
+def test_a_source_that_is_no_hdf5_file_is_named_by_the_python_api_too(tmp_path, importer):
+    """As `zstore import` says it: h5py's own errors name neither the file's role nor the fix."""
+    text = tmp_path / "notes.txt"
+    text.write_text("not hdf5")
+    for source, what in ((tmp_path / "missing.hdf5", "no such file: .*missing.hdf5; pass"),
+                         (text, "notes.txt is not an HDF5 file .*; pass")):
+        with pytest.raises(zstore.SourceFileError, match=what):
+            importer(source, str(tmp_path / "x"), progress=False)
+        assert not (tmp_path / "x").exists()
+
+
 def test_d4rl_infos_of_another_length_are_refused(tmp_path):
     path = _write_d4rl(tmp_path / "d.hdf5")
     with h5py.File(path, "a") as f:

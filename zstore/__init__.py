@@ -35,7 +35,7 @@ _SOURCES = {
     **dict.fromkeys(["ZStoreError", "BackendNotInstalledError", "StoreNotFoundError",
                      "NotAZStoreError", "FormatVersionError", "ReadOnlyError", "NoCredentialsError",
                      "SchemaError", "MissingKeyError", "InvalidKeyError", "CorruptChunkError",
-                     "StoreExistsError", "LeaseError"], "errors"),
+                     "StoreExistsError", "LeaseError", "SourceFileError"], "errors"),
 }
 
 __all__ = [
@@ -46,7 +46,7 @@ __all__ = [
     "ZStoreError", "BackendNotInstalledError", "StoreNotFoundError", "NotAZStoreError",
     "FormatVersionError", "ReadOnlyError", "NoCredentialsError", "SchemaError", "MissingKeyError",
     "InvalidKeyError",
-    "CorruptChunkError", "StoreExistsError", "LeaseError", "display", "plots",
+    "CorruptChunkError", "StoreExistsError", "LeaseError", "SourceFileError", "display", "plots",
 ]
 
 

@@ -33,10 +33,6 @@ class UsageError(Exception):
     """A subcommand was called with options that do not fit together (exit code 2)."""
 
 
-class SourceFileError(ZStoreError, ValueError):
-    """The file a command reads (``zstore import``'s FILE) is missing, a directory, or not HDF5."""
-
-
 # -- argument types shared by subcommands ---------------------------------------------------
 
 def positive_int(text: str) -> int:
@@ -424,35 +420,12 @@ def import_arguments(parser: argparse.ArgumentParser) -> None:
     _progress(parser)
 
 
-def _check_source(layout: str, file: str) -> None:
-    """Refuse an import's FILE that is missing, a directory (a Minari folder without its HDF5
-    file) or not HDF5, naming it and the fix (h5py's errors name neither)."""
-    import h5py
-
-    from .dataset.importers import minari_main_file
-
-    expected = ("the .hdf5 file of a D4RL dataset" if layout == "d4rl" else
-                "a Minari dataset's folder or its main_data.hdf5")
-    if not os.path.exists(file):
-        raise SourceFileError(f"no such file: {file}; pass {expected}")
-    path = minari_main_file(file) if layout == "minari" else file  # a folder without it: raises
-    if os.path.isdir(path):
-        raise SourceFileError(f"{file} is a directory, not an HDF5 file; pass {expected}")
-    if not h5py.is_hdf5(path):
-        raise SourceFileError(f"{path} is not an HDF5 file (no HDF5 signature); pass {expected}")
-    try:
-        h5py.File(path, "r").close()
-    except OSError as exc:  # a truncated or damaged file
-        raise SourceFileError(f"cannot read {path} as HDF5 ({exc}); pass a complete, undamaged "
-                              f"copy of {expected}") from exc
-
-
 def import_run(args: argparse.Namespace) -> int:
     """Run `zstore import LAYOUT FILE URL` (a D4RL or Minari HDF5 file as a sealed dataset); the exit code."""
     from .dataset import import_d4rl, import_minari
-    from .dataset.importers import DEFAULT_CODEC
+    from .dataset.importers import DEFAULT_CODEC, source_file
 
-    _check_source(args.layout, args.file)
+    source_file(args.layout, args.file)  # before the destination is looked at
     _require_writable(args.url, _options(args), "import into",
                       _WRITE_ELSEWHERE).refuse_a_file(_CHOOSE_ANOTHER)
     run = import_d4rl if args.layout == "d4rl" else import_minari

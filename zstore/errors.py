@@ -70,6 +70,18 @@ class LeaseError(ZStoreError, RuntimeError):
     """Another writer holds the store's write lease, or this writer lost it."""
 
 
+class SourceFileError(ZStoreError, ValueError):
+    """The file an import reads (a D4RL or Minari HDF5 file) is missing, a directory, or
+    not HDF5."""
+
+
+def sealed_dataset(action: str, where: str) -> ReadOnlyError:
+    """The error for a write to the sealed dataset at ``where``: it names the way to a
+    writable copy."""
+    return ReadOnlyError(f"cannot {action}: {where} is a sealed, read-only dataset (copy it "
+                         f"with `zstore convert {where} DST --no-seal` to get a writable buffer)")
+
+
 #: The second way on that :func:`folder_not_writable` offers (a Python caller's).
 OPEN_READ_ONLY = " or open the store read-only (mode='r')"
 

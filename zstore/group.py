@@ -187,13 +187,12 @@ def open_zarr_group(spec: StoreSpec) -> zarr.Group:
     return group
 
 
-def existing_meta(spec: StoreSpec) -> StoreMeta | None:
-    """The buffer's metadata if ``spec`` holds a complete zstore buffer, else ``None``."""
-    if not spec.exists():
-        return None
+def existing_buffer(spec: StoreSpec) -> tuple[zarr.Group, StoreMeta] | None:
+    """The group and metadata of the complete zstore buffer at ``spec``, or ``None`` where
+    there is none (nothing there, or no buffer): one metadata read when there is one."""
     try:
-        return open_group(spec)[1]
-    except NotAZStoreError:
+        return open_group(spec)
+    except (StoreNotFoundError, NotAZStoreError):
         return None
 
 

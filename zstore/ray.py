@@ -34,7 +34,7 @@ import torch
 
 from .api import open as _open
 from .errors import LeaseError, NotAZStoreError, SchemaError, StoreNotFoundError
-from .group import existing_meta
+from .group import existing_buffer
 from .lease import DEFAULT_TTL
 from .storages import LazyMemmapStorage, StorageEnsemble
 from .store import StoreSpec
@@ -68,14 +68,15 @@ def _create_or_open(url: str, capacity: int, storage_options: Mapping[str, Any] 
                     torchrl: bool, autocommit_seconds: float, lease_ttl: float | None,
                     options: Mapping[str, Any]) -> Any:
     spec = StoreSpec.parse(url, storage_options)
-    meta = existing_meta(spec)
-    if meta is None:
+    found = existing_buffer(spec)
+    if found is None:
         cls = LazyMemmapStorage
         if torchrl:
             from .torchrl import LazyMemmapStorage as cls
         # existsok: another process may create it between our look and our first write
         return cls(capacity, scratch_dir=url, storage_options=storage_options, existsok=True,
                    autocommit_seconds=autocommit_seconds, lease_ttl=lease_ttl, **options)
+    meta = found[1]
     if meta.max_size != capacity:
         raise SchemaError(f"{spec.redacted()} holds a buffer of {meta.max_size} cells, not "
                          f"{capacity}: pass its capacity, or use another URL")

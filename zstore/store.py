@@ -38,7 +38,8 @@ from zarr.storage import FsspecStore, LocalStore, ObjectStore
 
 from ._aws_credentials import botocore_chain
 from .credentials import CHECK_ENDPOINT, no_credentials_error, store_errors_named
-from .errors import BackendNotInstalledError, NotAZStoreError, ReadOnlyError, StoreNotFoundError
+from .errors import (BackendNotInstalledError, NotAZStoreError, ReadOnlyError, StoreNotFoundError,
+                     sealed_dataset)
 
 _INSTALL_HINTS = {
     "s3": "s3fs (pip install 'zstore[s3]')",
@@ -119,6 +120,8 @@ class StoreSpec:
     url: str
     storage_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     read_only: bool = False
+    #: read-only because it holds a sealed dataset (what a refused write then says)
+    sealed: bool = dataclasses.field(default=False, compare=False)
 
     @classmethod
     def parse(
@@ -230,9 +233,10 @@ class StoreSpec:
         return (f"StoreSpec(url={self.url!r}, storage_options={_redact(self.storage_options)!r}, "
                 f"read_only={self.read_only})")
 
-    def as_read_only(self) -> "StoreSpec":
-        """The same location, opened read-only (a new value; this one is unchanged)."""
-        return dataclasses.replace(self, read_only=True)
+    def as_read_only(self, sealed: bool = False) -> "StoreSpec":
+        """The same location, opened read-only (a new value; this one is unchanged);
+        ``sealed``: because it holds a sealed dataset."""
+        return dataclasses.replace(self, read_only=True, sealed=sealed)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict that :meth:`from_json` turns back into this spec."""
@@ -417,6 +421,8 @@ class StoreSpec:
 
     def require_writable(self, action: str) -> None:
         """Raise :class:`ReadOnlyError` naming ``action`` when this spec is read-only."""
+        if self.sealed:
+            raise sealed_dataset(action, self.url)
         if self.read_only:
             raise ReadOnlyError(f"cannot {action}: {self.url} is opened read-only")
 

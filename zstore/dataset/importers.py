@@ -40,8 +40,8 @@ import numpy as np
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from ..errors import MissingKeyError, SchemaError, StoreExistsError
-from ..group import existing_meta
+from ..errors import MissingKeyError, SchemaError, SourceFileError, StoreExistsError
+from ..group import existing_buffer
 from ..progress import progress as progress_bar
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
@@ -127,7 +127,7 @@ class _Writer:
         if total < 1:
             raise SchemaError(f"nothing to import into {url}: the file holds no transitions")
         spec = StoreSpec.parse(url, storage_options)
-        if existing_meta(spec) is not None:  # before anything (a lease file too) is written there
+        if existing_buffer(spec) is not None:  # before anything (a lease file too) is written there
             raise StoreExistsError(
                 f"cannot import into {spec.redacted()}: it already holds a zstore buffer or "
                 "dataset (left unchanged); choose another destination, or delete it first")
@@ -192,7 +192,7 @@ def import_d4rl(h5_path: str | os.PathLike, url: str | os.PathLike,
 
     from .open import open_dataset
 
-    with h5py.File(h5_path, "r") as f:
+    with h5py.File(source_file("d4rl", h5_path), "r") as f:
         where = f"D4RL file {os.fspath(h5_path)}"
         _require(f, ("observations", "actions", "rewards", "terminals"), where)
         steps = _rows(f, "observations", where)
@@ -281,6 +281,31 @@ def _minari_episode(group) -> TensorDict:
     return batch
 
 
+def source_file(layout: str, file: str | os.PathLike) -> str:
+    """The HDF5 file an import of ``layout`` (``"d4rl"`` or ``"minari"``) reads from
+    ``file``. :class:`~zstore.errors.SourceFileError` for one that is missing, a directory
+    (a Minari folder without its HDF5 file) or not HDF5, naming it and the fix (h5py's
+    errors name neither)."""
+    import h5py
+
+    file = os.fspath(file)
+    expected = ("the .hdf5 file of a D4RL dataset" if layout == "d4rl" else
+                "a Minari dataset's folder or its main_data.hdf5")
+    if not os.path.exists(file):
+        raise SourceFileError(f"no such file: {file}; pass {expected}")
+    path = minari_main_file(file) if layout == "minari" else file  # a folder without it: raises
+    if os.path.isdir(path):
+        raise SourceFileError(f"{file} is a directory, not an HDF5 file; pass {expected}")
+    if not h5py.is_hdf5(path):
+        raise SourceFileError(f"{path} is not an HDF5 file (no HDF5 signature); pass {expected}")
+    try:
+        h5py.File(path, "r").close()
+    except OSError as exc:  # a truncated or damaged file
+        raise SourceFileError(f"cannot read {path} as HDF5 ({exc}); pass a complete, undamaged "
+                              f"copy of {expected}") from exc
+    return path
+
+
 def minari_main_file(path: str | os.PathLike) -> str:
     """The HDF5 file of a Minari dataset: ``path`` itself, or inside the folder Minari writes.
 
@@ -314,7 +339,7 @@ def import_minari(h5_path: str | os.PathLike, url: str | os.PathLike,
 
     from .open import open_dataset
 
-    h5_path = minari_main_file(h5_path)
+    h5_path = source_file("minari", h5_path)
     with h5py.File(h5_path, "r") as f:
         names = _episode_names(f)
         where = f"Minari file {os.fspath(h5_path)}"

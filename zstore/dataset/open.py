@@ -28,7 +28,8 @@ from zarr.errors import GroupNotFoundError, NodeNotFoundError
 from zarr.storage import StorePath
 
 from ..cache import DEFAULT_CACHE_BYTES
-from ..errors import NotAZStoreError, ReadOnlyError, StoreNotFoundError, ZStoreError
+from ..errors import (NotAZStoreError, ReadOnlyError, StoreNotFoundError, ZStoreError,
+                      sealed_dataset)
 from ..group import ZSTORE_ATTR, read_meta, store_io_error
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
@@ -62,9 +63,7 @@ class Dataset(LazyMemmapStorage):
         self._index: TensorDict | None = None
 
     def _refuse(self, action: str) -> None:
-        raise ReadOnlyError(f"{WRITING_ERR} Cannot {action}: {self.spec.redacted()} is a sealed, "
-                            "read-only dataset (copy it with `zstore convert` to get a writable "
-                            "buffer)")
+        raise ReadOnlyError(f"{WRITING_ERR} {sealed_dataset(action, self.spec.redacted())}")
 
     # -- every write path refuses ---------------------------------------------------------
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:

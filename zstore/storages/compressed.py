@@ -66,7 +66,7 @@ from .list import ListStorage, _as_int, _flagged, _is_mask, _positions
 from .lifecycle import collect_store, delete_store
 from .memmap import LazyMemmapStorage
 from .ragged import RaggedKey
-from .torchrl_state import is_torchrl_state, torchrl_items
+from .torchrl_state import state_items
 
 _BATCH = "__zstore__/batch"
 _ROOT = ".root"
@@ -1033,7 +1033,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Replace the content with the items of :meth:`state_dict`, or of the one TorchRL's
         ``CompressedListStorage`` writes (its compressed items are decoded)."""
-        items = torchrl_items(state_dict) if is_torchrl_state(state_dict) else state_dict["_storage"]
+        items = state_items(state_dict)
         items = [TensorDict(item, batch_size=[]) if isinstance(item, dict) else item
                  for item in items]
         self._refuse_mixed(items)  # before the content goes

@@ -26,10 +26,10 @@ from tensordict import is_tensor_collection, is_tensorclass
 from .. import autocommit
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats, cache_tier
 from ..codecs import checked_rows_per, choose_layout, is_remote, parse_codecs
-from ..errors import (LeaseError, MissingKeyError, ReadOnlyError, SchemaError, StoreExistsError,
+from ..errors import (LeaseError, MissingKeyError, SchemaError, StoreExistsError,
                       ZStoreError)
 from ..display import KeyRow, Summary, dtype_name, text_dtype
-from ..group import (carrying_nodes, commit, create_group, existing_meta, nodes_metadata,
+from ..group import (carrying_nodes, commit, create_group, existing_buffer, nodes_metadata,
                      open_group)
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta, ragged_keys
 from ..lease import DEFAULT_TTL, LEASE_NAME
@@ -164,17 +164,17 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         at the first write (as anything else still is: no buffer, another capacity, a
         store zstore cannot open, which that write creates or refuses, naming why), a
         writer started at row 0, over the stored rows."""
-        if not self.spec.exists():
-            return
         try:
-            group, meta = open_group(self.spec)
+            found = existing_buffer(self.spec)
         except ZStoreError:
             return
+        if found is None:
+            return
+        meta = found[1]
         if (meta.storage_class, meta.max_size, meta.ndim) != \
                 (LazyMemmapStorage.__name__, self.max_size, self.ndim) or meta.read_only:
             return
-        self.codec, self.key_codecs = meta.codec, dict(meta.key_codecs)
-        self._attach(group, meta)
+        self._attach_stored(*found)
 
     def _setup_runtime(self) -> None:
         run_deferred()  # memory:// stores of collected storages: a safe point to delete them
@@ -256,7 +256,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self._committed = (meta.length, meta.last_cursor)
         self.initialized = True
         if meta.read_only and not self.spec.read_only:  # a sealed dataset: refuse writes up front
-            self.spec = self.spec.as_read_only()
+            self.spec = self.spec.as_read_only(sealed=True)
         read_only = self.spec.read_only
         if MmapTable.supported(self.spec.is_local, meta.all_raw, meta.rows, meta.layout) \
                 and self.cache == "host":
@@ -357,12 +357,13 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         schema = Schema.from_example(example, self.ndim, max(self.text_bytes, text_bytes))
         if is_tensorclass(example):
             schema.tensorclass = type(example)
-        found = existing_meta(self.spec)
+        found = existing_buffer(self.spec)
         if found is not None:
             if not self.existsok:
+                stored = found[1]
                 raise StoreExistsError(
                     f"The file {self.spec.redacted()} already exists: it holds a zstore buffer "
-                    f"({found.storage_class}, {found.length} cells). Pass existsok=True to adopt "
+                    f"({stored.storage_class}, {stored.length} cells). Pass existsok=True to adopt "
                     "it, or reopen it with zstore.open(url).")
             self._adopt(schema)
             return
@@ -426,10 +427,13 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                 f"{[leaf.to_json() for leaf in meta.schema.leaves]} differ from the data's "
                 f"{[leaf.to_json() for leaf in schema.leaves]}")
         meta.schema.tensorclass = schema.tensorclass
-        # the stored buffer's codecs and layout are what its rows are written with
+        self._attach_stored(group, meta)
+        self._fence()
+
+    def _attach_stored(self, group, meta: StoreMeta) -> None:
+        """Attach an adopted buffer: its codecs and layout are what its rows are written with."""
         self.codec, self.key_codecs = meta.codec, dict(meta.key_codecs)
         self._attach(group, meta)
-        self._fence()
 
     def dumps(self, path: Any) -> Any:
         """Checkpoint to ``path`` and return the checkpointer's
@@ -638,8 +642,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self._write(urows, block)
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
-        if self.spec.read_only:
-            raise ReadOnlyError(f"cannot write: {self.spec.redacted()} is opened read-only")
+        self.spec.require_writable("write")
         # add()'s row takes no other acquisition; _counts.lock is held only where processes
         # share the store (.sharing)
         with self._commit_lock, self._counts.lock:

@@ -56,6 +56,6 @@ def seal_storage(storage) -> int:
     commit(group, meta, lease, where)
     storage._group = group
     storage.table.read_only = True
-    storage.spec = storage.spec.as_read_only()
+    storage.spec = storage.spec.as_read_only(sealed=True)
     storage._release_lease()  # a dataset has no writer
     return len(index)

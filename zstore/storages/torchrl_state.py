@@ -20,15 +20,13 @@ from tensordict import TensorDict
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
-def is_torchrl_state(state_dict: dict[str, Any]) -> bool:
-    """Whether ``state_dict`` is one TorchRL's ``CompressedListStorage`` wrote."""
-    return "_metadata" in state_dict
-
-
-def torchrl_items(state_dict: dict[str, Any]) -> list:
-    """The items of TorchRL's ``CompressedListStorage.state_dict()``, decompressed
-    (``ValueError`` naming the item for a payload that is neither zlib nor zstd: one
-    its ``compression_fn`` made, which only TorchRL's storage with that function reads)."""
+def state_items(state_dict: dict[str, Any]) -> list:
+    """The items of a ``CompressedListStorage.state_dict()``: zstore's as they are,
+    TorchRL's (the one with ``_metadata``) decompressed (``ValueError`` naming the item
+    for a payload that is neither zlib nor zstd: one its ``compression_fn`` made, which
+    only TorchRL's storage with that function reads)."""
+    if "_metadata" not in state_dict:
+        return list(state_dict["_storage"])
     return [_item(payload, meta, i) for i, (payload, meta) in
             enumerate(zip(state_dict["_storage"], state_dict["_metadata"], strict=True))
             if payload is not None]
