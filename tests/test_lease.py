@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import json
 import pickle
+import re
 
 import pytest
 import torch
@@ -81,6 +82,8 @@ def test_second_writer_is_refused_and_readers_are_not(location, clock):
         storage.set(torch.arange(3), rows(0, 3))
     message = str(info.value)
     assert url in message and other.owner in message and "ttl 30 s" in message
+    wait = float(re.search(r"this one: in ([0-9.]+) s, if its holder renews it no more", message)[1])
+    assert 0 < wait <= 30  # when the next writer may take it over
     assert "secret" not in location.options or location.options["secret"] not in message
     assert spec.is_empty(ignore=(LEASE_NAME,))  # refused before anything was written
     other.release()

@@ -156,7 +156,8 @@ class Lease:
             raise LeaseError(
                 f"{self.spec.redacted()} is being written by {_describe(holder, now)}: one writer "
                 "per store. Open it with mode='r' to read; a lease not renewed for its ttl "
-                "is taken over automatically by the next writer.")
+                "is taken over automatically by the next writer (this one: in "
+                f"{renewed + ttl - now:.1f} s, if its holder renews it no more).")
         taken = self.objects.replace(LEASE_NAME, self._record(now, now), token)
         if taken is not None and dead:
             warnings.warn(f"took over the write lease on {self.spec.redacted()} from "
