@@ -55,7 +55,7 @@ _PROTOTYPE = default_buffer_prototype()
 _WHOLE = OffsetByteRequest(0)
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _DECODERS = SharedPool("zstore-decode", lambda: os.cpu_count() or 1)
-#: Arrays (``store/path``) whose server was found to ignore Range requests, warned about once.
+#: Stores whose server was found to ignore Range requests, warned about once.
 _IGNORED_RANGE: set[str] = set()
 
 
@@ -281,12 +281,13 @@ class ColumnReader:
             return payload
         if len(payload) <= asked:
             return payload
-        if self.where not in _IGNORED_RANGE:  # once per array and process: reads go on alike
-            _IGNORED_RANGE.add(self.where)
+        store = self.where.removesuffix(f"/{self.path}")
+        if store not in _IGNORED_RANGE:  # once per store and process: reads go on alike
+            _IGNORED_RANGE.add(store)
             warnings.warn(
-                f"{self.where}: the server answered a ranged read of {key!r} with the whole "
+                f"{store}: the server answered a ranged read of {key!r} with the whole "
                 f"object ({len(payload)} bytes for {asked}): it ignores Range requests, so every "
-                "read of a sharded array fetches whole shards (warned once per array). Serve "
+                "read of a sharded array fetches whole shards (warned once per store). Serve "
                 "the store with a server that honours Range, or serve an unsharded copy "
                 "('zstore convert SRC DIR --chunks ROWS' to a local directory writes one)",
                 RuntimeWarning, stacklevel=2)
