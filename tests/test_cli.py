@@ -160,6 +160,29 @@ def test_cli_on_s3_with_storage_options(capsys, s3_bucket, s3_options, tmp_path)
     assert f"s3://{s3_bucket}/cli/none" in err and "'secret': '***'" in err
 
 
+@pytest.mark.s3
+def test_info_counts_the_rows_in_the_tail_log_in_each_keys_stored_bytes(capsys, s3_bucket,
+                                                                      s3_options):
+    """A flushed, unclosed bucket buffer keeps its newest rows in log segments (raw), not in
+    the keys' chunks: `info` said `obs` held 1.3 KiB stored for 31.2 KiB raw (ratio 24)."""
+    url = f"s3://{s3_bucket}/cli/logged"
+    storage = zstore.LazyMemmapStorage(100_000, scratch_dir=url, storage_options=s3_options,
+                                       codec="zstd")
+    for start in range(0, 1000, 200):
+        storage.set(torch.arange(start, start + 200),
+                    TensorDict(obs=torch.randn(200, 8), batch_size=[200]))
+        storage.flush()
+    assert storage._meta.tail  # what this test is about: rows committed to the log
+    out = _run(capsys, "info", url, *[f"-o{k}={v}" for k, v in s3_options.items()])
+    row = next(line.split() for line in out.splitlines() if line.startswith("  obs "))
+    raw, stored, ratio = " ".join(row[-5:-3]), " ".join(row[-3:-1]), float(row[-1])
+    assert raw == "31.2 KiB" and 0.9 <= ratio <= 1.0, out  # random floats, stored raw in the log
+    storage.close()
+    out = _run(capsys, "info", url, *[f"-o{k}={v}" for k, v in s3_options.items()])
+    row = next(line.split() for line in out.splitlines() if line.startswith("  obs "))
+    assert 0.9 <= float(row[-1]) <= 1.2, out  # in zstd chunks now, no log left
+
+
 def test_info_and_ls_on_a_compressed_list_storage(capsys, tmp_path):
     url = str(tmp_path / "frames")
     storage = zstore.CompressedListStorage(50, scratch_dir=url)

@@ -235,8 +235,12 @@ def _print_buffer(spec, group, block: dict[str, Any]) -> None:
     """The schema table and counters of a LazyMemmapStorage."""
     from .codecs import CodecSpec
     from .display import format_bytes
+    from .tail import group_id, record_from_json
 
     fs, root = spec.filesystem()
+    # rows committed to the tail log, not yet in their chunks: per block group (format.md §6)
+    logged = {group: sum(seg.stop - seg.first for seg in segments)
+              for group, segments in record_from_json(block.get("tail")).items()}
     schema, length, ndim = block["schema"], int(block["length"]), int(block["ndim"])
     lanes = [int(n) for n in schema.get("lane_shape", [])]
     kind = "sealed dataset" if block.get("sealed") else \
@@ -256,8 +260,10 @@ def _print_buffer(spec, group, block: dict[str, Any]) -> None:
     for leaf in schema["leaves"]:
         path, shape = leaf["path"], leaf["shape"]
         chunk, shard = block["chunks"][path]
-        raw = filled * math.prod(shape) * group[path].dtype.itemsize
-        stored = _du(fs, f"{root}/{path}")
+        row_bytes = math.prod(shape) * group[path].dtype.itemsize
+        raw = filled * row_bytes
+        # its chunks, and its rows in the log's segments (stored raw, beside every key's)
+        stored = _du(fs, f"{root}/{path}") + logged.get(group_id(chunk, shard or chunk), 0) * row_bytes
         total_raw, total_stored = total_raw + raw, total_stored + stored
         codec = CodecSpec.parse(codecs.get(path, block["codec"]))
         ratio = f"{raw / stored:.1f}" if stored else "-"
