@@ -35,6 +35,20 @@ def assert_items_equal(got: list, expected: list) -> None:
             assert g[key].dtype == e[key].dtype and g[key].equal(e[key]), key
 
 
+def test_an_items_own_batch_dims_are_kept_where_torchrl_drops_them(location):
+    """The documented difference (docs/torchrl.md §4): the same values and leaf shapes,
+    with the item's batch dims on zstore's side only."""
+    items = [TensorDict(obs=torch.randn(2, 5), batch_size=[2]) for _ in range(4)]
+    ours = ReplayBuffer(storage=compressed(location, 10))
+    theirs = ReplayBuffer(storage=TorchRLCompressedListStorage(10))
+    for rb in (ours, theirs):
+        rb.extend(items)
+    index = torch.tensor([0, 2, 3])
+    assert ours[index].batch_size == (3, 2) and theirs[index].batch_size == (3,)
+    assert ours[0].batch_size == (2,) and theirs[0].batch_size == ()
+    assert ours[index]["obs"].equal(theirs[index]["obs"])
+
+
 @pytest.mark.parametrize("buffer", [ReplayBuffer, TensorDictReplayBuffer])
 def test_a_lazy_stack_of_items_of_different_shapes_is_stored_item_by_item(location, buffer):
     """zstore refused the stack ("Failed to stack tensors"), storing nothing; TorchRL's
