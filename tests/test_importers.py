@@ -11,6 +11,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 import zstore
 from zstore.dataset import export_h5, import_d4rl, import_minari
@@ -146,6 +147,30 @@ def test_export_round_trips_through_both_layouts(tmp_path):
             np.testing.assert_array_equal(a[name][:], b[name][:])
 
 
+@pytest.mark.parametrize("layout", ["d4rl", "minari"])
+def test_a_dataset_recording_only_done_exports_its_episode_ends(tmp_path, layout):
+    """A buffer sealed with ``("next", "done")`` alone (TorchRL collectors', the README's):
+    the export wrote no terminals at all, and its file could not be imported back."""
+    n = 100
+    done = (torch.arange(n) % 25 == 24).unsqueeze(-1)
+    done[-1] = False  # the recording stops inside its last episode
+    storage = zstore.LazyMemmapStorage(n, scratch_dir=str(tmp_path / "buffer"))
+    storage.set(torch.arange(n), TensorDict(
+        observation=torch.randn(n, 3), action=torch.randn(n, 2),
+        next=TensorDict(observation=torch.randn(n, 3), reward=torch.randn(n, 1), done=done,
+                        batch_size=[n]), batch_size=[n]))
+    storage.seal()
+    storage.close()
+    ds = zstore.open_dataset(str(tmp_path / "buffer"))
+    export_h5(ds, tmp_path / "out.hdf5", layout=layout, progress=False)
+    back = (import_d4rl if layout == "d4rl" else import_minari)(
+        tmp_path / "out.hdf5", str(tmp_path / "back"), progress=False)
+    assert back.episodes["length"].tolist() == ds.episodes["length"].tolist() == [25, 25, 25, 25]
+    assert back.episodes["terminated"].reshape(-1).tolist() == [True, True, True, False]
+    assert (back[:]["next", "done"] == ds[:]["next", "done"]).all()
+    assert torch.equal(back[:]["observation"], ds[:]["observation"])
+
+
 def test_bad_files_name_the_culprit(tmp_path):
     path = tmp_path / "bad.hdf5"
     with h5py.File(path, "w") as f:
@@ -226,6 +251,50 @@ def test_cli_imports_a_minari_folder(tmp_path, capsys):
     _write_minari(folder / "data" / "main_data.hdf5", lengths=(4, 6))
     assert main(["import", "minari", str(folder), str(tmp_path / "out")]) in (0, None)
     assert len(zstore.open_dataset(str(tmp_path / "out"))) == 10
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["in-a-dict-space", "the-observation"])
+def test_minari_text_observations_are_imported_not_dropped(location, tmp_path, whole):
+    """A Text space (a dict member, or the whole observation) was dropped without a word:
+    the shift of observations to next observations turned its strings into an empty dict."""
+    words = ["hello", "wide", "world", "bye"]
+    with h5py.File(tmp_path / "m.hdf5", "w") as f:
+        g = f.create_group("episode_0")
+        g["observations" if whole else "observations/text"] = np.array(words, h5py.string_dtype())
+        if not whole:
+            g["observations/pos"] = np.arange(8, dtype=np.float32).reshape(4, 2)
+        g["actions"] = np.zeros((3, 1), np.float32)
+        g["rewards"] = np.ones(3)
+        g["terminations"] = np.array([False, False, True])
+        g["truncations"] = np.zeros(3, bool)
+    ds = import_minari(tmp_path / "m.hdf5", location.new("text"), location.options,
+                       progress=False)
+    rows = ds[:]
+    key = "observation" if whole else ("observation", "text")
+    assert rows.get(key).tolist() == words[:3]
+    assert rows.get(("next", *((key,) if whole else key))).tolist() == words[1:]
+    ds.close()
+
+
+def test_a_minari_episode_ending_with_neither_flag_stays_an_episode(tmp_path):
+    """Its rows were merged with the next group's into one episode, and slices crossed from
+    one into the other. Now its last step is truncated (with a warning naming it); the
+    file's last group, a recording stopped inside it, stays an open episode."""
+    path = _write_minari(tmp_path / "m.hdf5", lengths=(5, 4, 6))
+    with h5py.File(path, "r+") as f:
+        for name in ("episode_0", "episode_2"):
+            f[name]["terminations"][...] = f[name]["truncations"][...] = False
+    with pytest.warns(RuntimeWarning, match=r"1 episode\(s\) \(episode_0\) end with neither"):
+        ds = import_minari(path, str(tmp_path / "ds"), progress=False)
+    episodes = ds.episodes
+    assert episodes["length"].tolist() == [5, 4, 6]
+    assert episodes["truncated"].reshape(-1).tolist() == [True, True, False]
+    assert episodes["terminated"].reshape(-1).tolist() == [False, False, False]
+    with h5py.File(path, "r") as f:  # each episode's rows are its group's
+        for i in range(3):
+            np.testing.assert_array_equal(ds.episode(i)["observation", "pos"].numpy(),
+                                          f[f"episode_{i}/observations/pos"][:-1])
+    ds.close()
 
 
 def test_a_minari_episode_of_zero_steps_is_skipped(tmp_path):

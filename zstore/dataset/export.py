@@ -43,10 +43,19 @@ def _name(path: str, names: dict[str, str | None]) -> str | None:
     return path
 
 
+def _names(layout: dict[str, str | None], paths: set[str]) -> dict[str, str | None]:
+    """``layout``'s names for a dataset with the TED keys ``paths``: one that records only
+    ``("next", "done")`` (no ``terminated``) has its episode ends written as the
+    terminals, which the importers need (and read back as ``done``)."""
+    if "next/terminated" in paths:
+        return layout
+    return {**layout, "next/done": layout["next/terminated"]}
+
+
 def _h5_value(path: str, value: torch.Tensor) -> np.ndarray:
     array = value.numpy()
-    if path in ("next/reward", "next/terminated", "next/truncated") and array.ndim == 2 \
-            and array.shape[1] == 1:
+    if path in ("next/reward", "next/terminated", "next/truncated", "next/done") \
+            and array.ndim == 2 and array.shape[1] == 1:
         array = array[:, 0]  # TED's [N, 1] back to the HDF5 layouts' [N]
     return array
 
@@ -101,8 +110,10 @@ def _leaves(batch) -> list[tuple[str, torch.Tensor]]:
 
 
 def _write_d4rl(f, batch, start: int, total: int) -> None:
-    for path, value in _leaves(batch):
-        name = _name(path, _D4RL)
+    leaves = _leaves(batch)
+    names = _names(_D4RL, {path for path, _ in leaves})
+    for path, value in leaves:
+        name = _name(path, names)
         if name is None:
             continue
         array = _h5_value(path, value)
@@ -112,7 +123,9 @@ def _write_d4rl(f, batch, start: int, total: int) -> None:
 
 
 def _write_minari(group, steps) -> None:
-    for path, value in _leaves(steps):
+    leaves = _leaves(steps)
+    names = _names(_MINARI, {path for path, _ in leaves})
+    for path, value in leaves:
         if path == OBS or path.startswith(OBS + "/"):
             last = steps["next"][tuple(path.split("/"))][-1:]
             array = torch.cat([value, last]).numpy()
@@ -120,6 +133,8 @@ def _write_minari(group, steps) -> None:
             continue
         if path == f"next/{OBS}" or path.startswith(f"next/{OBS}/"):
             continue
-        name = _name(path, _MINARI)
+        name = _name(path, names)
         if name is not None:
             group.create_dataset(name, data=_h5_value(path, value))
+    if "truncations" not in group:  # the importer needs both flags: none was truncated
+        group.create_dataset("truncations", data=np.zeros(steps.shape[0], dtype=bool))

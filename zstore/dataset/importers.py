@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -268,9 +269,9 @@ def _minari_episode(group) -> TensorDict:
     steps = len(group["rewards"])
     obs = _node(group["observations"], slice(None))
 
-    def shift(value, lo: int, hi: int):
-        return value[lo:hi] if isinstance(value, torch.Tensor) else \
-            {k: shift(v, lo, hi) for k, v in value.items()}
+    def shift(value, lo: int, hi: int):  # a dict space's group, or one field's rows
+        return {k: shift(v, lo, hi) for k, v in value.items()} if isinstance(value, dict) \
+            else value[lo:hi]
 
     batch = _ted(shift(obs, 0, steps), _node(group["actions"], slice(None)),
                  shift(obs, 1, steps + 1), group["rewards"][:],
@@ -352,11 +353,23 @@ def import_minari(h5_path: str | os.PathLike, url: str | os.PathLike,
         with _Writer(url, sum(steps.values()), storage_options, codec, chunks, "import minari",
                      progress, text_bytes) as sink:
             pending: list[TensorDict] = []
-            rows = 0
+            rows, unflagged = 0, []
             for i, name in enumerate(names):
                 pending.append(_minari_episode(f[name]))
+                last = pending[-1][-1]["next"]
+                if not last["done"].any() and i < len(names) - 1:  # the group ends it: truncated
+                    last["truncated"][:] = last["done"][:] = True
+                    unflagged.append(name)
                 rows += pending[-1].shape[0]
                 if rows >= BATCH_ROWS or i == len(names) - 1:
                     sink.write(torch.cat(pending))
                     pending, rows = [], 0
+    if unflagged:
+        warnings.warn(
+            f"{where}: {len(unflagged)} episode(s) ({', '.join(unflagged[:5])}"
+            f"{' ...' if len(unflagged) > 5 else ''}) end with neither a termination nor a "
+            "truncation; their last step was imported as truncated, so each stays an episode "
+            "of its own (Minari keeps one episode per group), not merged with the next (the "
+            "file's last episode is kept open, as a recording stopped inside it)",
+            RuntimeWarning, stacklevel=2)
     return open_dataset(url, storage_options)
