@@ -13,6 +13,7 @@ import torch
 from ..errors import NotAZStoreError
 from ..progress import progress as progress_bar
 from ..storages import LazyMemmapStorage
+from ..text import TEXT_BYTES
 
 #: Rows copied per batch.
 BATCH_ROWS = 1 << 15
@@ -47,11 +48,15 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike,
             if seal:
                 codec = {path: dataclasses.replace(spec, checksum=True)
                          for path, spec in codec.items()}
+        # text cells as wide as the source's widest (the first batch may not hold its longest
+        # string, which a later batch would then not fit)
+        widths = [leaf.shape[-1] for leaf in meta.schema.leaves if leaf.path in meta.schema.texts]
         # committed only whole: a copy killed part way holds no row (not a truncated buffer)
         target = LazyMemmapStorage(meta.max_size, scratch_dir=dst, ndim=meta.ndim,
                                    storage_options=dst_options if dst_options is not None
                                    else storage_options, codec=codec, chunks=chunks,
-                                   shards=shards, auto_cleanup=False, autocommit_seconds=math.inf)
+                                   shards=shards, auto_cleanup=False, autocommit_seconds=math.inf,
+                                   text_bytes=max(widths, default=TEXT_BYTES))
         rows = meta.rows if len(source) >= meta.max_size else source._len_along_dim0
         bar = progress_bar(rows, "convert", enabled=progress, unit="rows", unit_scale=True, leave=False)
         try:
