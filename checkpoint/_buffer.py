@@ -35,6 +35,7 @@ from zstore.dtypes import (
     to_numpy,
     to_storage,
 )
+from zstore.errors import NotAZStoreError, StoreNotFoundError
 from zstore.group import commit, create_group, open_group
 from zstore.layout import KEY_SEPARATORS, StoreMeta, chunk_key, key_separator
 from zstore.storages.checkpoint_contract import TensorCheckpointable
@@ -308,7 +309,13 @@ def load_buffer(storage: TensorCheckpointable, dest: Destination,
                 record: Mapping[str, Any] | None, progress: bool) -> None:
     """Fill ``storage`` from a buffer generation (or from a plain zstore buffer at ``dest``)."""
     spec = dest.spec if record is None else dest.child(str(record["generation"]))
-    group, meta = open_group(spec.as_read_only())
+    try:
+        group, meta = open_group(spec.as_read_only())
+    except (StoreNotFoundError, NotAZStoreError):
+        if record is None:
+            raise
+        raise CheckpointError(f"{spec.redacted()}: the committed generation (or its zarr.json) "
+                              f"is missing: {DAMAGED}") from None
     schema, lanes = meta.schema, tuple(meta.schema.lane_shape)
     high = max(meta.high_water, -(-meta.length // max(1, math.prod(lanes))) if meta.length < meta.max_size
                else meta.rows)

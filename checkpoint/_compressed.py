@@ -51,7 +51,11 @@ from zstore.store import StoreSpec
 from ._base import _Configured
 from ._buffer import _changed_chunks
 from ._state import changed_rows
+from ._chunks import DAMAGED, missing_chunk_error
 from ._dest import CheckpointError, Destination, fault_point
+
+#: The commit record's listing of a generation's objects, ``{relative path: bytes}``.
+FILES = "files"
 
 #: Listing fields that change when an object is rewritten (S3, local disk, memory://).
 _SIGNATURE_FIELDS = ("ETag", "mtime", "ino", "created", "LastModified")
@@ -104,6 +108,19 @@ def copy_files(src: StoreSpec, dst: StoreSpec, names: list[str]) -> None:
     else:
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(one, names))
+
+
+def _require_files(gen: StoreSpec, recorded: Mapping[str, int] | None,
+                   held: Mapping[str, Mapping[str, Any]]) -> None:
+    """:class:`CheckpointError` naming the first object the commit record lists (``None``:
+    a generation committed before records listed them) that ``gen`` lacks or holds cut."""
+    where = gen.redacted().split(" ")[0].rstrip("/")
+    for name, size in (recorded or {}).items():
+        if name not in held:
+            raise missing_chunk_error(f"{where}/{name}")
+        if int(held[name]["size"]) != size:
+            raise CheckpointError(f"object {where}/{name} holds {held[name]['size']} bytes, "
+                                  f"expected {size}: {DAMAGED}")
 
 
 class TableMark(NamedTuple):
@@ -220,7 +237,10 @@ class CompressedListStorageCheckpointer(_Configured):
         return {"checkpointer": type(self).__name__, "form": "compressed", "generation": gen,
                 "length": len(storage), "max_size": storage.max_size,
                 "incremental": base is not None,
-                "bytes_written": sum(int(files[name]["size"]) for name in written)}
+                "bytes_written": sum(int(files[name]["size"]) for name in written),
+                # every object and its size: a load refuses a generation that lost or cut one
+                # (Zarr reads a missing chunk as zeros; all-zero chunks are never stored)
+                FILES: {name: int(info["size"]) for name, info in sorted(files.items())}}
 
     def loads(self, storage: Any, path: Any) -> None:
         dest = self._dest(path)
@@ -242,12 +262,15 @@ class CompressedListStorageCheckpointer(_Configured):
             raise CheckpointError(f"{dest.redacted()} holds a CompressedListStorage of max_size "
                                   f"{block['max_size']}; this storage has max_size {storage.max_size}")
 
+        held = listing(gen)
+        _require_files(gen, record.get(FILES), held)
+
         def fill() -> None:  # the storage's location, emptied: the generation's objects
             leftovers = listing(storage.spec)  # all but the lease, which the storage keeps
             if leftovers:
                 fs, root = storage.spec.filesystem()
                 fs.rm([f"{root.rstrip('/')}/{name}" for name in leftovers])
-            copy_files(gen, storage.spec, sorted(listing(gen)))
+            copy_files(gen, storage.spec, sorted(held))
 
         storage.checkpoint_replace(fill)
         storage.checkpoint_marks = {dest.url: _mark(storage, name, listing(storage.spec))}

@@ -27,7 +27,7 @@ from zstore.layout import dimension_names, key_to_path
 from zstore.store import StoreSpec
 
 from ._buffer import as_numpy, as_torch
-from ._chunks import ALL_STORED, require_stored, storing_every_chunk
+from ._chunks import ALL_STORED, DAMAGED, require_stored, storing_every_chunk
 from ._dest import CheckpointError, fault_point, progress_bar
 
 TREE_ATTR = "zstore_tree"
@@ -83,18 +83,27 @@ def write_tree(spec: StoreSpec, td: TensorDictBase, codec: CodecSpec, progress: 
             sync(array.setitem(Ellipsis, value))
             fault_point("write")
             bar.update(value.nbytes)
-    put_attrs(group, {TREE_ATTR: {"batch_sizes": batches, "non_tensor": others, ALL_STORED: True}})
+    put_attrs(group, {TREE_ATTR: {"batch_sizes": batches, "non_tensor": others, ALL_STORED: True,
+                                  "arrays": sorted(tensors)}})
     return total
 
 
 def read_tree(spec: StoreSpec, progress: bool) -> TensorDict:
     """Inverse of :func:`write_tree`."""
-    group = open_plain_group(spec.as_read_only().open())
+    try:
+        group = open_plain_group(spec.as_read_only().open())
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError, zarr.errors.NodeNotFoundError):
+        raise CheckpointError(f"{spec.redacted()}: the committed generation (or its "
+                              f"zarr.json) is missing: {DAMAGED}") from None
     meta = dict(group.attrs.get(TREE_ATTR) or {})
     if "batch_sizes" not in meta:
         raise CheckpointError(f"{spec.redacted()} is not a zstore checkpoint generation")
     arrays: dict[str, zarr.Array] = {}
     _collect(group, "", arrays)
+    missing = sorted(set(meta.pop("arrays", arrays)) - set(arrays))  # recorded since 2026-12-06
+    if missing:
+        raise CheckpointError(f"{spec.redacted()}: the array of key {missing[0]!r} "
+                              f"({missing[0]}/zarr.json) is missing: {DAMAGED}")
     if meta.pop(ALL_STORED, False):
         require_stored(spec, {path: array._async_array for path, array in arrays.items()})
     total = sum(a.nbytes for a in arrays.values())
@@ -103,7 +112,11 @@ def read_tree(spec: StoreSpec, progress: bool) -> TensorDict:
         return await asyncio.gather(*[a._async_array.getitem(Ellipsis) for a in arrays.values()])
 
     with progress_bar(total, f"loads {spec.url}", progress) as bar:
-        values = sync(run())
+        try:
+            values = sync(run())
+        except (ValueError, RuntimeError) as exc:  # a chunk that does not decode
+            raise CheckpointError(f"{spec.redacted()}: a chunk does not decode "
+                                  f"({type(exc).__name__}: {exc}): {DAMAGED}") from exc
         bar.update(total)
     batches = meta.pop("batch_sizes")
     td = TensorDict(batch_size=batches.get("", []))

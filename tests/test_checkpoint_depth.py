@@ -127,12 +127,58 @@ def test_all_zero_rows_round_trip(tmp_path, name):
     assert_same(_loaded(name, tmp_path / "ck")._storage, storage._storage)
 
 
-def test_a_missing_array_is_named(tmp_path):
-    _dumped("raw", tmp_path / "ck")
+@pytest.mark.parametrize("name", CHUNKED)
+def test_a_missing_array_is_named(tmp_path, name):
+    """Flat and Nested loaded the checkpoint without the key (its rows gone, no error)."""
+    _dumped(name, tmp_path / "ck")
     (array_meta,) = tmp_path.glob("ck/gen-*/obs/zarr.json")
     array_meta.unlink()
     with pytest.raises(CheckpointError, match=r"the array of key 'obs' \(obs/zarr.json\) is missing"):
-        _loaded("raw", tmp_path / "ck")
+        _loaded(name, tmp_path / "ck")
+
+
+@pytest.mark.parametrize("name", CHUNKED)
+@pytest.mark.parametrize("lost", ["zarr.json", "generation"])
+def test_a_missing_generation_says_the_checkpoint_is_damaged(tmp_path, name, lost):
+    """It said "not a zstore buffer" (Tensor) or raised zarr's GroupNotFoundError (Flat,
+    Nested), naming neither the checkpoint's damage nor the fix."""
+    import shutil
+
+    _dumped(name, tmp_path / "ck")
+    (generation,) = tmp_path.glob("ck/gen-*")
+    if lost == "zarr.json":
+        (generation / "zarr.json").unlink()
+    else:
+        shutil.rmtree(generation)
+    with pytest.raises(CheckpointError, match="the committed generation .* is missing: the "
+                                              "checkpoint is damaged"):
+        _loaded(name, tmp_path / "ck")
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+def test_a_damaged_compressed_list_checkpoint_fails_the_load(location, damage):
+    """A CompressedListStorage checkpoint that lost a chunk loaded it as zeros (and one cut
+    short failed only at a later read, naming a memory:// URL of the storage's own)."""
+    from zstore import CompressedListStorage
+
+    storage = CompressedListStorage(10)
+    for i in range(6):
+        storage.set(i, TensorDict(obs=torch.full((3,), float(i + 1)), reward=torch.ones(1)))
+    dest = spec(location, "cls")
+    storage.dumps(dest)
+    again = CompressedListStorage(10)
+    again.loads(dest)
+    assert [again.get(i)["obs"][0].item() for i in range(6)] == [1, 2, 3, 4, 5, 6]
+    fs, _ = dest.filesystem()
+    chunk = next(path for path in sorted(fs.find(dest.filesystem()[1]))
+                 if "/obs/c" in path and not path.endswith("zarr.json"))
+    if damage == "deleted":
+        fs.rm_file(chunk)
+    else:
+        fs.pipe_file(chunk, fs.cat_file(chunk)[:5])
+    with pytest.raises(CheckpointError, match="the checkpoint is damaged") as caught:
+        CompressedListStorage(10).loads(dest)
+    assert chunk.rsplit("/", 4)[-1] in str(caught.value)
 
 
 @pytest.mark.parametrize(("location", "first"), [
