@@ -80,3 +80,24 @@ def test_documented_differences_deepcopy_shares_the_store_and_dtypes_are_not_cas
     with pytest.raises(zstore.SchemaError, match="float64"):
         storage.set(1, TensorDict(x=torch.tensor(7., dtype=torch.float64)))
     assert storage.get(1)["x"].item() == 0.0
+
+
+@pytest.mark.parametrize("kind", ["LazyTensorStorage", "TensorStorage"])
+@pytest.mark.parametrize("write", ["mask as a list of flags", "a number into a row"])
+def test_in_ram_writes_torchrl_takes_through_rb_setitem(kind, write):
+    """``rb[[True, False, ...]] = td`` raised torch.nonzero's missing meta kernel, and
+    ``rb[0] = 5`` an AttributeError ('int' object has no attribute 'keys'), where
+    TorchRL's storages write the flagged rows and broadcast the number into every leaf."""
+    results = []
+    for module in (T, zt):
+        storage = module.LazyTensorStorage(10) if kind == "LazyTensorStorage" else \
+            module.TensorStorage(TensorDict(obs=torch.zeros(10, 2), batch_size=[10]))
+        rb = TensorDictReplayBuffer(storage=storage, batch_size=2)
+        rb.extend(TensorDict(obs=torch.arange(20.).view(10, 2), batch_size=[10]))
+        if write == "a number into a row":
+            rb[3] = 5
+        else:
+            rb[[True, False, True] + [False] * 7] = TensorDict(
+                obs=torch.tensor([[-1., -1.], [-2., -2.]]), batch_size=[2])
+        results.append(rb[:]["obs"])
+    assert torch.equal(*results), results

@@ -224,7 +224,7 @@ class TensorStorage(Storage):
         container = self._storage
         if isinstance(cursor, torch.Tensor):
             cursor = cursor.to(_first_leaf(container).device)
-        if is_tensor_collection(container):
+        if is_tensor_collection(container) and is_tensor_collection(data):
             new = [k for k in data.keys(include_nested=True, leaves_only=True)
                    if k not in container.keys(include_nested=True, leaves_only=True)]
             for key in new:  # a key the rows lack: zeros where unwritten, as TorchRL's
@@ -235,6 +235,8 @@ class TensorStorage(Storage):
             if not isinstance(data, LazyStackedTensorDict):  # a lazy stack is written item-wise
                 _refuse_misfits(cursor, [(container.get(key), data.get(key), key) for key in
                                          data.keys(include_nested=True, leaves_only=True)])
+            container[cursor] = data
+        elif is_tensor_collection(container):  # a number or tensor: into every leaf, broadcast
             container[cursor] = data
         elif isinstance(container, torch.Tensor):
             container[cursor] = data
@@ -612,11 +614,14 @@ def _refuse_misfits(cursor: Any, pairs: list) -> None:
 def _meta_index(cursor: Any) -> Any:
     """``cursor`` as an index of a ``meta`` tensor: tensors on the CPU, NumPy arrays as
     tensors, and boolean masks as the positions they select (``torch.nonzero`` has no
-    ``meta`` kernel; TorchRL's buffer hands ``rb[mask] = td`` over as a NumPy mask)."""
+    ``meta`` kernel; TorchRL's buffer hands ``rb[mask] = td`` over as a NumPy mask, or as
+    the list of flags it was given)."""
     if isinstance(cursor, tuple):
         return tuple(part for c in cursor for part in _mask_parts(_meta_index(c)))
     if isinstance(cursor, np.ndarray):
         cursor = torch.from_numpy(np.ascontiguousarray(cursor))  # a reversed view too
+    elif isinstance(cursor, list) and cursor and all(isinstance(c, bool) for c in cursor):
+        cursor = torch.tensor(cursor)  # a mask as a list of flags (rb[[True, False, ...]] = td)
     if isinstance(cursor, torch.Tensor):
         cursor = cursor.cpu()
         if cursor.dtype == torch.bool:
