@@ -183,6 +183,30 @@ def test_info_counts_the_rows_in_the_tail_log_in_each_keys_stored_bytes(capsys, 
     assert 0.9 <= float(row[-1]) <= 1.2, out  # in zstd chunks now, no log left
 
 
+def test_info_shows_text_keys_long_keys_and_doubly_flagged_ends(capsys, tmp_path):
+    """A string key showed as `uint8 [8]`, a key of 28 characters or more ran into its
+    dtype, and an episode end flagged both terminal and timeout counted as -1 open."""
+    import h5py
+    import numpy as np
+
+    n, long_key = 30, "infos/a_rather_long_goal_name_here"
+    with h5py.File(tmp_path / "d.hdf5", "w") as f:
+        f["observations"] = np.zeros((n, 2), np.float32)
+        f["actions"] = np.zeros((n, 1), np.float32)
+        f["rewards"] = np.ones(n, np.float32)
+        f["terminals"] = f["timeouts"] = np.arange(n) % 10 == 9
+        f[long_key] = np.zeros((n, 2), np.float32)
+        f["infos/name"] = np.array(["left", "right"] * 15, dtype=h5py.string_dtype())
+    url = str(tmp_path / "ds")
+    _run(capsys, "import", "d4rl", str(tmp_path / "d.hdf5"), url, "--no-progress")
+    out = _run(capsys, "info", url)
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert rows["info/name"].split()[1:5] == ["str", "(8", "B", "cells)"], out
+    assert rows["info/name"].split()[5] == "[]", out  # one string a row
+    assert rows["info/a_rather_long_goal_name_here"].split()[1] == "float32", out
+    assert "episodes 3: 2 terminated, 2 truncated (2 both), 1 open;" in out, out  # last row dropped
+
+
 def test_info_and_ls_on_a_compressed_list_storage(capsys, tmp_path):
     url = str(tmp_path / "frames")
     storage = zstore.CompressedListStorage(50, scratch_dir=url)

@@ -139,6 +139,19 @@ def test_reward_done_timeline(rollouts):
     assert len(done.get_offsets()) == int(rollouts["next", "done"][:138].sum())
 
 
+def test_reward_done_timeline_takes_bounds_as_python_slices_do(rollouts):
+    """``start=-50`` drew the last 50 steps at x = -50..-1, and an empty range raised a raw
+    reshape error."""
+    n = rollouts.shape[0]
+    (line,) = plots.reward_done_timeline(rollouts, start=-50).axes[0].lines
+    assert line.get_xdata().tolist() == list(range(n - 50, n))
+    assert np.allclose(line.get_ydata(), rollouts["next", "reward"][-50:].reshape(-1).numpy())
+    for start, stop in ((100, 10), (n + 5, None)):
+        with pytest.raises(ValueError, match=f"start={start}, stop={stop} select no row of the "
+                                             f"{n} rows"):
+            plots.reward_done_timeline(rollouts, start=start, stop=stop)
+
+
 @pytest.mark.parametrize("shape, axes, first_image", [
     ((5, 3, 12, 10), 5, lambda f: f[0].permute(1, 2, 0)),      # [N, C, H, W]
     ((5, 12, 10, 3), 5, lambda f: f[0]),                       # [N, H, W, C]
@@ -199,6 +212,10 @@ def test_missing_key_is_named(rollouts):
         plots.episode_stats(rollouts.exclude(("next", "reward")))
     with pytest.raises(TypeError, match="storage or a TensorDict"):
         plots.episode_stats([1, 2])
+    texts = rollouts.clone()
+    texts.set_non_tensor(("info", "name"), "left")  # a text key: there, but no numbers
+    with pytest.raises(TypeError, match=r"key \('info', 'name'\) holds .* not numbers"):
+        plots.action_hist(texts, key=("info", "name"))
 
 
 @pytest.mark.parametrize("cls", ["LazyTensorStorage", "ListStorage", "CompressedListStorage"])

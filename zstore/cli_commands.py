@@ -234,7 +234,7 @@ def _print_block(spec, group, block: dict[str, Any]) -> None:
 def _print_buffer(spec, group, block: dict[str, Any]) -> None:
     """The schema table and counters of a LazyMemmapStorage."""
     from .codecs import CodecSpec
-    from .display import format_bytes
+    from .display import format_bytes, text_dtype
     from .tail import group_id, record_from_json
 
     fs, root = spec.filesystem()
@@ -252,8 +252,13 @@ def _print_buffer(spec, group, block: dict[str, Any]) -> None:
           f"ndim {ndim}{', lanes ' + str(lanes) if ndim > 1 else ''})"
           f", last cursor {block['last_cursor']:,}")
     filled = -(-length // math.prod(lanes))
-    header = f"  {'key':<28}{'dtype':<10}{'shape':<12}{'codec':<16}{'chunk':>8}{'shard':>8}" \
-             f"{'raw':>11}{'stored':>11}{'ratio':>7}"
+    texts = set(schema.get("texts", []))
+    width = max([28, *(len(leaf["path"]) + 2 for leaf in schema["leaves"])])  # long keys too
+    dtypes = {leaf["path"]: text_dtype(leaf["shape"][-1]) if leaf["path"] in texts
+              else leaf["dtype"] for leaf in schema["leaves"]}
+    dtype_width = max([10, *(len(name) + 2 for name in dtypes.values())])
+    header = f"  {'key':<{width}}{'dtype':<{dtype_width}}{'shape':<12}{'codec':<16}{'chunk':>8}" \
+             f"{'shard':>8}{'raw':>11}{'stored':>11}{'ratio':>7}"
     print("\n" + header)
     codecs = block.get("codecs") or {}
     total_raw = total_stored = 0
@@ -267,12 +272,13 @@ def _print_buffer(spec, group, block: dict[str, Any]) -> None:
         total_raw, total_stored = total_raw + raw, total_stored + stored
         codec = CodecSpec.parse(codecs.get(path, block["codec"]))
         ratio = f"{raw / stored:.1f}" if stored else "-"
-        print(f"  {path:<28}{leaf['dtype']:<10}{str(shape[len(lanes):]):<12}{codec!s:<16}"
+        cells = shape[len(lanes):-1] if path in texts else shape[len(lanes):]  # a string each
+        print(f"  {path:<{width}}{dtypes[path]:<{dtype_width}}{str(cells):<12}{codec!s:<16}"
               f"{chunk:>8}{shard or '-':>8}{format_bytes(raw):>11}{format_bytes(stored):>11}"
               f"{ratio:>7}")
     all_stored = _du(fs, root)
-    print(f"  {'total (all objects)':<82}{format_bytes(total_raw):>11}{format_bytes(all_stored):>11}"
-          f"{total_raw / all_stored if all_stored else 0:>7.1f}")
+    print(f"  {'total (all objects)':<{width + dtype_width + 44}}{format_bytes(total_raw):>11}"
+          f"{format_bytes(all_stored):>11}{total_raw / all_stored if all_stored else 0:>7.1f}")
     if block.get("sealed"):
         print(_episodes_line(group, block, math.prod(lanes)))
 
@@ -288,9 +294,11 @@ def _episodes_line(group, block: dict[str, Any], lanes: int) -> str:
     for name in ("length", "return", "terminated", "truncated"):
         array = group[f"{index['path']}/{name}"]
         column[name] = np.asarray(array[:used]).reshape(used * lanes, *array.shape[block["ndim"]:])[:n]
+    ended = column["terminated"].astype(bool) | column["truncated"].astype(bool)
     terminated, truncated = int(column["terminated"].sum()), int(column["truncated"].sum())
-    return (f"\n  episodes {n:,}: {terminated:,} terminated, {truncated:,} truncated, "
-            f"{n - terminated - truncated:,} open; length mean "
+    both = terminated + truncated - int(ended.sum())  # an end flagged both ways (some D4RL files)
+    return (f"\n  episodes {n:,}: {terminated:,} terminated, {truncated:,} truncated"
+            f"{f' ({both:,} both)' if both else ''}, {n - int(ended.sum()):,} open; length mean "
             f"{column['length'].mean() if n else math.nan:.1f}, "
             f"return mean {column['return'].astype(np.float64).mean() if n else math.nan:.3f}")
 

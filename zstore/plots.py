@@ -90,6 +90,9 @@ def _has(td: TensorDictBase, key: Any) -> bool:
 
 def _get(td: TensorDictBase, key: Any) -> torch.Tensor:
     if not _has(td, key):
+        if td.get(key, None) is not None:  # there, but no tensor: strings (text), a node
+            raise TypeError(f"key {key!r} holds {type(td.get(key)).__name__} values (strings or "
+                            "a nested TensorDict), not numbers: plot a key of numbers")
         keys = sorted(str(k) for k in td.keys(include_nested=True, leaves_only=True))
         raise MissingKeyError(f"the data has no key {key!r} (keys: {keys})")
     return td.get(key).cpu()  # samples of a cache="cuda" storage live on the GPU
@@ -195,9 +198,13 @@ def reward_done_timeline(data: Storage | TensorDictBase, *, start: int = 0, stop
     td = time_ordered(data)
     if td.batch_dims > 1:
         td = td[:, lane]
-    td = td[start:stop]
+    first, last, _ = slice(start, stop).indices(len(td))  # negative bounds as Python's
+    if first >= last:
+        raise ValueError(f"start={start}, stop={stop} select no row of the {len(td)} rows: "
+                         "pass start < stop (negative values count from the end)")
+    td = td[first:last]
     reward = _per_row(td, reward_key)
-    steps = torch.arange(start, start + len(td))
+    steps = torch.arange(first, last)
     fig = _figure(8.0, 3.2)
     ax = fig.add_subplot()
     ax.plot(steps.numpy(), reward.numpy(), linewidth=0.8, label="reward")
