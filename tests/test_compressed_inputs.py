@@ -135,3 +135,18 @@ def test_a_state_dict_compressed_by_another_function_is_refused_naming_the_way(l
     with pytest.raises(ValueError, match="compression_fn other than TorchRL's default"):
         rb.load_state_dict(source.state_dict())
     assert [t.tolist() for t in items_of(rb)] == [[1., 1.]]  # the content stays
+
+
+def test_a_storage_emptied_before_its_first_commit_reopens_empty(location):
+    """`rb.empty()` before any flush left the store holding only its lease: reopening it
+    said "no buffer yet", where a LazyMemmapStorage in the same steps reopens empty."""
+    storage = compressed(location, 10)
+    rb = TensorDictReplayBuffer(storage=storage, batch_size=2)
+    rb.extend(TensorDict(obs=torch.arange(7.), batch_size=[7]))
+    rb.empty()
+    storage.flush()
+    assert len(zt.open(storage.spec.url, location.options, mode="r")) == 0
+    rb.extend(TensorDict(obs=torch.arange(3.) + 10, batch_size=[3]))
+    storage.flush()
+    again = zt.open(storage.spec.url, location.options, mode="r")
+    assert [again.get(i)["obs"].item() for i in range(len(again))] == [10., 11., 12.]

@@ -816,10 +816,11 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
     def _empty(self) -> None:
         self.spec.require_writable("empty the storage")
         self._hold_lease()
+        written = self._committable()  # items or a commit: the store must say it is empty
         self.retire(*self.checkpoint_tables().values())
         self._reset()
         self._bump_mutation_revision()
-        if self._root is not None:
+        if written:  # (items never committed left only the lease: no store to reopen)
             self._commit()
         self._delete_retired()  # generations start again at 1: none may outlive this commit
 
