@@ -231,6 +231,24 @@ def test_open_dataset_refuses_what_is_not_a_sealed_dataset(tmp_path):
         open_dataset(url)
     with pytest.raises(zstore.StoreNotFoundError, match="nope"):
         open_dataset(str(tmp_path / "nope"))
+    # each named for what it is, with the way on (not "a None that is not sealed", nor
+    # advice to seal what cannot be sealed)
+    import zarr
+
+    from checkpoint import TensorStorageCheckpointer
+
+    zarr.open_group(str(tmp_path / "plain"), mode="w").create_array("x", shape=(2,), dtype="f4")
+    ram = zstore.LazyTensorStorage(50)
+    ram.set(torch.arange(40), td)
+    ram.checkpointer = TensorStorageCheckpointer()
+    ram.dumps(str(tmp_path / "ckpt"))
+    for where, what in ((f"{url}/obs", "is one array .* of a store, not a dataset: open the "
+                                       "dataset's folder"),
+                        (str(tmp_path / "plain"), "is a Zarr group but not a zstore buffer"),
+                        (str(tmp_path / "ckpt"), "holds a zstore checkpoint, not a dataset: "
+                                                 "load it into a storage")):
+        with pytest.raises(zstore.NotAZStoreError, match=what):
+            open_dataset(where)
     assert zstore.seal(url) == len(_model_episodes(td))
     storage.close()
     ds = open_dataset(url)

@@ -171,13 +171,32 @@ class Dataset(LazyMemmapStorage):
         return out.reshape(num_slices, slice_len)
 
 
-def _zstore_block(root_json: bytes) -> dict | None:
-    """The ``zstore`` attributes of a root ``zarr.json`` (``None``: not a zstore buffer)."""
+#: The root attribute of a checkpoint's commit record (``checkpoint._dest.COMMIT_ATTR``).
+_CHECKPOINT_ATTR = "zstore_checkpoint"
+
+
+def _not_a_dataset(where: str, root_json: bytes) -> NotAZStoreError:
+    """Why the unconsolidated ``zarr.json`` at ``where`` is no dataset, and the way on: an
+    unsealed buffer (seal it), one of a store's arrays, a checkpoint, or a plain group."""
     try:
-        block = json.loads(root_json).get("attributes", {}).get(ZSTORE_ATTR)
+        node = json.loads(root_json)
+        attributes = node.get("attributes") or {}
     except (ValueError, AttributeError):
-        return None
-    return block if isinstance(block, dict) else None
+        node, attributes = {}, {}
+    block = attributes.get(ZSTORE_ATTR)
+    if node.get("node_type") == "array":
+        return NotAZStoreError(f"{where} is one array (a key's column) of a store, not a "
+                               "dataset: open the dataset's folder, above it")
+    if isinstance(attributes.get(_CHECKPOINT_ATTR), dict):
+        return NotAZStoreError(f"{where} holds a zstore checkpoint, not a dataset: load it "
+                               "into a storage with storage.loads(url)")
+    if isinstance(block, dict) and block.get("storage_class"):
+        try:
+            _refuse_unsealed(where, block.get("storage_class"), block.get("length"))
+        except NotAZStoreError as exc:
+            return exc
+    return NotAZStoreError(f"{where} is a Zarr group but not a zstore buffer or dataset (no "
+                           "'zstore' block): import its data into a buffer, then seal it")
 
 
 def _refuse_unsealed(where: str, storage_class: Any, length: Any) -> None:
@@ -218,12 +237,7 @@ def _open_consolidated(spec: StoreSpec) -> zarr.Group:
                                                          use_consolidated=True))
     except ValueError as exc:
         if "consolidated" in str(exc).lower():
-            block = _zstore_block(raw.to_bytes())
-            if block is not None:
-                _refuse_unsealed(where, block.get("storage_class"), block.get("length"))
-            raise NotAZStoreError(
-                f"{where} is not a sealed dataset (no consolidated metadata); publish a buffer "
-                "with zstore.seal(url) or `zstore seal URL`") from None
+            raise _not_a_dataset(where, raw.to_bytes()) from None
         raise NotAZStoreError(f"{where} is not a zstore dataset: {exc}") from None
     except (GroupNotFoundError, NodeNotFoundError) as exc:
         raise NotAZStoreError(f"{where} is not a zstore dataset: {exc}") from None
