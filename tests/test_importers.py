@@ -202,6 +202,61 @@ def test_a_source_that_is_no_hdf5_file_is_named_by_the_python_api_too(tmp_path, 
         assert not (tmp_path / "x").exists()
 
 
+def _episode(group, steps: int, fields: dict) -> None:
+    for name, value in fields.items():
+        group[name] = value
+    group["actions"] = np.zeros((steps, 1), np.float32)
+    group["rewards"] = np.ones(steps)
+    group["terminations"] = np.eye(1, steps, steps - 1, dtype=bool)[0]
+    group["truncations"] = np.zeros(steps, bool)
+
+
+@pytest.mark.parametrize(("first", "second", "named"), [
+    ({"observations/a": np.zeros((4, 2))},
+     {"observations/a": np.zeros((3, 2)), "observations/b": np.zeros(3)}, "observations/b"),
+    ({"observations": np.zeros((4, 2))}, {"observations": np.zeros((3, 5))}, "observations"),
+    ({"observations": np.zeros((4, 2)), "infos/x": np.zeros(4)},
+     {"observations": np.zeros((3, 2))}, "infos/x"),
+], ids=["keys", "shape", "infos"])
+def test_minari_episodes_of_different_layouts_are_refused_naming_them(tmp_path, first, second,
+                                                                       named):
+    """They failed inside tensordict or torch (a KeyError listing a keys view, "Sizes of
+    tensors must match"), naming neither the file, nor the episode, nor the field."""
+    with h5py.File(tmp_path / "m.hdf5", "w") as f:
+        _episode(f.create_group("episode_0"), 3, first)
+        _episode(f.create_group("episode_1"), 2, second)
+    with pytest.raises(zstore.SchemaError, match=rf"m.hdf5: episode_1 differs from episode_0 "
+                                                 rf"in \['{named}'\]"):
+        import_minari(tmp_path / "m.hdf5", str(tmp_path / "ds"), progress=False)
+    assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize("case", ["scalar info", "rewards group", "next shape", "next keys"])
+def test_d4rl_fields_of_the_wrong_form_are_refused_naming_them(tmp_path, case):
+    """A scalar under infos/ and a rewards group raised h5py's TypeErrors; next observations
+    of another shape or keys than the observations were imported without a word."""
+    n = 10
+    with h5py.File(tmp_path / "d.hdf5", "w") as f:
+        f["actions"] = np.zeros((n, 1), np.float32)
+        f["terminals"] = np.zeros(n, bool)
+        f["rewards/r" if case == "rewards group" else "rewards"] = np.ones(n, np.float32)
+        if case == "next keys":
+            f["observations/a"] = f["next_observations/b"] = np.zeros((n, 2), np.float32)
+        else:
+            f["observations"] = np.zeros((n, 2), np.float32)
+        if case == "next shape":
+            f["next_observations"] = np.zeros((n, 3), np.float32)
+        if case == "scalar info":
+            f["infos/x"] = 3.0
+    expected = {"scalar info": "'infos/x' holds one value \\(a scalar\\), not one per step",
+                "rewards group": "'rewards' is a group",
+                "next shape": "next_observations differs from observations in \\['the array'\\]",
+                "next keys": "next_observations differs from observations in \\['a', 'b'\\]"}
+    with pytest.raises(zstore.SchemaError, match=f"d.hdf5: {expected[case]}"):
+        import_d4rl(tmp_path / "d.hdf5", str(tmp_path / "ds"), progress=False)
+    assert not (tmp_path / "ds").exists()
+
+
 def test_d4rl_infos_of_another_length_are_refused(tmp_path):
     path = _write_d4rl(tmp_path / "d.hdf5")
     with h5py.File(path, "a") as f:

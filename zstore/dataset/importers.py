@@ -171,12 +171,20 @@ def _rows(file, name: str, where: str) -> int:
     members = _members(file[name])
     if not members:
         raise SchemaError(f"{where}: the group {name!r} holds no arrays")
-    rows = len(members[0][1])
+    rows = _length(members[0][1], where)
     for sub, data in members[1:]:
-        if len(data) != rows:
+        if _length(data, where) != rows:
             raise SchemaError(f"{where}: '{name}/{sub}' has {len(data)} rows, "
                               f"'{name}/{members[0][0]}' {rows}")
     return rows
+
+
+def _length(data, where: str) -> int:
+    """Rows of an HDF5 dataset; SchemaError for a scalar, which holds no value per row."""
+    if not data.shape:
+        raise SchemaError(f"{where}: {data.name.lstrip('/')!r} holds one value (a scalar), not "
+                          "one per step: store it with a row per step, or drop it")
+    return len(data)
 
 
 def _require(file, names, where: str) -> None:
@@ -196,16 +204,24 @@ def import_d4rl(h5_path: str | os.PathLike, url: str | os.PathLike,
     with h5py.File(source_file("d4rl", h5_path), "r") as f:
         where = f"D4RL file {os.fspath(h5_path)}"
         _require(f, ("observations", "actions", "rewards", "terminals"), where)
+        for name in ("rewards", "terminals", "timeouts"):
+            if name in f and not isinstance(f[name], h5py.Dataset):
+                raise SchemaError(f"{where}: {name!r} is a group; D4RL stores it as one array "
+                                  "of a value per step")
         steps = _rows(f, "observations", where)
         for name in ("actions", "rewards", "terminals", "timeouts", "next_observations"):
             rows = _rows(f, name, where) if name in f else steps
             if rows != steps:
                 raise SchemaError(f"{where}: {name!r} has {rows} rows, observations {steps}")
         has_next = "next_observations" in f
+        if has_next:
+            _require_same_layout({name: {path or "the array": layout for path, layout in
+                                         _layout(f[name]).items()}
+                                  for name in ("observations", "next_observations")}, where)
         total = steps if has_next else steps - 1
         infos = [name for name, _ in _datasets(f["infos"])] if "infos" in f else []
         for name in infos:
-            if len(f["infos"][name]) != steps:
+            if _length(f["infos"][name], where) != steps:
                 raise SchemaError(f"{where}: 'infos/{name}' has {len(f['infos'][name])} rows, "
                                   f"observations {steps}")
         text_bytes = _text_bytes(f, ("observations", "actions", "next_observations", "infos"))
@@ -262,6 +278,42 @@ def _check_minari_episode(group, where: str) -> int:
             raise SchemaError(f"{where}: 'infos/{name}' has {len(node)} rows, expected "
                               f"{steps} or {steps + 1}")
     return steps
+
+
+def _layout(node) -> dict[str, tuple]:
+    """``{path below node: (per-row shape, dtype or "text")}`` of a dataset or a group's."""
+    return {name: (data.shape[1:], "text" if _is_text(data) else data.dtype)
+            for name, data in _members(node)}
+
+
+def _episode_layout(group) -> dict[str, tuple]:
+    """The layouts of an episode group's fields (``{field/path: ...}``): what every
+    episode of a file must share to be stored as one dataset (the rows may differ)."""
+    return {f"{field}/{name}".rstrip("/"): layout
+            for field in ("observations", "actions", "rewards", "terminations", "truncations",
+                          "infos") if field in group
+            for name, layout in _layout(group[field]).items()}
+
+
+def _require_same_layout(layouts: dict[str, dict[str, tuple]], where: str) -> None:
+    """SchemaError naming the first episode whose fields differ from the first episode's."""
+    names = list(layouts)
+    first = layouts[names[0]] if names else {}
+    for name in names[1:]:
+        layout = layouts[name]
+        if layout != first:
+            differ = sorted(set(first) ^ set(layout)) or \
+                sorted(path for path in first if first[path] != layout[path])
+            raise SchemaError(
+                f"{where}: {name} differs from {names[0]} in {differ or 'its arrays'} (per-row "
+                f"shapes and dtypes: {name} {_shown(layout, differ)}, {names[0]} "
+                f"{_shown(first, differ)}); a dataset stores one layout per key: give them "
+                "one, or import the parts of each layout apart")
+
+
+def _shown(layout: dict[str, tuple], paths: list[str]) -> dict[str, Any]:
+    return {path: (list(layout[path][0]), str(layout[path][1])) if path in layout else "absent"
+            for path in paths}
 
 
 def _minari_episode(group) -> TensorDict:
@@ -348,6 +400,7 @@ def import_minari(h5_path: str | os.PathLike, url: str | os.PathLike,
             raise MissingKeyError(f"{where} has no episode_<id> groups (has {sorted(f.keys())})")
         steps = {name: _check_minari_episode(f[name], f"{where}, {name}") for name in names}
         names = [name for name in names if steps[name]]  # a 0-step episode holds no transition
+        _require_same_layout({name: _episode_layout(f[name]) for name in names}, where)
         text_bytes = max((_text_bytes(f[name], ("observations", "actions", "infos"))
                           for name in names), default=0)
         with _Writer(url, sum(steps.values()), storage_options, codec, chunks, "import minari",
