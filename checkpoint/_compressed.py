@@ -51,6 +51,7 @@ from zstore.store import StoreSpec
 from ._base import _Configured
 from ._buffer import _changed_chunks
 from ._state import changed_rows
+from ._torchrl import is_torchrl_dir
 from ._chunks import DAMAGED, missing_chunk_error
 from ._dest import CheckpointError, Destination, fault_point
 
@@ -246,8 +247,26 @@ class CompressedListStorageCheckpointer(_Configured):
         dest = self._dest(path)
         record = dest.read_commit()
         if record is None:
-            raise CheckpointError(f"no committed checkpoint at {dest.redacted()}")
+            raise self._uncommitted_error(dest)
         self._load_record(storage, dest, record)
+
+    @staticmethod
+    def _uncommitted_error(dest: Destination) -> CheckpointError:
+        """What a destination without a commit record holds instead, and the way on."""
+        if dest.holds_buffer():
+            return CheckpointError(f"{dest.redacted()} holds a zstore buffer, not a "
+                                   "CompressedListStorage checkpoint: open it with "
+                                   "zstore.open(url)")
+        if is_torchrl_dir(dest):
+            return CheckpointError(f"{dest.redacted()} holds a checkpoint of TorchRL's tensor "
+                                   "storage, not of a CompressedListStorage: load it into a "
+                                   "LazyTensorStorage or LazyMemmapStorage")
+        if dest.read_json("data_indices.json") is not None:  # TorchRL's own compressed dump
+            return CheckpointError(
+                f"{dest.redacted()} holds a checkpoint of TorchRL's own CompressedListStorage, "
+                "which zstore's does not read: load it into TorchRL's, then pass its "
+                "state_dict() to this storage's load_state_dict()")
+        return dest.uncommitted_error()
 
     def _load_record(self, storage: Any, dest: Destination, record: Mapping[str, Any]) -> None:
         if record.get("form") != "compressed":

@@ -135,6 +135,15 @@ class Destination:
                                   f"by this zstore (reads up to {FORMAT_VERSION})")
         return dict(record)
 
+    def uncommitted_error(self) -> CheckpointError:
+        """The error for a load from a destination without a commit record: one whose first
+        dump was interrupted (generations, no record), or one holding no checkpoint."""
+        if any(name.startswith(GEN_PREFIX) for name in self.children()):
+            return CheckpointError(f"{self.redacted()} holds an incomplete checkpoint: a dump "
+                                   "was interrupted before its commit, and none was committed "
+                                   "before")
+        return CheckpointError(f"no checkpoint at {self.redacted()}")
+
     def holds_buffer(self) -> bool:
         """Whether the destination is a plain zstore buffer (a ``zstore`` block, no commit record)."""
         data = self.read_json(COMMIT_FILE)

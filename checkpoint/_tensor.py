@@ -11,7 +11,7 @@ from zstore.layout import Schema
 
 from ._base import StorageCheckpointerBase, _Configured
 from ._buffer import dump_buffer, load_buffer
-from ._dest import GEN_PREFIX, CheckpointError, Destination
+from ._dest import CheckpointError, Destination
 from ._state import TensorState, restore, shift_of
 from ._ted import (
     DEFAULT_DONE_KEYS,
@@ -122,11 +122,8 @@ class TensorStorageCheckpointer(_Configured):
             from ._h5 import H5StorageCheckpointer
 
             H5StorageCheckpointer(progress=self.progress).loads(storage, dest.spec)
-        elif any(name.startswith(GEN_PREFIX) for name in dest.children()):
-            raise CheckpointError(f"{dest.redacted()} holds an incomplete checkpoint: a dump was "
-                                  "interrupted before its commit, and none was committed before")
         else:
-            raise CheckpointError(f"no checkpoint at {dest.redacted()}")
+            raise dest.uncommitted_error()
 
     def _load_tree(self, storage: Any, dest: Destination, record: Mapping[str, Any]) -> None:
         hooked = record.get("hooked")  # the schema of save hooks' tensor / pytree output

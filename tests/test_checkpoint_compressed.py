@@ -295,3 +295,35 @@ def test_dumps_returns_a_result(tmp_path):
     assert not first.incremental and second.incremental and second.length == 13
     assert 0 < second.bytes_written < first.bytes_written
     assert first.checkpointer == "CompressedListStorageCheckpointer"
+
+
+@pytest.mark.torchrl
+def test_a_load_from_what_is_no_compressed_checkpoint_names_what_is_there(tmp_path):
+    """It said "no committed checkpoint" for all of these, though each holds something:
+    the error now names it, and the way on."""
+    T = pytest.importorskip("torchrl.data")
+    td = TensorDict(obs=torch.arange(5.).unsqueeze(-1), batch_size=[5])
+    buffer = zstore.LazyMemmapStorage(10, scratch_dir=str(tmp_path / "buffer"))
+    buffer.set(torch.arange(5), td)
+    buffer.flush()
+    tensor = T.LazyTensorStorage(10)
+    tensor.set(torch.arange(5), td)
+    tensor.dumps(str(tmp_path / "torchrl_tensor"))
+    theirs = T.CompressedListStorage(10)
+    for i in range(5):
+        theirs.set(i, td[i])
+    theirs.dumps(str(tmp_path / "torchrl_compressed"))
+    ours = CompressedListStorage(10)
+    for i in range(5):
+        ours.set(i, td[i])
+    ours.dumps(str(tmp_path / "interrupted"))
+    (tmp_path / "interrupted" / "zarr.json").unlink()  # a first dump killed before its commit
+    for name, said in (("buffer", "holds a zstore buffer, not a CompressedListStorage "
+                                  "checkpoint: open it with zstore.open"),
+                       ("torchrl_tensor", "holds a checkpoint of TorchRL's tensor storage"),
+                       ("torchrl_compressed", "holds a checkpoint of TorchRL's own "
+                                              "CompressedListStorage.*load_state_dict"),
+                       ("interrupted", "holds an incomplete checkpoint: a dump was interrupted"),
+                       ("nothing", "no checkpoint at")):
+        with pytest.raises(checkpoint.CheckpointError, match=said):
+            CompressedListStorage(10).loads(str(tmp_path / name))
