@@ -180,6 +180,35 @@ def test_loads_names_the_url_without_a_checkpoint(location):
     assert url.split("://")[-1] in str(info.value)
 
 
+@pytest.mark.parametrize("damage", ["lost", "cut short"])
+def test_loads_refuses_a_save_that_lost_a_state_file_before_loading_anything(location, damage):
+    """A save without its writer/ part raised a FileNotFoundError naming a temporary local
+    folder, after the storage was loaded: the buffer was left half loaded (len 30, its
+    writer's cursor 0)."""
+    import fsspec
+
+    rb = T.TensorDictReplayBuffer(
+        storage=zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
+                                     storage_options=location.options), batch_size=BATCH)
+    rb.extend(transitions(30))
+    url = location.new("ckpt")
+    zt.dumps(rb, url, location.options)
+    fs, root = fsspec.core.url_to_fs(url, **location.options)
+    (part,) = [path for path in fs.find(root) if "/writer/" in path]
+    if damage == "lost":
+        fs.rm_file(part)
+    else:
+        fs.pipe_file(part, fs.cat_file(part)[:3])
+    fresh = T.TensorDictReplayBuffer(
+        storage=zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
+                                     storage_options=location.options), batch_size=BATCH)
+    error = FileNotFoundError if damage == "lost" else ValueError
+    with pytest.raises(error, match="writer/") as info:
+        zt.loads(fresh, url, location.options)
+    assert url.split("://")[-1] in str(info.value) and "zstore-rb-" not in str(info.value)
+    assert len(fresh) == 0 and fresh.writer._cursor == 0  # nothing was loaded
+
+
 def test_dumps_refuses_torchrls_own_storage(tmp_path):
     rb = T.ReplayBuffer(storage=T.LazyTensorStorage(CAPACITY))
     with pytest.raises(TypeError, match="rb.dumps"):

@@ -17,6 +17,7 @@ first behind and refuses the second; :func:`loads` refuses a save holding either
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Mapping
@@ -30,6 +31,9 @@ METADATA = "buffer_metadata.json"
 STORAGE = "storage"
 #: TorchRL's pickled state files: never stored (the prefetch queue) or refused (transforms).
 PREFETCH, TRANSFORM = "prefetch.pkl", "transform.t"
+#: ``{state file: bytes}`` of a save, written just before :data:`METADATA`: a save that lost
+#: a file (a partial copy) is refused before anything is loaded.
+MANIFEST = "zstore-files.json"
 
 
 class _At:
@@ -94,10 +98,13 @@ def dumps(rb: Any, url: str | os.PathLike,
                 "what it would have to unpickle. Save the transforms' state_dict() yourself "
                 "(e.g. as tensors), or use rb.dumps(local_path)")
         files = [rel for rel in files if rel != PREFETCH]  # transient; a pickle
+        with open(os.path.join(local, MANIFEST), "w") as file:
+            json.dump({rel: os.path.getsize(os.path.join(local, rel)) for rel in files}, file)
+        files.append(MANIFEST)
         for old in _state_files(spec):
             if old not in files:
                 fs.rm_file(f"{root}/{old}")  # of an earlier save (e.g. a transform since removed)
-        for rel in sorted(files, key=lambda f: f == METADATA):
+        for rel in sorted(files, key=lambda f: (f == METADATA, f == MANIFEST)):
             if spec.is_local:
                 fs.makedirs(os.path.dirname(f"{root}/{rel}"), exist_ok=True)
             with open(os.path.join(local, rel), "rb") as file:
@@ -123,12 +130,23 @@ def loads(rb: Any, url: str | os.PathLike,
             f"refusing to load the replay buffer at {spec.redacted()}: it holds {pickled}, "
             "pickles that TorchRL would unpickle (a pickle can run any code). "
             "zstore.torchrl.dumps never writes them; remove them if this save is trusted")
+    expected = json.loads(fs.cat_file(f"{root}/{MANIFEST}")) if MANIFEST in found else {}
+    missing = sorted(set(expected) - set(found))
+    if missing:  # before anything is loaded: the buffer stays as it was
+        raise FileNotFoundError(f"the replay-buffer checkpoint at {spec.redacted()} lacks "
+                                f"{missing} (copied in part, or a file was deleted): load an "
+                                "intact copy")
     with tempfile.TemporaryDirectory(prefix="zstore-rb-") as local, \
             _storage_at(rb, StoreSpec(f"{spec.url}/{STORAGE}", dict(spec.storage_options))):
         for rel in found:
+            data = fs.cat_file(f"{root}/{rel}")
+            if rel in expected and len(data) != expected[rel]:
+                raise ValueError(f"the replay-buffer checkpoint at {spec.redacted()}: {rel} "
+                                 f"holds {len(data)} bytes, {expected[rel]} were saved (cut "
+                                 "short): load an intact copy")
             os.makedirs(os.path.dirname(os.path.join(local, rel)), exist_ok=True)
             with open(os.path.join(local, rel), "wb") as file:
-                file.write(fs.cat_file(f"{root}/{rel}"))
+                file.write(data)
         rb.loads(local)
 
 
