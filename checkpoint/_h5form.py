@@ -40,6 +40,7 @@ from zstore.dtypes import torch_dtype_from_name, torch_dtype_name
 
 from ._ted import (
     DEFAULT_DONE_KEYS,
+    _NO_INDEX_PUT,
     _bits,
     _keyset,
     _lane_major,
@@ -103,7 +104,7 @@ def encode(data: TensorDictBase, *, rows: int, shift: int, is_full: bool,
     root = {k: v for k, v in leaves.items() if k[0] != "next"}
     expanded = [k for k, v in nxt.items()
                 if k in root and k not in flags and root[k].dtype == v.dtype
-                and root[k].shape == v.shape]
+                and root[k].shape == v.shape and v.dtype not in _NO_INDEX_PUT]
     n = steps * lanes
     t = torch.arange(n) % max(steps, 1)
     ends = torch.zeros(n, dtype=torch.bool)

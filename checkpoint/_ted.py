@@ -93,6 +93,11 @@ def _time_major(x: torch.Tensor, steps: int, lane_shape: tuple[int, ...]) -> tor
     return x.reshape(lanes, steps, *feat).transpose(0, 1).reshape(steps, *lane_shape, *feat)
 
 
+#: Dtypes torch cannot scatter into (``index_put``): their pairs are stored as two keys,
+#: root and next, not compacted into one.
+_NO_INDEX_PUT = (torch.uint16, torch.uint32, torch.uint64)
+
+
 def _bits(x: torch.Tensor) -> torch.Tensor:
     """Rows of ``x`` as bytes (bitwise comparison: NaNs, -0.0 and bfloat16 included)."""
     flat = x.contiguous().reshape(len(x), -1)
@@ -124,7 +129,8 @@ def compact(data: TensorDictBase, *, shift: int, is_full: bool,
     root = {k: v for k, v in leaves.items() if k[0] != "next"}
     expanded = [k for k, v in nxt.items()
                 if k in root and k not in done_set | reward_set
-                and root[k].dtype == v.dtype and root[k].shape == v.shape]
+                and root[k].dtype == v.dtype and root[k].shape == v.shape
+                and v.dtype not in _NO_INDEX_PUT]
     n = steps * lanes
     end = torch.zeros(n, dtype=torch.bool)
     if steps:
