@@ -38,6 +38,7 @@ from zstore.store import StoreSpec
 
 from ._base import _Configured
 from ._buffer import as_numpy, as_torch
+from ._chunks import DAMAGED
 from ._dest import GEN_PREFIX, CheckpointError, Destination, as_spec, fault_point
 from ._h5form import GROUP, H5Form, decode, encode
 from ._result import DumpResult
@@ -249,6 +250,12 @@ def _read(f: Any, record: Mapping[str, Any], where: str) -> TensorDict:
     if len(segments) != len(names):
         raise CheckpointError(f"{where}: {len(names)} traj groups, {len(segments)} listed "
                               f"in {GROUP}/segments")
+    held = {name: set(_datasets(f[name])) for name in names}
+    every = set().union(*held.values())
+    for name in names:  # a file cut or edited: name what is gone, not h5py's KeyError
+        if held[name] != every:
+            raise CheckpointError(f"{where}: {name} lacks {sorted(every - held[name])}, which "
+                                  f"other traj groups hold: {DAMAGED}")
     written = [f[n] for n, row in zip(names, segments.tolist()) if row[2]]
     columns = {p: _concat([g[p] for g in written], ds)
                for p, ds in (_datasets(f[names[0]]).items() if names else ())}

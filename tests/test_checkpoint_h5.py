@@ -304,3 +304,26 @@ def test_h5_dumps_returns_the_file_it_wrote(tmp_path):
     path = tmp_path / "ck" / "checkpoint.h5"
     assert result.url == str(path) and result.generation is None and not result.incremental
     assert result.bytes_written == path.stat().st_size and result.length == 8
+
+
+@pytest.mark.parametrize("victim", ["traj_0/extra", "traj_1/extra"])
+def test_a_dataset_missing_from_one_traj_group_says_the_file_is_damaged(tmp_path, victim):
+    """It raised h5py's KeyError naming no file (traj_1), or a key mismatch stated the
+    wrong way round (traj_0: "only in the checkpoint: ['extra']")."""
+    n = 8
+    storage = LazyTensorStorage(20)
+    storage.checkpointer = H5StorageCheckpointer()
+    storage.set(torch.arange(n), TensorDict(
+        obs=torch.arange(n * 1.).unsqueeze(-1), extra=torch.arange(n).unsqueeze(-1) * 2,
+        next=TensorDict(obs=torch.arange(n * 1.).unsqueeze(-1) + 1,
+                        done=(torch.arange(n) % 4 == 3).unsqueeze(-1), batch_size=[n]),
+        batch_size=[n]))
+    storage.dumps(str(tmp_path / "ck"))
+    with h5py.File(tmp_path / "ck" / "checkpoint.h5", "a") as f:
+        del f[victim]
+    again = LazyTensorStorage(20)
+    again.checkpointer = H5StorageCheckpointer()
+    group = victim.split("/")[0]
+    with pytest.raises(CheckpointError, match=rf"checkpoint.h5: {group} lacks \['extra'\], which "
+                                              "other traj groups hold: the checkpoint is damaged"):
+        again.loads(str(tmp_path / "ck"))
