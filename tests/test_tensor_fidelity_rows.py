@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, tensorclass
 
 import zstore
 
@@ -101,3 +101,40 @@ def test_in_ram_writes_torchrl_takes_through_rb_setitem(kind, write):
                 obs=torch.tensor([[-1., -1.], [-2., -2.]]), batch_size=[2])
         results.append(rb[:]["obs"])
     assert torch.equal(*results), results
+
+
+@tensorclass
+class Inner:
+    """A tensorclass nested in the items of the test below."""
+
+    pos: torch.Tensor
+
+
+@tensorclass
+class Outer:
+    """A tensorclass holding another."""
+
+    inner: Inner
+    reward: torch.Tensor
+
+
+def test_nested_tensorclasses_come_back_as_their_classes(location):
+    """They came back as TensorDicts (``batch.inner.pos`` raised AttributeError), where
+    TorchRL's storages give the classes back; a reopened store does too."""
+    data = Outer(inner=Inner(pos=torch.arange(10.).unsqueeze(-1), batch_size=[10]),
+                 reward=torch.arange(10.), batch_size=[10])
+    mixed = TensorDict(obs=torch.arange(10.), tc=Inner(pos=torch.ones(10, 2), batch_size=[10]),
+                       batch_size=[10])
+    for item in (data, mixed):
+        ours, theirs = memmap(location, 10), TorchRLLazyTensorStorage(10)
+        for storage in (ours, theirs):
+            storage.set(torch.arange(10), item)
+        ours.flush()
+        reopened = zt.open(ours.spec.url, location.options, mode="r") \
+            if location.kind != "memory" else ours
+        for storage in (ours, theirs, reopened):
+            rows = storage.get(torch.tensor([4, 1]))
+            nested = rows.inner if item is data else rows["tc"]
+            assert type(nested) is Inner, type(nested)
+            assert torch.equal(nested.pos, (data.inner.pos if item is data
+                                            else mixed["tc"].pos)[torch.tensor([4, 1])])

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.utils._pytree as pytree
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_non_tensor
-from tensordict import is_tensor_collection, is_tensorclass
+from tensordict import is_non_tensor, is_tensor_collection, is_tensorclass
 
 from .codecs import CodecSpec
 from .dtypes import require_storable, torch_dtype_from_name, torch_dtype_name
@@ -119,6 +119,11 @@ def refuse_zstore_names(leaves: Sequence["Leaf"]) -> None:
                 "probes); rename the key")
 
 
+def _class_name(cls: type) -> str:
+    """``"module.QualName"`` of a tensorclass (what :func:`loaded_tensorclass` finds)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def loaded_tensorclass(name: str | None) -> type | None:
     """The tensorclass ``name`` (``"module.QualName"``, a schema's ``class_name``) names
     when its module is already imported in this process, else ``None``: a name read from a
@@ -196,6 +201,9 @@ class Schema:
     texts: tuple[str, ...] = ()
     stack: tuple[int, int] | None = None
     tensorclass: type | None = dataclasses.field(default=None, compare=False, repr=False)
+    #: ``{node path: "module.QualName"}`` of the tensorclasses nested in an item: they come
+    #: back as those classes where this process has imported them (as the root's class_name)
+    classes: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         self.by_path = {leaf.path: leaf for leaf in self.leaves}
@@ -256,20 +264,23 @@ class Schema:
                 texts.append(key_to_path(key))
                 leaves.append(Leaf(key, torch.uint8,
                                    (*td.batch_size, width_for(value, text_bytes))))
+            classes = {}
             for key in td.keys(include_nested=True):
                 key = (key,) if isinstance(key, str) else tuple(key)
                 sub = td.get(key)
                 if is_tensor_collection(sub) and len(sub.batch_size) > len(td.batch_size):
                     groups[key_to_path(key)] = list(sub.batch_size)
+                if is_tensorclass(sub) and not is_non_tensor(sub):  # strings are leaves
+                    classes[key_to_path(key)] = _class_name(type(sub))
             if not leaves:
                 raise SchemaError("cannot store an item without any tensor")
             refuse_zstore_names(leaves)
             if is_tensorclass(example):
-                name = f"{type(example).__module__}.{type(example).__qualname__}"
-                return cls(tuple(leaves), "tensorclass", lane_shape, groups, class_name=name,
-                           item_batch=item_batch, texts=tuple(texts), tensorclass=type(example))
+                return cls(tuple(leaves), "tensorclass", lane_shape, groups,
+                           class_name=_class_name(type(example)), item_batch=item_batch,
+                           texts=tuple(texts), tensorclass=type(example), classes=classes)
             return cls(tuple(leaves), "tensordict", lane_shape, groups, item_batch=item_batch,
-                       texts=tuple(texts))
+                       texts=tuple(texts), classes=classes)
         if isinstance(example, torch.Tensor):
             if example.ndim < lanes:
                 raise SchemaError(f"ndim={ndim} needs tensors with at least {lanes} dims")
@@ -439,6 +450,11 @@ class Schema:
         for path in sorted(self.group_batch, key=lambda p: -p.count("/")):
             extra = self.group_batch[path][len(self.lane_shape):]
             td.get(path_to_key(path)).batch_size = torch.Size([*batch_shape, *extra])
+        for path in sorted(self.classes, key=lambda p: -p.count("/")):  # innermost first
+            found = loaded_tensorclass(self.classes[path])
+            if found is not None:
+                key = path_to_key(path)
+                td.set(key, found.from_tensordict(td.get(key)))
         if self.stack is not None:
             dim, count = self.stack
             return LazyStackedTensorDict(*(td.get(str(i)) for i in range(count)),
@@ -476,6 +492,8 @@ class Schema:
             out["texts"] = list(self.texts)
         if self.stack is not None:
             out["stack"] = {"dim": self.stack[0], "count": self.stack[1]}
+        if self.classes:
+            out["classes"] = dict(self.classes)
         return out
 
     @classmethod
@@ -496,7 +514,8 @@ class Schema:
                    {str(k): [int(x) for x in v] for k, v in (data.get("group_batch") or {}).items()},
                    data.get("treespec"), data.get("class_name"),
                    _item_batch(item_batch, leaves, lanes, None if stack is None else stack[0]),
-                   _texts(data.get("texts", []), leaves, kind), stack)
+                   _texts(data.get("texts", []), leaves, kind), stack,
+                   classes=_classes(data.get("classes"), leaves))
 
 
 def _stack(value: Any, item_batch: Any, leaves: tuple[Leaf, ...],
@@ -533,6 +552,17 @@ def _item_batch(value: Any, leaves: tuple[Leaf, ...], lanes: int,
             raise SchemaError(f"item_batch {list(dims)} does not lead the shape "
                               f"{list(leaf.shape)} of key {leaf.key!r} after its lanes")
     return tuple(value)
+
+
+def _classes(value: Any, leaves: tuple[Leaf, ...]) -> dict[str, str]:
+    """A stored ``classes``, validated: class names of nodes above some leaf."""
+    if value is None:
+        return {}
+    nodes = {"/".join(leaf.key[:depth]) for leaf in leaves for depth in range(1, len(leaf.key))}
+    if not isinstance(value, Mapping) or not all(
+            path in nodes and isinstance(name, str) for path, name in value.items()):
+        raise SchemaError(f"invalid 'classes' {value!r}: class names of nested nodes expected")
+    return dict(value)
 
 
 def _texts(value: Any, leaves: tuple[Leaf, ...], kind: str) -> tuple[str, ...]:
