@@ -35,7 +35,7 @@ from zstore.dtypes import (
     to_numpy,
     to_storage,
 )
-from zstore.errors import NotAZStoreError, StoreNotFoundError
+from zstore.errors import MissingKeyError, NotAZStoreError, StoreNotFoundError
 from zstore.group import commit, create_group, open_group
 from zstore.layout import KEY_SEPARATORS, StoreMeta, chunk_key, key_separator
 from zstore.storages.checkpoint_contract import TensorCheckpointable
@@ -419,7 +419,10 @@ def _in_memory_columns(storage: Any, schema) -> dict[str, np.ndarray] | None:
     string leaves, which an in-RAM container keeps as strings)."""
     if not storage.initialized or schema.texts or storage.checkpoint_export().columns is None:
         return None
-    columns = schema.columns(storage._storage, 1)  # checked against the checkpoint's schema
+    try:
+        columns = schema.columns(storage._storage, 1)  # checked against the checkpoint's schema
+    except MissingKeyError:  # keys the checkpoint adds (prepare): written, hence created, below
+        return None
     if any(c.device.type != "cpu" or not c.is_contiguous() for c in columns.values()):
         return None
     # detached: a column that requires grad is filled in place, as TorchRL's loads does

@@ -156,3 +156,33 @@ def test_loads_into_storage_holding_requires_grad_rows(location, tmp_path):
     assert_same_rows(ours, theirs, 6)
     assert ours._storage["a"].requires_grad == theirs._storage["a"].requires_grad
 
+
+
+@pytest.mark.parametrize("checkpointer", ["TensorStorageCheckpointer", "FlatStorageCheckpointer",
+                                          "H5StorageCheckpointer"])
+def test_a_buffer_over_a_preallocated_tensor_storage_loads_its_dump(tmp_path, checkpointer):
+    """A TensorDictReplayBuffer adds "index" to a TensorStorage built with the data's keys:
+    loading its dump into the same fresh buffer was refused ("keys do not match: only in
+    the checkpoint: ['index']"). TorchRL's loads it (its tensor checkpointer drops
+    "index"; its Flat and H5 ones fail on it); zstore's keeps "index" too."""
+    zt = pytest.importorskip("zstore.torchrl")
+
+    def buffer(module):
+        storage = module.TensorStorage(TensorDict(obs=torch.zeros(10, 3), batch_size=[10]))
+        return T.TensorDictReplayBuffer(storage=storage, batch_size=4)
+
+    def dumped_and_loaded(module, name):
+        rb = buffer(module)
+        rb.storage.checkpointer = getattr(module, name)()
+        rb.extend(TensorDict(obs=torch.arange(18.).view(6, 3), batch_size=[6]))
+        rb.dumps(tmp_path / module.__name__)
+        again = buffer(module)
+        again.storage.checkpointer = getattr(module, name)()
+        again.loads(tmp_path / module.__name__)
+        return rb, again
+
+    before, ours = dumped_and_loaded(zt, checkpointer)
+    _, theirs = dumped_and_loaded(T, "TensorStorageCheckpointer")
+    assert len(ours) == len(theirs) == 10 and ours.writer._cursor == theirs.writer._cursor == 6
+    assert torch.equal(ours[:]["obs"], theirs[:]["obs"])
+    assert torch.equal(ours[:]["index"], before[:]["index"])
