@@ -138,3 +138,36 @@ def test_nested_tensorclasses_come_back_as_their_classes(location):
             assert type(nested) is Inner, type(nested)
             assert torch.equal(nested.pos, (data.inner.pos if item is data
                                             else mixed["tc"].pos)[torch.tensor([4, 1])])
+
+
+def test_max_value_writer_matches_torchrl_when_every_write_has_the_same_keys(location):
+    """The documented difference (docs/torchrl.md §4): TorchRL's TensorDictMaxValueWriter
+    adds "index" on add() only; over a LazyMemmapStorage, whose keys are fixed by its first
+    write, extends and adds are the same as TorchRL's each on its own, and a mix is refused
+    naming the key (before anything is written) where TorchRL's storages take it."""
+    def batch(values):
+        return TensorDict(obs=torch.tensor(values), r=torch.tensor(values), batch_size=[len(values)])
+
+    rows = []
+    for storage in (TorchRLLazyTensorStorage(5), memmap(location, 5)):
+        rb = TensorDictReplayBuffer(storage=storage, batch_size=2,
+                                    writer=T.TensorDictMaxValueWriter(rank_key="r"))
+        for values in ([3., 1., 4.], [1., 5., 9.], [2., 6.]):
+            rb.extend(batch(values))
+        rows.append(sorted(rb[:]["obs"].tolist()))
+    assert rows[0] == rows[1] and len(rows[0]) == 5, rows  # the five highest ranks kept
+    mixed = TensorDictReplayBuffer(storage=memmap(location, 5), batch_size=2,
+                                   writer=T.TensorDictMaxValueWriter(rank_key="r"))
+    mixed.extend(batch([3., 1.]))
+    with pytest.raises(zstore.MissingKeyError, match="index"):
+        mixed.add(TensorDict(obs=torch.tensor(9.), r=torch.tensor(9.)))
+    assert sorted(mixed[:]["obs"].tolist()) == [1., 3.]
+
+
+def test_dim_names_of_nested_tensordicts_are_not_stored(location):
+    """The documented difference (docs/torchrl.md §4): the values come back, the names do not."""
+    nest = TensorDict(x=torch.ones(4, 3, 2), batch_size=[4, 3], names=["t", "agent"])
+    storage = memmap(location, 4)
+    storage.set(torch.arange(4), TensorDict(nest=nest, batch_size=[4]))
+    rows = storage.get(torch.arange(4))
+    assert torch.equal(rows["nest", "x"], nest["x"]) and rows["nest"].names == [None, None]
