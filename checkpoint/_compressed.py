@@ -50,10 +50,10 @@ from zstore.store import StoreSpec
 
 from ._base import _Configured
 from ._buffer import _changed_chunks
-from ._state import changed_rows
-from ._torchrl import is_torchrl_dir
 from ._chunks import DAMAGED, missing_chunk_error
 from ._dest import CheckpointError, Destination, fault_point
+from ._state import changed_rows
+from ._torchrl import is_torchrl_dir
 
 #: The commit record's listing of a generation's objects, ``{relative path: bytes}``.
 FILES = "files"
