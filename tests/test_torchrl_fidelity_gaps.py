@@ -130,34 +130,39 @@ def test_dumps_loads_at_a_url_as_torchrl_does_locally(location, tmp_path):
     assert_equal(ours_again[:], theirs_again[:])
 
 
+def _url_buffer(location, **kwargs):
+    """A TensorDictReplayBuffer over a zstore LazyMemmapStorage at ``location``."""
+    return T.TensorDictReplayBuffer(
+        storage=zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
+                                     storage_options=location.options), batch_size=BATCH, **kwargs)
+
+
+def _saved(location, rows: int):
+    """``(url, fs, root)`` of a save, by zstore.torchrl.dumps, of a buffer of ``rows`` rows."""
+    import fsspec
+
+    rb = _url_buffer(location)
+    rb.extend(transitions(rows))
+    url = location.new("ckpt")
+    zt.dumps(rb, url, location.options)
+    return (url, *fsspec.core.url_to_fs(url, **location.options))
+
+
 def test_no_pickle_is_stored_or_loaded(location, tmp_path):
     """TorchRL pickles its prefetch queue and torch.saves stateful transforms: dumps stores
     neither (and refuses the second), loads refuses a save that holds one."""
-    import fsspec
-
-    rb = T.TensorDictReplayBuffer(
-        storage=zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
-                                     storage_options=location.options), batch_size=BATCH)
-    rb.extend(transitions(20))
-    url = location.new("ckpt")
-    zt.dumps(rb, url, location.options)
-    fs, root = fsspec.core.url_to_fs(url, **location.options)
+    url, fs, root = _saved(location, 20)
     names = {path.rsplit("/", 1)[-1] for path in fs.find(root)}
     assert "buffer_metadata.json" in names
     assert not names & {"prefetch.pkl", "transform.t"}
 
-    stateful = T.TensorDictReplayBuffer(
-        storage=zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
-                                     storage_options=location.options),
-        transform=_StatefulTransform(), batch_size=BATCH)
+    stateful = _url_buffer(location, transform=_StatefulTransform())
     stateful.extend(transitions(20))
     with pytest.raises(ValueError, match="torch.save"):
         zt.dumps(stateful, location.new("refused"), location.options)
 
     fs.pipe_file(f"{root}/prefetch.pkl", b"not to be unpickled")
-    fresh = T.TensorDictReplayBuffer(
-        storage=zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
-                                     storage_options=location.options), batch_size=BATCH)
+    fresh = _url_buffer(location)
     with pytest.raises(ValueError, match="prefetch.pkl"):
         zt.loads(fresh, url, location.options)
     assert len(fresh) == 0  # nothing was loaded
@@ -185,23 +190,13 @@ def test_loads_refuses_a_save_that_lost_a_state_file_before_loading_anything(loc
     """A save without its writer/ part raised a FileNotFoundError naming a temporary local
     folder, after the storage was loaded: the buffer was left half loaded (len 30, its
     writer's cursor 0)."""
-    import fsspec
-
-    rb = T.TensorDictReplayBuffer(
-        storage=zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
-                                     storage_options=location.options), batch_size=BATCH)
-    rb.extend(transitions(30))
-    url = location.new("ckpt")
-    zt.dumps(rb, url, location.options)
-    fs, root = fsspec.core.url_to_fs(url, **location.options)
+    url, fs, root = _saved(location, 30)
     (part,) = [path for path in fs.find(root) if "/writer/" in path]
     if damage == "lost":
         fs.rm_file(part)
     else:
         fs.pipe_file(part, fs.cat_file(part)[:3])
-    fresh = T.TensorDictReplayBuffer(
-        storage=zt.LazyMemmapStorage(CAPACITY, scratch_dir=location.new(),
-                                     storage_options=location.options), batch_size=BATCH)
+    fresh = _url_buffer(location)
     error = FileNotFoundError if damage == "lost" else ValueError
     with pytest.raises(error, match="writer/") as info:
         zt.loads(fresh, url, location.options)
