@@ -115,7 +115,7 @@ def _require_files(gen: StoreSpec, recorded: Mapping[str, int] | None,
                    held: Mapping[str, Mapping[str, Any]]) -> None:
     """:class:`CheckpointError` naming the first object the commit record lists (``None``:
     a generation committed before records listed them) that ``gen`` lacks or holds cut."""
-    where = gen.redacted().split(" ")[0].rstrip("/")
+    where = gen.url.rstrip("/")
     for name, size in (recorded or {}).items():
         if name not in held:
             raise missing_chunk_error(f"{where}/{name}")
