@@ -484,8 +484,9 @@ def test_ls_and_info_recognise_a_checkpoint(capsys, tmp_path):
     from checkpoint._dest import COMMIT_ATTR  # what `ls` reads without importing torch
 
     from zstore import cli_commands
+    from zstore.dataset import open as dataset_open
 
-    assert cli_commands._CHECKPOINT_ATTR == COMMIT_ATTR
+    assert cli_commands._CHECKPOINT_ATTR == dataset_open._CHECKPOINT_ATTR == COMMIT_ATTR
 
 
 def test_ls_over_http_prints_urls_that_info_opens(capsys, http_root):
