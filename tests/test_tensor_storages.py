@@ -330,7 +330,8 @@ def test_random_ops_match_torchrl(seed):
     cap = 9
     ours, theirs = LazyTensorStorage(cap), torchrl_data.LazyTensorStorage(cap)
     written = torch.zeros(cap, dtype=torch.bool)
-    length = 0  # TorchRL's count of writes, raised to cover the last row written
+    count = 0  # TorchRL's count of the rows written
+    length = 0  # that count, raised to cover the last row written (never counting a row twice)
     for step in range(50):
         op = rng.choice(["set_int", "set_many", "setitem", "get", "empty"])
         if op == "set_int":
@@ -338,7 +339,8 @@ def test_random_ops_match_torchrl(seed):
             for s in (ours, theirs):
                 s.set(i, tds(1, step)[0])
             written[i] = True
-            length = min(max(length + 1, i + 1), cap)
+            count = min(count + 1, cap)
+            length = min(max(length, count, i + 1), cap)
         elif op in ("set_many", "setitem"):
             rows = torch.tensor(rng.sample(range(cap), rng.randrange(1, 4)))  # distinct rows
             for s in (ours, theirs):
@@ -348,16 +350,17 @@ def test_random_ops_match_torchrl(seed):
                     s[rows] = tds(len(rows), step)
             written[rows] = True
             if op == "set_many":
-                length = min(max(length + len(rows), int(rows[-1]) + 1), cap)
+                count = min(count + len(rows), cap)
+                length = min(max(length, count, int(rows[-1]) + 1), cap)
         elif op == "empty":
             for s in (ours, theirs):
                 s._empty()
-            length = 0
+            count = length = 0
         elif len(theirs):
             index = torch.tensor([rng.randrange(len(theirs)) for _ in range(4)])
             mask = written[index]
             assert (ours.get(index)[mask] == theirs.get(index)[mask]).all()
-        assert len(ours) == length and len(theirs) <= length
+        assert len(ours) == length and len(theirs) == count
         assert ours._mutation_revision == theirs._mutation_revision
         assert ours._last_cursor_index == theirs._last_cursor_index
         if theirs.initialized:

@@ -195,11 +195,13 @@ def shared_twin(plain: type[Ints]):
 
 class Counters(Ints):
     """A storage's counters: length, last cursor, mutation and write revisions, high-water
-    mark, and ``dirty_since`` (``time.monotonic_ns()`` of the group's oldest uncommitted
-    write, 0 when clean)."""
+    mark, ``dirty_since`` (``time.monotonic_ns()`` of the group's oldest uncommitted
+    write, 0 when clean), and ``written``: the rows counted as TorchRL counts them, one per
+    row written (:func:`count_rows`)."""
 
-    FIELDS = ("length", "last_cursor", "revision", "write_rev", "high_water", "dirty_since")
-    DEFAULTS = (0, -1, 0, 0, 0, 0)
+    FIELDS = ("length", "last_cursor", "revision", "write_rev", "high_water", "dirty_since",
+              "written")
+    DEFAULTS = (0, -1, 0, 0, 0, 0, 0)
     __slots__ = FIELDS
 
 
@@ -221,12 +223,25 @@ class SharedWriterCounters(SharedInts):
     """:class:`WriterCounters` in shared memory."""
 
 
-def counter(name: str, holder: str = "_counts") -> property:
-    """An attribute kept in the :class:`Ints` object ``holder`` (its field ``name``)."""
+def counter(name: str, holder: str = "_counts", *, also: tuple[str, ...] = ()) -> property:
+    """An attribute kept in the :class:`Ints` object ``holder`` (its field ``name``); setting
+    it sets the fields named in ``also`` to the same value."""
     def put(self: Any, value: int) -> None:
-        setattr(getattr(self, holder), name, value)
+        ints = getattr(self, holder)
+        for field in (name, *also):
+            setattr(ints, field, value)
 
     return property(attrgetter(f"{holder}.{name}"), put)
+
+
+def count_rows(counts: Ints | SharedInts, rows: int, reached: int, max_size: int) -> None:
+    """Count ``rows`` rows written, the last of them ending at row ``reached``: the length
+    is TorchRL's count of the rows written, or ``reached`` where a writer moved past rows
+    it never wrote (a refused batch), whichever is larger. The count is kept apart from the
+    length, so a write into rows the length already covers (processes that took their rows
+    in one order and wrote them in another) is not counted twice. The lock is held."""
+    counts.written = written = min(counts.written + rows, max_size)
+    counts.length = min(max(counts.length, written, reached), max_size)
 
 
 def stamp_dirty(counts: Ints | SharedInts) -> None:

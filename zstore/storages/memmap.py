@@ -33,7 +33,7 @@ from ..group import (carrying_nodes, commit, create_group, existing_buffer, node
                      open_group)
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta, ragged_keys
 from ..lease import DEFAULT_TTL, LEASE_NAME
-from ..sharing import dirty_at, stamp_dirty
+from ..sharing import count_rows, dirty_at, stamp_dirty
 from ..store import StoreSpec, run_deferred
 from ..text import TEXT_BYTES, widest
 from ..table import ChunkedTable, MmapTable, Table
@@ -666,7 +666,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                 self._last_cursor = counts.last_cursor = row
             else:
                 self._set_last_cursor(row)
-            counts.length = min(max(counts.length + 1, counts.last_cursor + 1), self.max_size)
+            count_rows(counts, 1, counts.last_cursor + 1, self.max_size)
         counts.revision += 1  # _bump_mutation_revision
 
     def _committable(self) -> bool:

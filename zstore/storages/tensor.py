@@ -31,7 +31,7 @@ from torch.utils import _pytree as pytree
 from ..display import KeyRow, Summary, dtype_name, tensor_leaves
 from ..errors import SchemaError
 from ..layout import Schema
-from ..sharing import InitRendezvous, counter
+from ..sharing import InitRendezvous, count_rows, counter
 from ..text import TEXT_BYTES, holds_value, is_text, non_tensor_leaves, widest
 from .base import Storage, refuse_spawn_sharing
 from .checkpoint_contract import TensorExport
@@ -99,7 +99,7 @@ class TensorStorage(Storage):
 
     supports_conditional_update = True
     _default_checkpointer = "TensorStorageCheckpointer"
-    _len_value = counter("length")
+    _len_value = counter("length", also=("written",))  # set whole: the count starts there
     _write_rev = counter("write_rev")
     #: TorchRL's ``shared_init``: who creates the rows (:class:`.sharing.InitRendezvous`)
     _rendezvous: InitRendezvous | None = None
@@ -262,8 +262,7 @@ class TensorStorage(Storage):
                 # TorchRL counts writes; a writer that moved its cursor past a refused batch
                 # must still reach the rows it writes after it: len covers the last one
                 reached = (self._last_cursor_value + 1) * (self._lanes if self.ndim > 1 else 1)
-                self._len_value = min(max(self._len_value + math.prod(lead_shape(data, n)),
-                                          reached), self.max_size)
+                count_rows(self._counts, math.prod(lead_shape(data, n)), reached, self.max_size)
             self._bump_mutation_revision()
 
     def get(self, index: Any) -> Any:
