@@ -50,16 +50,23 @@ def extend_then_look(rb, to_parent, from_parent) -> None:
         to_parent.put(f"{type(exc).__name__}: {exc}")
 
 
-def extend_rows(rb, value: float, n: int, done, make=batch, one_by_one: bool = False) -> None:
+def extend_rows(rb, value: float, n: int, done, make=batch, one_by_one: bool = False,
+                turn=None) -> None:
     """Extend ``rb`` by ``make(value, n)`` (or add its rows one by one); put "finish" (or the
-    error) on ``done``."""
+    error) on ``done``. Given a ``turn`` queue, write only while holding its token."""
     try:
         rows = make(value, n)
-        if one_by_one:
-            for i in range(n):
-                rb.add(rows[i])
-        else:
-            rb.extend(rows)
+        if turn is not None:
+            turn.get(timeout=WAIT)
+        try:
+            if one_by_one:
+                for i in range(n):
+                    rb.add(rows[i])
+            else:
+                rb.extend(rows)
+        finally:
+            if turn is not None:
+                turn.put("token")
         done.put("finish")
     except BaseException as exc:
         done.put(f"{type(exc).__name__}: {exc}")
@@ -72,12 +79,19 @@ def expect(queue, want):
 
 
 def children_extend(rb, values: tuple[float, ...], n: int, make=batch,
-                    one_by_one: bool = False) -> None:
+                    one_by_one: bool = False, at_once: bool = False) -> None:
     """Spawn one process per value, each extending ``rb`` by ``make(value, n)`` (or adding
-    its rows one by one), all at once; return when every one has finished."""
+    its rows one by one); return when every one has finished. They write one after the
+    other, in whichever order they come, unless ``at_once``: TorchRL's own writers move
+    their shared cursor without a lock, so processes writing at once under them can take
+    the same rows (docs/torchrl.md §4), on TorchRL's storages as on zstore's."""
     done = SPAWN.Queue()
-    children = [SPAWN.Process(target=extend_rows, args=(rb, value, n, done, make, one_by_one))
+    turn = None if at_once else SPAWN.Queue()
+    children = [SPAWN.Process(target=extend_rows,
+                              args=(rb, value, n, done, make, one_by_one, turn))
                 for value in values]
+    if turn is not None:
+        turn.put("token")
     for child in children:
         child.start()
     for _ in children:
@@ -322,11 +336,14 @@ def make_counting_env():
 
 
 def collect(storage) -> "T.ReplayBuffer":
-    """TorchRL's multi-process collector, two workers writing the buffer they were handed."""
+    """TorchRL's multi-process collector, two workers writing the buffer they were handed.
+
+    Through zstore.torchrl's writer, on either storage: the workers write at once, and
+    TorchRL's own writer can give both the same rows (docs/torchrl.md §4)."""
     from torchrl.collectors import MultiSyncCollector
     from torchrl.testing.mocking_classes import CountingEnvCountPolicy
 
-    rb = T.ReplayBuffer(storage=storage, batch_size=8)
+    rb = T.ReplayBuffer(storage=storage, batch_size=8, writer=zt.RoundRobinWriter())
     policy = CountingEnvCountPolicy(make_counting_env().action_spec)  # the same frames each run
     collector = MultiSyncCollector([make_counting_env, make_counting_env], policy=policy,
                                    frames_per_batch=40, total_frames=200, replay_buffer=rb)
@@ -417,7 +434,7 @@ def test_zstore_torchrl_writers_give_each_process_rows_of_its_own(kind, tmp_path
                else zt.LazyTensorStorage(600))
     rb = T.TensorDictReplayBuffer(storage=storage, writer=zt.TensorDictRoundRobinWriter())
     rb.extend(batch(0, 4))
-    children_extend(rb, (1, 2), 200, one_by_one=True)
+    children_extend(rb, (1, 2), 200, one_by_one=True, at_once=True)
     assert len(rb) == 404 and rb.write_count == 404
     assert sorted(rb[:404]["a"].tolist()) == [0.0] * 4 + [1.0] * 200 + [2.0] * 200
     assert rb[:404]["index"].tolist() == list(range(404))
