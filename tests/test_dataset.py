@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import http.server
 import threading
 import uuid
@@ -249,6 +250,11 @@ def test_open_dataset_refuses_what_is_not_a_sealed_dataset(tmp_path):
                                                  "load it into a storage")):
         with pytest.raises(zstore.NotAZStoreError, match=what):
             open_dataset(where)
+    for attributes in ([1], "x"):  # malformed attributes: still named, not an AttributeError
+        (tmp_path / "plain" / "zarr.json").write_text(json.dumps(
+            {"zarr_format": 3, "node_type": "group", "attributes": attributes}))
+        with pytest.raises(zstore.NotAZStoreError, match="not a zstore"):
+            open_dataset(str(tmp_path / "plain"))
     assert zstore.seal(url) == len(_model_episodes(td))
     storage.close()
     ds = open_dataset(url)

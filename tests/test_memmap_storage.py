@@ -90,6 +90,7 @@ class Model:
         self.max_size = self.rows * self.cells_per_row
         self.ref = [torch.zeros(self.rows, *x.shape, dtype=x.dtype) for x in leaves(example)]
         self.written = torch.zeros(self.rows, dtype=torch.bool)
+        self.count = 0  # TorchRL's count of the cells written (a reopened store counts from len)
         self.len = 0
         self.last: int | None = None
         self.cursor = 0
@@ -107,8 +108,9 @@ class Model:
         if set_cursor:
             self.last = rows[-1]
             # writes are counted, and every row up to the last one written is reachable
-            self.len = min(max(self.len + len(rows) * self.cells_per_row,
-                               (self.last + 1) * self.cells_per_row), self.max_size)
+            self.count = min(self.count + len(rows) * self.cells_per_row, self.max_size)
+            self.len = min(max(self.len, self.count, (self.last + 1) * self.cells_per_row),
+                           self.max_size)
 
     def add(self, item) -> int:
         index = self.cursor
@@ -262,6 +264,7 @@ def test_random_ops_match_model(location, config):
             writer = RoundRobinWriter()
             writer.register_storage(storage)
             model.cursor = (model.last + 1) % model.rows if model.last is not None else 0
+            model.count = model.len
             assert writer._cursor == model.cursor
         elif op == "reopen_ro":
             storage.flush()

@@ -180,9 +180,11 @@ def _not_a_dataset(where: str, root_json: bytes) -> NotAZStoreError:
     unsealed buffer (seal it), one of a store's arrays, a checkpoint, or a plain group."""
     try:
         node = json.loads(root_json)
-        attributes = node.get("attributes") or {}
-    except (ValueError, AttributeError):
-        node, attributes = {}, {}
+    except ValueError:
+        node = {}
+    node = node if isinstance(node, dict) else {}
+    attributes = node.get("attributes")
+    attributes = attributes if isinstance(attributes, dict) else {}
     block = attributes.get(ZSTORE_ATTR)
     if node.get("node_type") == "array":
         return NotAZStoreError(f"{where} is one array (a key's column) of a store, not a "
