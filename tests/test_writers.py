@@ -267,6 +267,32 @@ def test_resume_after_reopen_continues_at_cursor(location, n_before):
         ref._storage[:]["step"].tolist()
 
 
+@pytest.mark.parametrize("n_before", [3, 10, 13])  # partial, exactly full, wrapped
+@pytest.mark.parametrize("writer_module", ["zstore", "zstore.torchrl"])
+def test_a_reopened_compressed_list_storage_resumes_after_its_newest_item(location, n_before,
+                                                                          writer_module):
+    """A list storage keeps no last cursor; its commits record the newest item instead. The
+    writer resumed at item 0 there, overwriting the oldest items of a partial ring and the
+    newest of a wrapped one."""
+    url = location.new()
+    writer = pytest.importorskip(writer_module).RoundRobinWriter()
+    writer.register_storage(location.compressed(10, scratch_dir=url))
+    ring = [None] * 10  # the model: which step each item holds
+    for step in range(n_before):
+        writer.add(steps(1, step)[0])
+        ring[step % 10] = step
+    writer._storage.close()
+
+    again = zstore.open(url, location.options)
+    resumed = pytest.importorskip(writer_module).RoundRobinWriter()
+    resumed.register_storage(again)
+    assert (resumed._cursor, resumed._write_count) == (n_before % 10, min(n_before, 10))
+    assert resumed.add(steps(1, 100)[0]) == n_before % 10
+    ring[n_before % 10] = 100
+    assert [again.get(i)["step"].item() for i in range(len(again))] == \
+        ring[:min(n_before + 1, 10)]
+
+
 def _older_writer(url: str, options: dict, opened, go, done) -> None:
     """Another process's writer: commits rows 0..9, then (once told) 10..19, and leaves."""
     storage = LazyMemmapStorage(30, scratch_dir=url, storage_options=options)

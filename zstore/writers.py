@@ -97,8 +97,10 @@ class Writer:
 
 def resume_point(storage: Any) -> tuple[int, int] | None:
     """``(cursor, write count)`` a ring writer continues from over a storage holding rows (a
-    reopened persistent buffer): after its last written row; ``None`` when it holds none."""
-    last = getattr(storage, "_last_cursor_index", None)
+    reopened persistent buffer): after its last written row (a list storage's newest item);
+    ``None`` when it holds none."""
+    newest = getattr(storage, "_newest_row", None)  # zstore's storages; TorchRL's lack it
+    last = newest() if newest is not None else getattr(storage, "_last_cursor_index", None)
     if last is None or not len(storage):
         return None
     cursor = (last + 1) % storage._max_size_along_dim0(single_data=None) \
