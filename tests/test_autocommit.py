@@ -338,3 +338,24 @@ def test_commit_pending_commits_every_open_storage_now(location, cls):
         assert_rows(url, location.options, ROWS)
     for storage in storages:
         storage.close()
+
+
+@pytest.mark.parametrize("opener", ["zstore", "zstore.torchrl"])
+@pytest.mark.parametrize("cls", ["LazyMemmapStorage", "CompressedListStorage"])
+def test_a_resumed_run_writes_with_the_window_and_lease_ttl_it_is_opened_with(location, cls,
+                                                                               opener):
+    """Neither setting is stored: ``open`` takes them again. zstore.open took no commit window
+    and zstore.torchrl.open neither, so a run resumed through it with a 1 s window committed
+    every 5 s, and its lease could be taken over only after 60 s."""
+    url = location.new()
+    storage = getattr(zstore, cls)(100, scratch_dir=url, storage_options=location.options)
+    storage.set(0, burst(0)[0])
+    storage.close()
+    again = pytest.importorskip(opener).open(url, location.options, autocommit_seconds=math.inf,
+                                             lease_ttl=12.0)
+    again.set(1, burst(0)[1])
+    assert again._uncommitted and again._commit_due_at() == math.inf
+    if location.kind != "memory":  # (a memory:// store takes no lease)
+        assert again._lease.ttl == 12.0
+    again.close()
+    assert len(zstore.open(url, location.options, mode="r")) == 2

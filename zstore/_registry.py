@@ -32,14 +32,15 @@ def register_storage_class(*classes: type) -> None:
 
 
 def reopen(spec: StoreSpec, *, cache_bytes: int, cache: str, device: Any,
-           lease_ttl: float | None) -> Any:
+           lease_ttl: float | None, autocommit_seconds: float = 5.0) -> Any:
     """The buffer at ``spec``, reopened with the class its ``zstore`` block names."""
     group = open_zarr_group(spec)
     block = group.attrs.get(ZSTORE_ATTR)
     name = block.get("storage_class") if isinstance(block, Mapping) else None
     if hasattr(STORAGE_CLASSES.get(name), "_from_group"):  # a container of buffers
         return STORAGE_CLASSES[name]._from_group(spec, group, dict(block), cache_bytes=cache_bytes,
-                                                 cache=cache, device=device, lease_ttl=lease_ttl)
+                                                 cache=cache, device=device, lease_ttl=lease_ttl,
+                                                 autocommit_seconds=autocommit_seconds)
     meta = read_meta(group, spec.redacted())
     try:
         cls = STORAGE_CLASSES[meta.storage_class]
@@ -48,7 +49,7 @@ def reopen(spec: StoreSpec, *, cache_bytes: int, cache: str, device: Any,
             f"{spec.redacted()} records storage class {meta.storage_class!r}, which this zstore "
             f"cannot open (known: {sorted(STORAGE_CLASSES)})") from None
     return cls._from_store(spec, group, meta, cache_bytes=cache_bytes, cache=cache, device=device,
-                           lease_ttl=lease_ttl)
+                           lease_ttl=lease_ttl, autocommit_seconds=autocommit_seconds)
 
 
 def make_checkpointer(name: str) -> Any:

@@ -13,7 +13,8 @@ from .store import StoreSpec
 
 def open(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None, *,
          mode: str = "r+", cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host",
-         device: Any = None, lease_ttl: float | None = DEFAULT_TTL):
+         device: Any = None, lease_ttl: float | None = DEFAULT_TTL,
+         autocommit_seconds: float = 5.0):
     """Reopen a buffer written by zstore, with its class, rows, length and cursor.
 
     Args:
@@ -25,6 +26,9 @@ def open(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = Non
         device: CUDA device for the ``"cuda"`` tier.
         lease_ttl: ttl of the single-writer lease a ``"r+"`` storage takes at its
             first write (docs/scaling.md); readers (``"r"``) take none.
+        autocommit_seconds: a ``"r+"`` storage commits its rows at most this long after
+            they are written, as the constructors' argument of that name. Neither setting
+            is stored: pass the run's own again when resuming it.
 
     >>> rb = zstore.open("s3://bucket/rb", {"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
     """
@@ -33,4 +37,5 @@ def open(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = Non
     from . import storages  # noqa: F401 - registers the storage classes reopen() picks from
 
     spec = StoreSpec.parse(url, storage_options, read_only=mode == "r")
-    return reopen(spec, cache_bytes=cache_bytes, cache=cache, device=device, lease_ttl=lease_ttl)
+    return reopen(spec, cache_bytes=cache_bytes, cache=cache, device=device, lease_ttl=lease_ttl,
+                  autocommit_seconds=autocommit_seconds)

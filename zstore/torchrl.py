@@ -48,6 +48,7 @@ from . import storages as _z
 from . import writers as _zw
 from .api import open as _open
 from .cache import DEFAULT_CACHE_BYTES
+from .lease import DEFAULT_TTL
 from .columns import MIRROR_CELL_BYTES, ColumnMirror, cell_bytes
 from .sharing import ProcessLock
 from .storages.base import SCAN_ROWS
@@ -533,14 +534,17 @@ def torchrl_class(cls: type) -> type:
 
 def open(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None, *,
          mode: str = "r+", cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host",
-         device: Any = None):
-    """:func:`zstore.open`, returning the storage as its TorchRL-compatible class.
+         device: Any = None, lease_ttl: float | None = DEFAULT_TTL,
+         autocommit_seconds: float = 5.0):
+    """:func:`zstore.open` (the same arguments), returning the storage as its
+    TorchRL-compatible class.
 
     >>> storage = zstore.torchrl.open("s3://bucket/rb", mode="r")  # doctest: +SKIP
     >>> rb = TensorDictReplayBuffer(storage=storage, writer=ImmutableDatasetWriter())  # doctest: +SKIP
     """
     return _as_twin(_open(url, storage_options, mode=mode, cache_bytes=cache_bytes, cache=cache,
-                          device=device))
+                          device=device, lease_ttl=lease_ttl,
+                          autocommit_seconds=autocommit_seconds))
 
 
 def _as_twin(storage: Any) -> Any:

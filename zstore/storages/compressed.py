@@ -964,7 +964,8 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                     cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host", device: Any = None,
                     compression_fn: Callable | None = None,
                     decompression_fn: Callable | None = None,
-                    lease_ttl: float | None = DEFAULT_TTL) -> "CompressedListStorage":
+                    lease_ttl: float | None = DEFAULT_TTL,
+                    autocommit_seconds: float = 5.0) -> "CompressedListStorage":
         """Reopen a committed storage (used by :func:`zstore.open` and unpickling)."""
         check_format_version(block, spec.redacted())
         if cache != "host":
@@ -978,7 +979,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         codec = {"default": block["codec"], **block.get("codecs", {})}
         self._configure(spec, False, compression_fn, decompression_fn,
                         int(block.get("compression_level", 3)), codec, block.get("chunks"),
-                        cache_bytes, lease_ttl)
+                        cache_bytes, lease_ttl, autocommit_seconds)
         self._root = group
         self._restore(block)
         return self

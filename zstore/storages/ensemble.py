@@ -289,7 +289,8 @@ class StorageEnsemble(Storage):
     @classmethod
     def _from_group(cls, spec: StoreSpec, group, block: Mapping[str, Any], *,
                     cache_bytes: int = DEFAULT_CACHE_BYTES, cache: str = "host", device: Any = None,
-                    lease_ttl: float | None = DEFAULT_TTL) -> StorageEnsemble:
+                    lease_ttl: float | None = DEFAULT_TTL,
+                    autocommit_seconds: float = 5.0) -> StorageEnsemble:
         """Reopen a recorded ensemble (used by :func:`zstore.open`): every member, same mode."""
         where = spec.redacted()
         check_format_version(block, where)
@@ -306,7 +307,8 @@ class StorageEnsemble(Storage):
         token = _OPENING.set((*opening, spec.url))
         try:
             self = cls(*(_reopened_member(spec, i, ref, cache_bytes=cache_bytes, cache=cache,
-                                          device=device, lease_ttl=lease_ttl)
+                                          device=device, lease_ttl=lease_ttl,
+                                          autocommit_seconds=autocommit_seconds)
                          for i, ref in enumerate(members)))
         finally:
             _OPENING.reset(token)
