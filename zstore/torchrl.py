@@ -295,12 +295,28 @@ class _ReadOnDemand(_WriteThrough):
 
     def _leaves(self) -> Any:
         """The leaves, read from the store at the first use that needs them."""
-        pending = self.__dict__.get("_pending")
+        pending = self._still_pending()
         if pending is not None:
             storage, index = pending
             self.__dict__["_items"] = storage._read_rows(index)._tensordict
             del self.__dict__["_pending"]
         return self.__dict__["_items"]
+
+    def _still_pending(self) -> tuple["LazyMemmapStorage", slice] | None:
+        """The storage and rows not read yet (``None``: read); ``IndexError`` where the
+        storage no longer holds them (emptied or loaded shorter since): read now, they
+        would not fill this TensorDict's batch size."""
+        pending = self.__dict__.get("_pending")
+        if pending is not None:
+            storage, index = pending
+            filled = storage._len_along_dim0 if storage.initialized else 0
+            if index.stop > filled:
+                raise IndexError(
+                    f"rows {index.start}:{index.stop} of {storage.spec.redacted()} were taken "
+                    f"as a slice that reads its rows when first used, and the buffer holds "
+                    f"{filled} rows now (emptied or loaded since): read the slice (or clone "
+                    "it) before emptying the buffer")
+        return pending
 
     _tensordict = property(_leaves)
 
@@ -310,7 +326,7 @@ class _ReadOnDemand(_WriteThrough):
 
     def _from_memory(self, key: tuple[str, ...]) -> torch.Tensor | None:
         """Key ``key`` of these rows from the storage's column mirror, while nothing is read."""
-        pending = self.__dict__.get("_pending")
+        pending = self._still_pending()
         if pending is None or not key:
             return None
         storage, index = pending
