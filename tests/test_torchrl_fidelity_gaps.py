@@ -185,6 +185,16 @@ def test_loads_names_the_url_without_a_checkpoint(location):
     assert url.split("://")[-1] in str(info.value)
 
 
+def test_loads_of_an_interrupted_save_says_it_was_interrupted(location):
+    """A save killed before its last file said "save there first", as if nothing was there."""
+    url, fs, root = _saved(location, 20)
+    fs.rm_file(f"{root}/buffer_metadata.json")  # what a save killed part way leaves
+    fresh = _url_buffer(location)
+    with pytest.raises(FileNotFoundError, match="a save there was interrupted .* two URLs"):
+        zt.loads(fresh, url, location.options)
+    assert len(fresh) == 0
+
+
 @pytest.mark.parametrize("damage", ["lost", "cut short"])
 def test_loads_refuses_a_save_that_lost_a_state_file_before_loading_anything(location, damage):
     """A save without its writer/ part raised a FileNotFoundError naming a temporary local

@@ -120,6 +120,12 @@ def loads(rb: Any, url: str | os.PathLike,
     spec = _spec(url, storage_options)
     fs, root = spec.filesystem()
     if not fs.exists(f"{root}/{METADATA}"):
+        if spec.objects():
+            raise FileNotFoundError(
+                f"no complete replay-buffer checkpoint at {spec.redacted()}: a save there was "
+                f"interrupted ({METADATA}, which zstore.torchrl.dumps writes last, is missing). "
+                "A save replaces the one before it as it begins: save again, and to keep a "
+                "complete save while the next one runs, alternate between two URLs")
         raise FileNotFoundError(
             f"no replay-buffer checkpoint at {spec.redacted()}: {METADATA} is missing "
             "(zstore.torchrl.dumps writes it last; save there first)")
