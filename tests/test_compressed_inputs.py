@@ -125,6 +125,20 @@ def test_torchrls_own_state_dict_loads_as_items(location):
         assert len(rb) == 5
 
 
+def test_zstores_state_dict_moves_to_torchrls_storage_through_its_items(location):
+    """zstore's state_dict holds the items decoded (no ``_metadata``), which TorchRL's
+    load_state_dict cannot take (KeyError '_metadata'): extending TorchRL's storage with
+    them, as docs/torchrl.md §4 says, gives the same items."""
+    rb = ReplayBuffer(storage=compressed(location, 6))
+    rb.extend([TensorDict(obs=torch.arange(4.) * i) for i in range(4)])
+    state = rb.storage.state_dict()
+    with pytest.raises(KeyError, match="_metadata"):
+        TorchRLCompressedListStorage(6).load_state_dict(state)
+    theirs = ReplayBuffer(storage=TorchRLCompressedListStorage(6))
+    theirs.extend(state["_storage"])
+    assert_items_equal(items_of(theirs), items_of(rb))
+
+
 def test_a_state_dict_compressed_by_another_function_is_refused_naming_the_way(location):
     source = ReplayBuffer(storage=TorchRLCompressedListStorage(
         6, compression_fn=lambda t: t.reshape(-1).view(torch.uint8).clone(),
