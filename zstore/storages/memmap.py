@@ -607,10 +607,19 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
     def _columns(self, rows: torch.Tensor | int, shape: tuple[int, ...] | None, data: Any,
                  lead: int) -> dict[str, torch.Tensor]:
         """The columns of ``data`` to write at ``rows`` (the rows the cursor names, of the
-        cursor's ``shape``; ``None`` for a slice). A TensorDict lacking some of the buffer's
-        keys keeps their stored values where every row was written before, as TorchRL's
-        in-place update does (``rb[i] = td`` without the ``"index"`` key a
-        ``TensorDictReplayBuffer`` adds); rows never written need every key."""
+        cursor's ``shape``; ``None`` for a slice). A refusal names the store: its keys,
+        dtypes and shapes were fixed by its first write, maybe by an earlier run."""
+        try:
+            return self._kept_columns(rows, shape, data, lead)
+        except (SchemaError, MissingKeyError) as exc:
+            raise type(exc)(f"{self.spec.redacted()}: {exc}") from None
+
+    def _kept_columns(self, rows: torch.Tensor | int, shape: tuple[int, ...] | None, data: Any,
+                      lead: int) -> dict[str, torch.Tensor]:
+        """:meth:`_columns`. A TensorDict lacking some of the buffer's keys keeps their
+        stored values where every row was written before, as TorchRL's in-place update does
+        (``rb[i] = td`` without the ``"index"`` key a ``TensorDictReplayBuffer`` adds); rows
+        never written need every key."""
         try:
             return self._schema.columns(data, lead)
         except MissingKeyError as exc:
