@@ -48,8 +48,8 @@ from . import storages as _z
 from . import writers as _zw
 from .api import open as _open
 from .cache import DEFAULT_CACHE_BYTES
-from .lease import DEFAULT_TTL
 from .columns import MIRROR_CELL_BYTES, ColumnMirror, cell_bytes
+from .lease import DEFAULT_TTL
 from .sharing import ProcessLock
 from .storages.base import SCAN_ROWS
 from .torchrl_checkpoints import dumps, loads
