@@ -107,15 +107,15 @@ def prepare(storage: TensorCheckpointable, example: Any, schema: Schema | None, 
             f"storage has shape {list(shape)} (max_size={storage.max_size}): the capacities "
             "must match")
     if schema is not None:
-        mine = _columns_of(storage.checkpoint_export().schema)
+        export = storage.checkpoint_export()
+        mine = _columns_of(export.schema)
         theirs = _columns_of(schema)
         missing = sorted(set(theirs) - set(mine))
         extra = sorted(set(mine) - set(theirs))
         changed = sorted(p for p in set(mine) & set(theirs) if mine[p] != theirs[p])
         # keys only the checkpoint has join a storage in RAM, as TorchRL's take them (its
         # TensorDictReplayBuffer adds "index" to a TensorStorage built with the data's keys)
-        joins = missing and not extra and not changed \
-            and storage.checkpoint_export().columns is not None
+        joins = missing and not extra and not changed and export.columns is not None
         if mine != theirs and not joins:
             raise CheckpointError(
                 f"{where}: the checkpoint's keys do not match the storage's (only in the "

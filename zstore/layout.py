@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.utils._pytree as pytree
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_non_tensor
-from tensordict import is_non_tensor, is_tensor_collection, is_tensorclass
+from tensordict import is_tensor_collection, is_tensorclass
 
 from .codecs import CodecSpec
 from .dtypes import require_storable, torch_dtype_from_name, torch_dtype_name
