@@ -12,7 +12,8 @@ own segments, before TorchRL could read them) and TorchRL's files are read too.
 The file is written to a temporary name and renamed (locally), or uploaded in
 one PUT (object stores), so a crash never leaves a half-written file in place of
 a good one; the next dump of that file deletes what a killed one left (in the
-destination, or in the temporary directory for an object store).
+destination, or in the temporary directory for an object store). A remote file is
+downloaded to the temporary directory before HDF5 reads it (:func:`_downloaded`).
 """
 
 from __future__ import annotations
@@ -65,6 +66,34 @@ def _remove_stale_partials(folder: str, name: str) -> None:
         if tag_gone_here(tag):
             with contextlib.suppress(OSError):
                 path.unlink()
+
+
+def _scratch_file(folder: str, name: str) -> str:
+    """A new temporary file for ``name`` in ``folder`` (``.<name>.<process tag>.<random>
+    .partial``), after deleting those that killed processes left there."""
+    _remove_stale_partials(folder, name)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.{process_tag()}.", suffix=_PARTIAL, dir=folder)
+    os.close(fd)
+    return tmp
+
+
+@contextlib.contextmanager
+def _downloaded(dest: Destination, name: str):
+    """The path of a local copy of the remote file ``name``, deleted on exit.
+
+    HDF5 is never handed an fsspec file object: h5py holds its global lock while it reads
+    one, and fsspec serves the read on its event-loop thread, where a garbage collection
+    that frees an h5py object waits for that lock: loads deadlocked, now and then in the
+    test suite and every time in some scripts. A download also reads one consistent version
+    of the object.
+    """
+    tmp = _scratch_file(tempfile.gettempdir(), name)
+    try:
+        dest.fs.get_file(dest.path_of(name), tmp)
+        yield tmp
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 class H5StorageCheckpointer(_Configured):
@@ -130,11 +159,7 @@ class H5StorageCheckpointer(_Configured):
         local_dir = dest.url if dest.spec.is_local else None
         if local_dir:
             Path(local_dir).mkdir(parents=True, exist_ok=True)
-        scratch = local_dir or tempfile.gettempdir()  # an object store's file: uploaded from here
-        _remove_stale_partials(scratch, name)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.{process_tag()}.", suffix=_PARTIAL,
-                                   dir=scratch)
-        os.close(fd)
+        tmp = _scratch_file(local_dir or tempfile.gettempdir(), name)  # an object store's: uploaded
         try:
             with h5py.File(tmp, "w") as f:
                 f.attrs[ATTR] = json.dumps(record)
@@ -196,9 +221,9 @@ class H5StorageCheckpointer(_Configured):
         dest, name = self._file(path)
         where = f"{dest.url}/{name}"
         with contextlib.ExitStack() as stack:
-            try:  # local files through HDF5's own driver; others through an fsspec file
+            try:  # always through HDF5's own driver: a remote file is downloaded first
                 source = dest.path_of(name) if dest.spec.is_local else stack.enter_context(
-                    dest.fs.open(dest.path_of(name), "rb", block_size=16 << 20))
+                    _downloaded(dest, name))
                 f = stack.enter_context(h5py.File(source, "r"))
             except FileNotFoundError:
                 raise CheckpointError(f"no H5 checkpoint at {where}") from None

@@ -327,3 +327,71 @@ def test_a_dataset_missing_from_one_traj_group_says_the_file_is_damaged(tmp_path
     with pytest.raises(CheckpointError, match=rf"checkpoint.h5: {group} lacks \['extra'\], which "
                                               "other traj groups hold: the checkpoint is damaged"):
         again.loads(str(tmp_path / "ck"))
+
+
+_DUMP_AND_LOAD = """
+import torch
+from tensordict import TensorDict
+from checkpoint import H5StorageCheckpointer
+from zstore import LazyTensorStorage
+from zstore.store import StoreSpec
+from zstore.testing.s3 import MotoS3
+
+with MotoS3() as server:  # in this process, as a notebook or a script runs one
+    bucket = server.new_bucket()
+    for i in range(3):
+        url = StoreSpec.parse(f"s3://{bucket}/h5-{i}", server.storage_options)
+        source = LazyTensorStorage(12)
+        source.checkpointer = H5StorageCheckpointer()
+        source.set(torch.arange(5), TensorDict(obs=torch.arange(15.0).view(5, 3), batch_size=[5]))
+        source.dumps(url)
+        target = LazyTensorStorage(12)
+        target.checkpointer = H5StorageCheckpointer()
+        target.loads(url)
+        assert torch.equal(target.get(torch.arange(5))["obs"], torch.arange(15.0).view(5, 3))
+print("loaded")
+"""
+
+
+@pytest.mark.s3
+@pytest.mark.timeout(600)
+def test_a_remote_load_right_after_a_dump_does_not_deadlock():
+    """A script that dumps and then loads on S3: the load used to hand HDF5 an fsspec file,
+    and a garbage collection on fsspec's event-loop thread that freed an h5py object waited
+    for h5py's lock, which the thread reading the file held. That deadlocked every such
+    script here, and the suite's loads now and then. The file is now downloaded first, then
+    opened by HDF5's own driver."""
+    import subprocess
+    import sys
+
+    try:
+        child = subprocess.run([sys.executable, "-c", _DUMP_AND_LOAD], capture_output=True,
+                               text=True, timeout=480)  # a hang guard only
+    except subprocess.TimeoutExpired:
+        pytest.fail("dumps then loads of an H5 checkpoint on S3 hung (the h5py lock deadlock)")
+    assert child.returncode == 0 and child.stdout.strip() == "loaded", child.stderr[-3000:]
+
+
+def test_a_remote_load_leaves_no_temporary_file(s3_options, s3_bucket, tmp_path, monkeypatch):
+    """The download a remote load reads from is deleted after the load, and after a load of a
+    file that is not HDF5."""
+    import s3fs
+
+    from zstore.store import StoreSpec
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    url = StoreSpec.parse(f"s3://{s3_bucket}/h5-tmp", s3_options)
+    source = zstore_storage("partial")
+    source.checkpointer = H5StorageCheckpointer()
+    source.dumps(url)
+    target = LazyTensorStorage(12)
+    target.checkpointer = H5StorageCheckpointer()
+    target.loads(url)
+    assert_same(target.get(slice(None)), source.get(slice(None)))
+    fs = s3fs.S3FileSystem(**s3_options, skip_instance_cache=True)
+    fs.pipe(f"{s3_bucket}/h5-bad/checkpoint.h5", b"not an HDF5 file")
+    with pytest.raises(CheckpointError, match="not a readable HDF5 file"):
+        target.loads(StoreSpec.parse(f"s3://{s3_bucket}/h5-bad", s3_options))
+    with pytest.raises(CheckpointError, match="no H5 checkpoint"):
+        target.loads(StoreSpec.parse(f"s3://{s3_bucket}/h5-none", s3_options))
+    assert list(tmp_path.iterdir()) == []
