@@ -95,17 +95,40 @@ def test_a_truncated_shard_names_key_and_shard(location):
 
 
 @pytest.mark.parametrize("kind", ["mmap-reader", "mmap-writer"])
-def test_a_truncated_memory_mapped_chunk_file_is_refused_not_resized(tmp_path, kind):
-    """Regression: a writer used to extend a short chunk file with zeros (silent data loss)."""
+@pytest.mark.parametrize("kept", [40, 0])
+def test_a_truncated_memory_mapped_chunk_file_is_refused_not_resized(tmp_path, kind, kept):
+    """Regression: a writer used to extend a short chunk file with zeros (silent data loss),
+    and until 2026-12-06 one cut to 0 bytes, which read as zeros and was resized by a writer
+    too (a 0-byte file is only sized where no row was ever committed)."""
     url = str(tmp_path / "rb")
     storage = zstore.LazyMemmapStorage(16, scratch_dir=url)
     storage.set(torch.arange(12), rows(12))
     storage.close()
     chunk = tmp_path / "rb" / "a" / "c" / "0"
-    chunk.write_bytes(chunk.read_bytes()[:40])
-    with pytest.raises(CorruptChunkError, match=r"'a'.*40 bytes"):
+    chunk.write_bytes(chunk.read_bytes()[:kept])
+    with pytest.raises(CorruptChunkError, match=rf"'a'.* {kept} bytes"):
         zstore.open(url, mode="r" if kind == "mmap-reader" else "r+")
-    assert chunk.stat().st_size == 40
+    assert chunk.stat().st_size == kept
+
+
+def test_a_0_byte_chunk_file_of_a_store_without_rows_is_sized(tmp_path):
+    """A kill between creating a chunk file and sizing it leaves 0 bytes in a store that has
+    no committed row: a writer sizes it and writes on."""
+    import shutil
+
+    storage = zstore.LazyMemmapStorage(16, scratch_dir=str(tmp_path / "rb"),
+                                       autocommit_seconds=float("inf"))
+    storage.set(torch.arange(2), rows(2))  # arrays created, no row committed
+    url = str(tmp_path / "killed")
+    shutil.copytree(tmp_path / "rb", url, ignore=shutil.ignore_patterns("*lease*"))
+    storage.close()
+    chunk = tmp_path / "killed" / "a" / "c" / "0"
+    chunk.write_bytes(b"")  # created, not yet sized, when the writer was killed
+    assert len(zstore.open(url, mode="r")) == 0
+    again = zstore.open(url, mode="r+")
+    again.set(torch.arange(3), rows(3))
+    again.close()
+    assert (zstore.open(url, mode="r").get(torch.arange(3)) == rows(3)).all()
 
 
 def _read_from_the_roots_copy(url, location) -> None:
@@ -219,6 +242,25 @@ def test_a_store_moved_or_deleted_under_its_reader_raises_not_zeros(location, ki
     with pytest.raises(zstore.StoreNotFoundError, match="moved or deleted while it was open") as err:
         reader.get([n - 1] if kind == "compressed-list" else torch.tensor([n - 1]))
     assert url in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["zstd", "sharded"])
+def test_a_dataset_copied_without_a_key_folder_says_so(location, kind):
+    """A dataset (consolidated metadata: it opens without reading any array's own zarr.json)
+    copied without one key's folder: its reads used to say the store was moved or deleted
+    while it was open, and to reopen it where it is now. They now say it was copied in part,
+    name the key and the fix."""
+    url = location.new()
+    writer = location.memmap(64, scratch_dir=url, **LAYOUTS[kind])
+    writer.set(torch.arange(40), rows(40))
+    writer.seal()
+    writer.close()
+    fs, root = StoreSpec.parse(url, location.options).filesystem()
+    fs.rm(f"{root}/obs", recursive=True)
+    dataset = zstore.open_dataset(url, location.options)
+    with pytest.raises(zstore.StoreNotFoundError, match="copied in part") as err:
+        dataset.get(torch.arange(40))
+    assert url in str(err.value) and "'obs'" in str(err.value) and "zstore convert" in str(err.value)
 
 
 @pytest.mark.parametrize("kind", ["zstd", "sharded"])

@@ -257,16 +257,27 @@ class ColumnReader:
     async def _confirm_store(self, store: Store, key: str) -> None:
         """Return when ``key``, found missing, was never stored (its rows read as zeros, as
         Zarr defines): the array's own ``zarr.json`` is still there. A store moved or
-        deleted under its reader raises instead of reading as zeros. One look per read
-        that met a missing object (a stat locally, one request on a bucket)."""
-        if self.metadata_file is not None:
-            there = os.path.exists(self.metadata_file)
-        else:
-            there = await store.exists(f"{self.path}/zarr.json")
-        if not there:
+        deleted under its reader raises instead of reading as zeros, and so does one that
+        lost the array's folder (a partial copy), saying so. One look per read that met a
+        missing object (a stat locally, one request on a bucket), two when it raises."""
+        if await self._exists(store, f"{self.path}/zarr.json"):
+            return
+        if await self._exists(store, "zarr.json"):  # the store is there, the array's folder not
             raise StoreNotFoundError(
-                f"{self.where}: {key!r} and the array's zarr.json are gone: the store was moved "
-                "or deleted while it was open. Reopen it where it is now")
+                f"{self.where}: {key!r} and the array's zarr.json are missing, while the store's "
+                "own zarr.json is there: the store was copied in part, or the folder of key "
+                f"{self.path!r} was deleted. Copy the store again whole ('zstore convert', or a "
+                "sync that reports every failure)")
+        raise StoreNotFoundError(
+            f"{self.where}: {key!r} and the array's zarr.json are gone: the store was moved "
+            "or deleted while it was open. Reopen it where it is now")
+
+    async def _exists(self, store: Store, key: str) -> bool:
+        """Whether ``key`` of the store exists (a stat in a local directory)."""
+        if self.metadata_file is not None:  # .../<path>/zarr.json: the store's root from it
+            root = self.metadata_file[:-len(f"{self.path}/zarr.json")]
+            return os.path.exists(os.path.join(root, key))
+        return await store.exists(key)
 
     def _requested(self, payload: memoryview, byte_range, key: str) -> memoryview:
         """The bytes ``byte_range`` asked for. A server that ignores ``Range`` (``python -m

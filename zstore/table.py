@@ -327,7 +327,9 @@ class MmapTable(Table):
             nbytes = numel * torch.empty((), dtype=dtype).element_size()
             size = chunk.stat().st_size if chunk.exists() else 0
             self.chunk_files[leaf.path] = chunk
-            if size not in (0, nbytes):  # 0: created, never sized (killed in between)
+            # 0: created, never sized (killed in between), which only a store without a
+            # committed row can hold: with one, the file was cut to 0 bytes
+            if size not in (0, nbytes) or (size == 0 and high_water and chunk.exists()):
                 raise CorruptChunkError(
                     f"chunk file {chunk} of key {leaf.path!r} has {size} bytes, expected {nbytes}")
             if size == 0:
