@@ -306,6 +306,39 @@ def test_convert_keeps_ring_order_and_seals_the_copy(tmp_path):
     assert str(copy.codec) == "lz4:5+crc32c" and b._meta.layout["obs"] == (8, None)
 
 
+@pytest.mark.parametrize("damage", ["a lost chunk", "a lost folder", "a flipped byte"])
+def test_a_damaged_episode_index_is_refused_and_convert_rebuilds_it(location, damage):
+    """Zarr reads a lost chunk of the index as zeros: a dataset copied without one chunk of
+    ``start`` served episode 3 as rows 0-9, one copied without ``__episodes__`` served every
+    episode empty, and a flipped byte raised zarr's bare ValueError naming nothing. Each now
+    raises CorruptChunkError naming the dataset and the fix, which works: ``convert``
+    computes the index again from the rows."""
+    from zstore.dataset.convert import convert
+    from zstore.storages.episode_index import INDEX_PATH
+
+    td = _transitions(60, seed=3)
+    url = _sealed(location, td, codec="zstd+crc32c", chunks=16)
+    fs, root = zstore.StoreSpec.parse(url, location.options).filesystem()
+    if damage == "a lost chunk":
+        fs.rm(f"{root}/{INDEX_PATH}/start/c/0")
+    elif damage == "a lost folder":
+        fs.rm(f"{root}/{INDEX_PATH}", recursive=True)
+    else:
+        chunk = f"{root}/{INDEX_PATH}/length/c/0"
+        data = fs.cat_file(chunk)
+        fs.pipe_file(chunk, data[:5] + bytes([data[5] ^ 0x40]) + data[6:])
+    dataset = open_dataset(url, location.options)
+    assert (dataset[:] == td).all()  # the rows are intact
+    for use in (lambda: dataset.episodes, lambda: dataset.episode(3),
+                lambda: dataset.sample_slices(4, 3)):
+        with pytest.raises(zstore.CorruptChunkError, match="episode index") as err:
+            use()
+        assert url in str(err.value) and "zstore convert" in str(err.value)
+    copy = location.new("copy")
+    convert(url, copy, location.options, dst_options=location.options, seal=True, progress=False)
+    assert _as_rows(open_dataset(copy, location.options).episodes) == _model_episodes(td)
+
+
 @settings(max_examples=40, deadline=None)
 @given(steps=st.integers(1, 40), capacity=st.integers(1, 40), lanes=st.sampled_from([(), (2,)]),
        seed=st.integers(0, 2**16), with_flags=st.booleans())

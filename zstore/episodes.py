@@ -50,11 +50,20 @@ def ring_order(length: int, capacity: int | None, last_cursor: int | None, *,
     its ``ceil(capacity / lanes)`` rows start after ``last_cursor``. Otherwise the
     ``ceil(length / lanes)`` filled rows are returned in index order.
     """
+    rows = ring_rows(length, capacity, last_cursor, lanes=lanes)
     if capacity is not None and length >= capacity and last_cursor is not None \
             and int(last_cursor) >= 0:
-        rows = -(-int(capacity) // lanes)
         return (torch.arange(rows) + int(last_cursor) + 1) % rows
-    return torch.arange(-(-int(length) // lanes))
+    return torch.arange(rows)
+
+
+def ring_rows(length: int, capacity: int | None, last_cursor: int | None, *,
+              lanes: int = 1) -> int:
+    """How many rows :func:`ring_order` returns (the buffer's filled rows), without them."""
+    if capacity is not None and length >= capacity and last_cursor is not None \
+            and int(last_cursor) >= 0:
+        return -(-int(capacity) // lanes)
+    return -(-int(length) // lanes)
 
 
 def as_key(key: str | tuple[str, ...]) -> tuple[str, ...]:

@@ -107,7 +107,7 @@ class Dataset(LazyMemmapStorage):
         neither flag set is *open* (the recording stopped inside it).
         """
         if self._index is None:
-            self._index = read_index(self._group, self._meta)
+            self._index = read_index(self._group, self._meta, self.spec.redacted())
         return self._index
 
     @property

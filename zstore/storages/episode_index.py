@@ -35,7 +35,8 @@ from tensordict import TensorDict
 
 from .. import episodes as _ted
 from ..dtypes import from_numpy
-from ..episodes import flags_of, key_path, lane_episode_bounds, ring_order
+from ..episodes import flags_of, key_path, lane_episode_bounds, ring_order, ring_rows
+from ..errors import CorruptChunkError
 from ..group import TENSORDICT_ATTR, new_group
 from ..layout import StoreMeta, dimension_names
 
@@ -139,8 +140,10 @@ def write_index(group: zarr.Group, meta: StoreMeta, index: TensorDict, codec) ->
             array[:used_rows] = padded.reshape(used_rows, *lead[1:], *feature)
 
 
-def read_index(group: zarr.Group, meta: StoreMeta) -> TensorDict:
-    """The episode index stored by :func:`write_index` (count from the ``zstore`` block)."""
+def read_index(group: zarr.Group, meta: StoreMeta, where: str) -> TensorDict:
+    """The episode index stored by :func:`write_index` (count from the ``zstore`` block),
+    checked (:func:`_check_index`): :class:`~zstore.errors.CorruptChunkError` naming
+    ``where`` for an index that lost a chunk or does not decode."""
     n = int(meta.extra.get("episodes", {}).get("count", 0))
     lanes = math.prod(meta.schema.lane_shape)
     used_rows = -(-n // lanes)
@@ -148,8 +151,44 @@ def read_index(group: zarr.Group, meta: StoreMeta) -> TensorDict:
     out: dict[str, Any] = {}
     for name in (*FIELDS, *(("lane",) if meta.ndim > 1 else ())):
         array = sub[name]
-        values = np.asarray(array[:used_rows]) if used_rows else \
-            np.zeros((0, *array.shape[meta.ndim:]), dtype=array.dtype)
+        try:
+            values = np.asarray(array[:used_rows]) if used_rows else \
+                np.zeros((0, *array.shape[meta.ndim:]), dtype=array.dtype)
+        except Exception as exc:  # noqa: BLE001 - zarr's checksum and decode errors alike
+            raise CorruptChunkError(
+                f"{where}: the episode index array {INDEX_PATH}/{name} cannot be read "
+                f"({type(exc).__name__}: {exc}). {_REBUILD}") from None
         values = values.reshape(used_rows * lanes, *array.shape[meta.ndim:])[:n]
         out[name] = torch.from_numpy(np.ascontiguousarray(values))
-    return TensorDict(out, batch_size=[n])
+    index = TensorDict(out, batch_size=[n])
+    _check_index(index, meta, where)
+    return index
+
+
+#: What to do about a damaged episode index (in errors).
+_REBUILD = ("The dataset was copied in part, or edited: copy it again whole, or rebuild its "
+            "index with 'zstore convert SRC DEST', which computes it again")
+
+
+def _check_index(index: TensorDict, meta: StoreMeta, where: str) -> None:
+    """Refuse an index that contradicts itself or the buffer: Zarr reads a lost chunk of it
+    as zeros, and an episode of 0 steps, or lengths that do not add up to the filled
+    steps, would be served as episodes."""
+    lanes = math.prod(meta.schema.lane_shape)
+    steps = ring_rows(meta.length, meta.max_size, meta.last_cursor, lanes=lanes) * lanes
+    start, stop, length = index["start"], index["stop"], index["length"]
+    problems = []
+    if len(index) and int(length.min()) < 1:
+        problems.append(f"{int((length < 1).sum())} of {len(index)} episodes have no step")
+    if not torch.equal(stop, start + length):
+        problems.append("stop != start + length")
+    if len(index) and not (0 <= int(start.min()) and int(start.max()) < meta.rows):
+        problems.append(f"starts outside rows 0..{meta.rows - 1}")
+    if int(length.sum()) != steps:
+        problems.append(f"the lengths add up to {int(length.sum())} steps, the dataset holds {steps}")
+    if "lane" in index.keys() and len(index) and not 0 <= int(index["lane"].min()) <= \
+            int(index["lane"].max()) < lanes:
+        problems.append(f"lanes outside 0..{lanes - 1}")
+    if problems:
+        raise CorruptChunkError(f"{where}: the episode index in {INDEX_PATH}/ is damaged ("
+                                + "; ".join(problems) + f"). {_REBUILD}")
