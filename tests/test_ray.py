@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import math
 import os
 import sys
@@ -137,21 +138,26 @@ for url in sys.argv[2:4]:
                                   batch_size=[50]))
 ours = [h for h in hooks if getattr(h, "__module__", None) == "zstore.ray"]
 assert len(ours) == 1, f"each buffer registered an exit hook of its own: {ours}"
+if sys.argv[5] == "ray.shutdown()":
+    ray.shutdown()
 """  # a driver that ends without zstore.ray.close (its actors then die with it)
 
 
 @pytest.mark.timeout(600)
-def test_a_driver_ending_without_close_commits(ray_cluster, tmp_path):
+@pytest.mark.parametrize("ending", ["exit", "ray.shutdown()"])
+def test_a_driver_ending_without_close_commits(ray_cluster, tmp_path, ending):
     """Its rows were lost with the actors Ray kills when the driver ends (they are committed
-    at the driver's exit now, by one exit hook however many buffers it built)."""
+    at the driver's exit now, by one exit hook however many buffers it built). A driver
+    ending with ``ray.shutdown()`` lost them until 2026-12-06: it disconnects before the
+    exit hook runs (``zstore.ray`` now wraps it to commit first)."""
     import subprocess
 
     urls = [str(tmp_path / "rb"), str(tmp_path / "rb2")]
     address = ray.get_runtime_context().gcs_address
     # a hang guard only: a new driver and its two actors each import torch and Ray, which
     # took over 120 s on a loaded two-core machine
-    subprocess.run([sys.executable, "-c", DRIVER, address, *urls, str(CAPACITY)], check=True,
-                   timeout=4 * DEADLINE)
+    subprocess.run([sys.executable, "-c", DRIVER, address, *urls, str(CAPACITY), ending],
+                   check=True, timeout=4 * DEADLINE)
     for url in urls:
         reader = zstore.open(url, mode="r")
         assert len(reader) == 50
@@ -266,10 +272,12 @@ class Collector:
         self.storage = zray.open_member(prefix, i, CAPACITY, storage_options=options,
                                         autocommit_seconds=math.inf, lease_ttl=lease_ttl,
                                         wait=wait)
-        self.next = len(self.storage)  # the committed length: where a restart resumes
+        self.writer = zstore.RoundRobinWriter()  # as docs/scaling.md's collector writes
+        self.writer.register_storage(self.storage)
+        self.next = len(self.storage)  # the next serial (the buffer never wraps here)
 
     def collect(self, n: int, commit: bool = True) -> int:
-        self.storage.set(torch.arange(self.next, self.next + n), rows(self.tag, self.next, n))
+        self.writer.extend(rows(self.tag, self.next, n))
         self.next += n
         if commit:
             self.storage.flush()
@@ -288,6 +296,61 @@ class Collector:
         sent, then write ``n`` rows and commit them."""
         ray.get(signal.wait.remote())
         return self.collect(n)
+
+
+def test_a_second_open_of_a_member_in_one_process_is_refused(location):
+    """Ray runs a worker's next task in the same process, and storage objects of one process
+    share its lease: four tasks opening member 0 without closing it each wrote at the
+    committed length, over the rows the one before had not committed (20 rows of 40 left).
+    A second open while the first is open is now refused; after a close it opens."""
+    prefix = location.new("collectors")
+    first = zray.open_member(prefix, 0, 100, storage_options=location.options)
+    first.set(torch.arange(10), rows(0, 0, 10))
+    with pytest.raises(LeaseError, match="another storage object of this process") as err:
+        zray.open_member(prefix, 0, 100, storage_options=location.options)
+    assert zray.member_url(prefix, 0) in str(err.value)
+    first.set(torch.arange(10, 20), rows(0, 10, 10))  # the first still writes
+    first.close()
+    second = zray.open_member(prefix, 0, 100, storage_options=location.options)
+    assert len(second) == 20
+    check_rows(second.get(torch.arange(20)), 0, torch.arange(20))
+    second.flush()
+    del second  # dropped without close (a task that returned): the next open is not refused
+    gc.collect()
+    third = zray.open_member(prefix, 0, 100, storage_options=location.options)
+    assert len(third) == 20
+    third.close()
+
+
+def test_a_restarted_collector_overwrites_its_oldest_rows(location):
+    """docs/scaling.md's collector after a restart, once its ring wrapped: it reopens its
+    member and writes through a RoundRobinWriter, which resumes after the newest committed
+    row. The example used to resume at ``len(rb)`` (the capacity once wrapped), overwriting
+    the newest rows; the model is a plain ring of serials."""
+    prefix = location.new("collectors")
+
+    def collector():
+        storage = zray.open_member(prefix, 0, 100, storage_options=location.options)
+        writer = zstore.RoundRobinWriter()
+        writer.register_storage(storage)
+        return storage, writer
+
+    storage, writer = collector()
+    ring = [None] * 100
+    for serial in (0, 60, 120):  # 150 rows in three collects: the ring wrapped
+        n = 60 if serial < 120 else 30
+        writer.extend(rows(0, serial, n))
+        for s in range(serial, serial + n):
+            ring[s % 100] = s
+    storage.close()  # the actor's restart reopens its member
+    storage, writer = collector()
+    writer.extend(rows(0, 150, 20))
+    for s in range(150, 170):
+        ring[s % 100] = s
+    storage.flush()
+    got = zstore.open(zray.member_url(prefix, 0), location.options, mode="r").get(torch.arange(100))
+    assert got["meta"][:, 1].tolist() == ring
+    storage.close()
 
 
 @ray.remote(num_cpus=0)

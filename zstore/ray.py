@@ -46,8 +46,10 @@ __all__ = ["PrefixEnsemble", "close", "commit", "ensemble", "member_url", "open_
 MEMBER_PATTERN = "collector-*"
 
 
-#: The buffers :func:`replay_buffer` built that are still referenced, for :func:`_commit_at_exit`.
+#: The buffers :func:`replay_buffer` built that are still referenced, for :func:`_commit_left_open`.
 _LEFT_OPEN: "weakref.WeakSet[Any]" = weakref.WeakSet()
+#: The storages :func:`open_member` opened in this process that are still referenced, by URL.
+_MEMBERS_OPEN: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
 
 
 def require_ray() -> Any:
@@ -137,11 +139,23 @@ def open_member(prefix: str, index: int | str, capacity: int, *,
 
     Call it inside the collector's actor: the lease belongs to that process, so a second
     writer (another actor, a restart while this one lives) gets
-    :class:`~zstore.errors.LeaseError` here. ``wait``: see :func:`take_lease`."""
+    :class:`~zstore.errors.LeaseError` here. So does a second open of the member in the
+    same process while the first storage is still open (Ray runs a worker's next task in
+    the same process: storage objects of one process share its lease, and would overwrite
+    each other's uncommitted rows). ``wait``: see :func:`take_lease`."""
     options.setdefault("torchrl", False)
-    storage = storage_factory(member_url(prefix, index), capacity,
-                              storage_options=storage_options, **options)()
-    return take_lease(storage, wait=wait)
+    url = member_url(prefix, index)
+    earlier = _MEMBERS_OPEN.get(url)
+    if earlier is not None and not earlier._closed:
+        raise LeaseError(
+            f"{earlier.spec.redacted()}: another storage object of this process still writes "
+            "this member (a task or method that opened it and did not close it: Ray runs a "
+            "worker's next task in the same process). Close that one first, or keep the "
+            "member in one actor")
+    storage = take_lease(storage_factory(url, capacity, storage_options=storage_options,
+                                         **options)(), wait=wait)
+    _MEMBERS_OPEN[url] = storage
+    return storage
 
 
 def replay_buffer(url: str, capacity: int, *, storage_options: Mapping[str, Any] | None = None,
@@ -151,7 +165,8 @@ def replay_buffer(url: str, capacity: int, *, storage_options: Mapping[str, Any]
 
     A buffer built again over the same URL (after ``ray.kill``, a lost node, a new job)
     reopens the committed rows and writes on at the committed cursor. A driver that ends
-    without :func:`close` commits what the actor holds as it exits. ``memory://`` is
+    without :func:`close` commits what the actor holds as it exits, or as it calls
+    ``ray.shutdown()``, which this wraps to commit first. ``memory://`` is
     refused: it lives in the actor's process only. ``kwargs`` go to ``RayReplayBuffer``
     (``batch_size``, ``sampler``, ``remote_config`` ...); ``storage_kwargs`` to the
     storage (``codec``, ``chunks`` ...)."""
@@ -170,9 +185,27 @@ def replay_buffer(url: str, capacity: int, *, storage_options: Mapping[str, Any]
     _LEFT_OPEN.add(buffer)
     # Ray kills a job's actors when its driver exits: commit first. Exit hooks run newest
     # first, and Ray registers its own at each ray.init: hence one hook, registered anew
-    atexit.unregister(_commit_at_exit)
-    atexit.register(_commit_at_exit)
+    atexit.unregister(_commit_left_open)
+    atexit.register(_commit_left_open)
+    _commit_before_shutdown(require_ray())
     return buffer
+
+
+def _commit_before_shutdown(ray: Any) -> None:
+    """Make ``ray.shutdown()`` commit the buffers left open first (once per process): a
+    driver ending with it, as Ray's examples do, disconnected before the exit hook ran, and
+    its actors died with their uncommitted rows."""
+    shutdown = ray.shutdown
+    if getattr(shutdown, "_commits_zstore_buffers", False):
+        return
+
+    @functools.wraps(shutdown)
+    def committing_shutdown(*args: Any, **kwargs: Any) -> Any:
+        _commit_left_open()
+        return shutdown(*args, **kwargs)
+
+    committing_shutdown._commits_zstore_buffers = True
+    ray.shutdown = committing_shutdown
 
 
 def _actor_spec(url: str, storage_options: Mapping[str, Any] | None) -> StoreSpec:
@@ -260,8 +293,9 @@ def close(buffer: Any) -> int | None:
     return length
 
 
-def _commit_at_exit() -> None:
-    """Commit the buffers a driver leaves open (the ``atexit`` hook of :func:`replay_buffer`)."""
+def _commit_left_open() -> None:
+    """Commit the buffers a driver leaves open (the ``atexit`` hook of :func:`replay_buffer`,
+    and the first step of ``ray.shutdown()`` once one was built)."""
     ray = require_ray()
     if not ray.is_initialized():
         return
