@@ -95,6 +95,12 @@ def test_ray_replay_buffer_survives_kill(ray_cluster, location):
     assert sample.shape == (64,)
     check_rows(sample, 0, sample["meta"][:, 1])
     wait_committed(url, location.options, 1000)  # by the actor's background commit
+    ray.kill(rb._rb, no_restart=True)
+    for end in (zray.commit, zray.close):  # Ray's error, with what it means for the store
+        with pytest.raises(ray.exceptions.RayActorError) as err:
+            end(rb)
+        assert any(url in note and "replay_buffer over the URL again" in note
+                   for note in getattr(err.value, "__notes__", ())), err.value
     kill(rb)
 
     rb = make()  # a new actor over the same URL reopens the committed buffer

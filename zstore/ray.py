@@ -48,6 +48,8 @@ MEMBER_PATTERN = "collector-*"
 
 #: The buffers :func:`replay_buffer` built that are still referenced, for :func:`_commit_left_open`.
 _LEFT_OPEN: "weakref.WeakSet[Any]" = weakref.WeakSet()
+#: The store of each buffer :func:`replay_buffer` built (for errors).
+_BUILT_AT: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 #: The storages :func:`open_member` opened in this process that are still referenced, by URL.
 _MEMBERS_OPEN: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
 
@@ -183,6 +185,7 @@ def replay_buffer(url: str, capacity: int, *, storage_options: Mapping[str, Any]
                               **dict(storage_kwargs or {}))
     buffer = _open_in_actor(RayReplayBuffer(storage=factory, **kwargs), spec)
     _LEFT_OPEN.add(buffer)
+    _BUILT_AT[buffer] = spec.redacted()
     # Ray kills a job's actors when its driver exits: commit first. Exit hooks run newest
     # first, and Ray registers its own at each ray.init: hence one hook, registered anew
     atexit.unregister(_commit_left_open)
@@ -269,11 +272,25 @@ def _actor(buffer: Any) -> Any:
     return buffer._rb
 
 
+def _call_in_actor(buffer: Any, close: bool) -> int:
+    """:func:`_in_actor` in ``buffer``'s actor. Ray's error for an actor that died (killed, its
+    node lost) gets a note naming the store, what is lost and the way on (its type stays)."""
+    ray = require_ray()
+    try:
+        return ray.get(_actor(buffer).__ray_call__.remote(_in_actor, close))
+    except ray.exceptions.RayActorError as exc:
+        url = _BUILT_AT.get(buffer, "its store")
+        exc.add_note(f"zstore: the actor keeping {url} died: its rows written since its last "
+                     "commit are lost, and the store keeps that commit. Build "
+                     "zstore.ray.replay_buffer over the URL again to read and write on")
+        raise
+
+
 def commit(buffer: Any) -> int:
     """Commit what a ``RayReplayBuffer``'s actor has written (readers elsewhere then see
     it) without waiting for its ``autocommit_seconds``; returns the committed length.
     ``buffer`` may be the ``RayReplayBuffer`` or one of its ``client()``s."""
-    return require_ray().get(_actor(buffer).__ray_call__.remote(_in_actor, False))
+    return _call_in_actor(buffer, False)
 
 
 def close(buffer: Any) -> int | None:
@@ -288,7 +305,7 @@ def close(buffer: Any) -> int | None:
                         "where it was built (zstore.ray.commit(client) commits its rows)")
     if not buffer.is_alive:
         return None
-    length = require_ray().get(_actor(buffer).__ray_call__.remote(_in_actor, True))
+    length = _call_in_actor(buffer, True)
     buffer.close()
     return length
 
