@@ -111,6 +111,20 @@ def test_a_truncated_memory_mapped_chunk_file_is_refused_not_resized(tmp_path, k
     assert chunk.stat().st_size == kept
 
 
+def test_a_key_whose_rows_hold_no_element_reopens(tmp_path):
+    """Its chunk file holds 0 bytes by right: not taken for one cut to 0 bytes."""
+    url = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(8, scratch_dir=url)
+    storage.set(torch.arange(3), TensorDict(obs=torch.ones(3, 2), empty=torch.ones(3, 0),
+                                            batch_size=[3]))
+    storage.close()
+    for mode in ("r", "r+"):
+        again = zstore.open(url, mode=mode)
+        got = again.get(torch.arange(3))
+        assert got["empty"].shape == (3, 0) and (got["obs"] == 1).all()
+        again.close()
+
+
 def test_a_0_byte_chunk_file_of_a_store_without_rows_is_sized(tmp_path):
     """A kill between creating a chunk file and sizing it leaves 0 bytes in a store that has
     no committed row: a writer sizes it and writes on."""

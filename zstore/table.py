@@ -329,7 +329,7 @@ class MmapTable(Table):
             self.chunk_files[leaf.path] = chunk
             # 0: created, never sized (killed in between), which only a store without a
             # committed row can hold: with one, the file was cut to 0 bytes
-            if size not in (0, nbytes) or (size == 0 and high_water and chunk.exists()):
+            if size not in (0, nbytes) or (size == 0 and nbytes and high_water and chunk.exists()):
                 raise CorruptChunkError(
                     f"chunk file {chunk} of key {leaf.path!r} has {size} bytes, expected {nbytes}")
             if size == 0:
