@@ -655,3 +655,24 @@ def test_a_local_file_refused_by_the_os_is_named_with_the_fix(tmp_path):
                            f"check the permissions of {url} and of the files in it (chmod -R "
                            f"u+rwX {url} gives its owner access)")
     assert "Errno" not in done.stderr and "bucket" not in done.stderr
+
+
+def test_a_ctrl_c_after_the_work_is_reported_does_not_end_the_program_as_killed(tmp_path,
+                                                                               monkeypatch):
+    """A Ctrl-C after a conversion or import printed its result, while the interpreter shut
+    down (joining upload threads), ended ``zstore`` as killed by SIGINT (exit 130 in a shell):
+    a script checking it redid a complete copy. The program now ignores SIGINT once its work
+    is reported; ``main(argv)`` called as a function leaves the caller's handler alone."""
+    import signal
+
+    from zstore.cli import main
+
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        assert main(["ls", str(tmp_path)]) == 0
+        assert signal.getsignal(signal.SIGINT) is previous
+        monkeypatch.setattr(sys, "argv", ["zstore", "ls", str(tmp_path)])
+        assert main() == 0
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -415,3 +415,34 @@ def test_sealing_a_buffer_of_no_rows_names_the_url_and_the_fix(tmp_path):
         zstore.seal(url)
     again = zstore.open(url, mode="r")
     assert len(again) == 0 and not again._meta.sealed
+
+
+@pytest.mark.parametrize("step", ["seal", "flush", "close"])
+def test_a_conversion_interrupted_after_its_rows_leaves_nothing(location, monkeypatch, step):
+    """Ctrl-C while a conversion stores its last chunks, seals or closes the copy: the copy
+    was deleted only when the interrupt came during the row copy, so a late one left key
+    folders (no root zarr.json: invisible to ``zstore ls``) or a whole buffer, and a rerun
+    was refused ("not empty"). Now nothing is left and the rerun copies."""
+    from zstore.dataset.convert import convert
+    from zstore.storages.memmap import LazyMemmapStorage
+
+    td = _transitions(80, seed=5)
+    src = location.new("src")
+    storage = zstore.LazyMemmapStorage(100, scratch_dir=src, storage_options=location.options,
+                                       codec="zstd", chunks=16)
+    storage.set(torch.arange(80), td)
+    storage.close()
+    dst = location.new("dst")
+    real = getattr(LazyMemmapStorage, step)
+
+    def interrupted(self, *args, **kwargs):
+        real(self, *args, **kwargs)  # the step's work done, then the interrupt
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LazyMemmapStorage, step, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        convert(src, dst, location.options, seal=step != "flush", progress=False)
+    monkeypatch.undo()
+    assert not zstore.StoreSpec.parse(dst, location.options).exists()
+    copy = convert(src, dst, location.options, seal=True, progress=False)
+    assert len(copy) == 80 and (open_dataset(dst, location.options)[:] == td).all()

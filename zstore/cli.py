@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 import traceback
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -292,6 +293,7 @@ def _exit_code(exc: SystemExit) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``zstore`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    argv_given = argv
     argv = sys.argv[1:] if argv is None else list(argv)
     chosen = next((arg for arg in argv if not arg.startswith("-")), "")  # no option takes a value
     try:
@@ -299,7 +301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version and usage errors
         return _exit_code(exc)
     try:
-        return args._command.run(args)
+        code = args._command.run(args)
+        if argv_given is None:  # the program: its work is done and reported, so a Ctrl-C
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # now must not end it as killed
+        return code
     except UsageError as exc:
         args._parser.print_usage(sys.stderr)
         print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)

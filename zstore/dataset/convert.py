@@ -59,23 +59,35 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike,
                                    text_bytes=max(widths, default=TEXT_BYTES))
         rows = meta.rows if len(source) >= meta.max_size else source._len_along_dim0
         bar = progress_bar(rows, "convert", enabled=progress, unit="rows", unit_scale=True, leave=False)
+        created = False  # whether this copy created the store (existsok=False): then its own
         try:
-            for start in range(0, rows, BATCH_ROWS):
-                stop = min(start + BATCH_ROWS, rows)
-                target.set(torch.arange(start, stop), source.get(slice(start, stop)))
-                bar.update(stop - start)
-        except BaseException:
-            if target.initialized:  # created by this copy (existsok=False): remove it
-                target.cleanup()
+            try:
+                for start in range(0, rows, BATCH_ROWS):
+                    stop = min(start + BATCH_ROWS, rows)
+                    target.set(torch.arange(start, stop), source.get(slice(start, stop)))
+                    created = True
+                    bar.update(stop - start)
+            finally:
+                bar.close()
+            target._len_value, target._last_cursor_value = meta.length, meta.last_cursor
+            if seal:
+                target.seal()
+            else:
+                target.flush()
+            target.close()
+        except BaseException:  # interrupted or failed, up to the close: remove the copy
+            if created or target.initialized:
+                _discard(target)
             raise
-        finally:
-            bar.close()
-        target._len_value, target._last_cursor_value = meta.length, meta.last_cursor
-        if seal:
-            target.seal()
-        else:
-            target.flush()
-        target.close()
         return target
     finally:
         source.close()
+
+
+def _discard(target: LazyMemmapStorage) -> None:
+    """Delete the copy ``target`` that a conversion created, wherever it stopped: while
+    copying rows, or once sealed (read-only) or closed."""
+    if target.spec.read_only:  # sealed: every row stored, the lease given back
+        dataclasses.replace(target.spec, read_only=False, sealed=False).delete()
+    else:
+        target.cleanup()
