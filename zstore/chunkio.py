@@ -142,11 +142,11 @@ class ColumnReader:
 
     def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype, chunk_rows: int,
                  per_shard: int, sharded: bool, decoders: list, where: str, separator: str = "/",
-                 compressor: str | None = None, metadata_file: str | None = None):
+                 compressor: str | None = None, local_root: str | None = None):
         self.path = path
-        #: the array's ``zarr.json`` in a local directory, looked for when an object is
-        #: missing (:meth:`_confirm_store`); None on other stores, asked for its key instead
-        self.metadata_file = metadata_file
+        #: the store's directory when it is local (:meth:`_exists` stats there); None on other
+        #: stores, asked for the key instead
+        self.local_root = local_root
         #: objects found missing so far, and the last one's key (:meth:`read` checks once)
         self._absent, self._absent_key = 0, ""
         self.ndim = len(shape)
@@ -205,8 +205,8 @@ class ColumnReader:
             return None
         compressor = codecs[1]["name"] if len(codecs) > 1 and codecs[1]["name"] != "crc32c" else None
         return cls(array.path, shape, dtype, chunk_rows, per_shard, sharded, decoders, label,
-                   separator, compressor, os.path.join(array.store.root, array.path, "zarr.json")
-                   if isinstance(array.store, LocalStore) else None)
+                   separator, compressor,
+                   str(array.store.root) if isinstance(array.store, LocalStore) else None)
 
     # -- decoding ---------------------------------------------------------------------------
     def _decode(self, payload: bytes, block: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -274,9 +274,8 @@ class ColumnReader:
 
     async def _exists(self, store: Store, key: str) -> bool:
         """Whether ``key`` of the store exists (a stat in a local directory)."""
-        if self.metadata_file is not None:  # .../<path>/zarr.json: the store's root from it
-            root = self.metadata_file[:-len(f"{self.path}/zarr.json")]
-            return os.path.exists(os.path.join(root, key))
+        if self.local_root is not None:
+            return os.path.exists(os.path.join(self.local_root, key))
         return await store.exists(key)
 
     def _requested(self, payload: memoryview, byte_range, key: str) -> memoryview:

@@ -51,8 +51,7 @@ def ring_order(length: int, capacity: int | None, last_cursor: int | None, *,
     ``ceil(length / lanes)`` filled rows are returned in index order.
     """
     rows = ring_rows(length, capacity, last_cursor, lanes=lanes)
-    if capacity is not None and length >= capacity and last_cursor is not None \
-            and int(last_cursor) >= 0:
+    if _wrapped(length, capacity, last_cursor):
         return (torch.arange(rows) + int(last_cursor) + 1) % rows
     return torch.arange(rows)
 
@@ -60,10 +59,14 @@ def ring_order(length: int, capacity: int | None, last_cursor: int | None, *,
 def ring_rows(length: int, capacity: int | None, last_cursor: int | None, *,
               lanes: int = 1) -> int:
     """How many rows :func:`ring_order` returns (the buffer's filled rows), without them."""
-    if capacity is not None and length >= capacity and last_cursor is not None \
-            and int(last_cursor) >= 0:
-        return -(-int(capacity) // lanes)
-    return -(-int(length) // lanes)
+    cells = capacity if _wrapped(length, capacity, last_cursor) else length
+    return -(-int(cells) // lanes)
+
+
+def _wrapped(length: int, capacity: int | None, last_cursor: int | None) -> bool:
+    """Whether a buffer is a full ring with a known cursor (its oldest row follows it)."""
+    return capacity is not None and length >= capacity and last_cursor is not None \
+        and int(last_cursor) >= 0
 
 
 def as_key(key: str | tuple[str, ...]) -> tuple[str, ...]:
