@@ -111,6 +111,21 @@ def test_a_truncated_memory_mapped_chunk_file_is_refused_not_resized(tmp_path, k
     assert chunk.stat().st_size == kept
 
 
+@pytest.mark.parametrize("mode", ["r", "r+"])
+def test_a_missing_memory_mapped_chunk_file_is_refused_not_recreated(tmp_path, mode):
+    """Regression: a chunk file deleted (or left out of a copy) under committed rows read as
+    zeros, and a writer created it afresh, making the loss permanent at its next commit."""
+    url = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(16, scratch_dir=url)
+    storage.set(torch.arange(12), rows(12))
+    storage.close()
+    chunk = tmp_path / "rb" / "a" / "c" / "0"
+    chunk.unlink()
+    with pytest.raises(CorruptChunkError, match=r"'a' is missing.* 12 written rows.*again whole"):
+        zstore.open(url, mode=mode)
+    assert not chunk.exists()
+
+
 def test_a_key_whose_rows_hold_no_element_reopens(tmp_path):
     """Its chunk file holds 0 bytes by right: not taken for one cut to 0 bytes."""
     url = str(tmp_path / "rb")

@@ -325,13 +325,18 @@ class MmapTable(Table):
             separator = key_separator(array.metadata.to_dict()) or "/"
             chunk = Path(root, chunk_key(leaf.path, len(shape), 0, separator))
             nbytes = numel * torch.empty((), dtype=dtype).element_size()
-            size = chunk.stat().st_size if chunk.exists() else 0
+            exists = chunk.exists()
+            size = chunk.stat().st_size if exists else 0
             self.chunk_files[leaf.path] = chunk
-            # 0: created, never sized (killed in between), which only a store without a
-            # committed row can hold: with one, the file was cut to 0 bytes
-            if size not in (0, nbytes) or (size == 0 and nbytes and high_water and chunk.exists()):
+            # missing or 0 bytes: not created or never sized (killed in between), which only a
+            # store without a committed row can hold; with one, the file was lost or cut
+            if size not in (0, nbytes) or (size == 0 and nbytes and high_water):
                 raise CorruptChunkError(
-                    f"chunk file {chunk} of key {leaf.path!r} has {size} bytes, expected {nbytes}")
+                    f"chunk file {chunk} of key {leaf.path!r} has {size} bytes, expected {nbytes}"
+                    if exists else
+                    f"chunk file {chunk} of key {leaf.path!r} is missing, while the store holds "
+                    f"{high_water} written rows: it was deleted, or the store copied in part. "
+                    "Copy the store again whole, or restore the file from a backup")
             if size == 0:
                 if read_only:
                     self.maps[leaf.path] = torch.zeros(shape, dtype=dtype)
