@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from zstore.layout import ALL_CHUNKS_STORED as ALL_STORED
 from zstore.layout import chunk_key, key_separator
 from zstore.store import StoreSpec
 
@@ -27,9 +28,6 @@ from ._dest import CheckpointError, fault_point
 #: copies of a single thread leave memory bandwidth unused.
 LOCAL_THREADS = 4
 
-#: Flag (commit record, tree attributes): every chunk of the generation's rows is stored,
-#: all-zero ones included, so a missing chunk object is damage, not zeros.
-ALL_STORED = "all_chunks_stored"
 #: What a missing object of a checkpoint means, and the fix (for error messages).
 DAMAGED = "the checkpoint is damaged (copied in part, or a file was deleted); load an intact copy"
 

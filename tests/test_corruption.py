@@ -292,6 +292,31 @@ def test_a_dataset_copied_without_a_key_folder_says_so(location, kind):
     assert url in str(err.value) and "'obs'" in str(err.value) and "zstore convert" in str(err.value)
 
 
+@pytest.mark.parametrize("kind", ["zstd", "sharded", "raw"])
+def test_a_dataset_copied_without_a_chunk_refuses_its_rows(location, kind):
+    """Regression: a sealed dataset that lost one chunk or shard object (a copy or sync that
+    failed part-way, a deleted file) served those rows as zeros. Sealing now stores the
+    all-zero objects Zarr skips too, so every object of the rows is there and a missing one
+    raises, naming the object and the fix; the other rows still read."""
+    url = location.new()
+    writer = location.memmap(64, scratch_dir=url, **LAYOUTS[kind])
+    data = rows(40)
+    data[8:16] = 0  # whole chunks of zeros: Zarr stores none of them, sealing does
+    writer.set(torch.arange(40), data)
+    writer.seal()
+    writer.close()
+    fs, root = StoreSpec.parse(url, location.options).filesystem()
+    assert fs.exists(f"{root}/a/c/2")  # an all-zero chunk (or the shard holding it) is stored
+    assert (zstore.open_dataset(url, location.options).get(torch.arange(40)) == data).all()
+    lost = "a/c/1" if kind != "sharded" else "a/c/0"  # rows 4-7, or the shard of rows 0-7
+    fs.rm(f"{root}/{lost}")
+    dataset = zstore.open_dataset(url, location.options)
+    assert (dataset.get(torch.arange(16, 40)) == data[16:]).all()
+    with pytest.raises(CorruptChunkError, match="copied in part") as err:
+        dataset.get(torch.arange(40))
+    assert url in str(err.value) and repr(lost) in str(err.value) and "zstore convert" in str(err.value)
+
+
 @pytest.mark.parametrize("kind", ["zstd", "sharded"])
 def test_all_zero_rows_never_stored_read_as_zeros_on_every_store(location, kind):
     """The look for a store gone is no false alarm: chunks of all-zero rows, which Zarr

@@ -306,13 +306,16 @@ def test_convert_keeps_ring_order_and_seals_the_copy(tmp_path):
     assert str(copy.codec) == "lz4:5+crc32c" and b._meta.layout["obs"] == (8, None)
 
 
-@pytest.mark.parametrize("damage", ["a lost chunk", "a lost folder", "a flipped byte"])
+@pytest.mark.parametrize("damage", ["a lost chunk", "a lost flag chunk", "a lost folder",
+                                    "a flipped byte"])
 def test_a_damaged_episode_index_is_refused_and_convert_rebuilds_it(location, damage):
     """Zarr reads a lost chunk of the index as zeros: a dataset copied without one chunk of
     ``start`` served episode 3 as rows 0-9, one copied without ``__episodes__`` served every
-    episode empty, and a flipped byte raised zarr's bare ValueError naming nothing. Each now
-    raises CorruptChunkError naming the dataset and the fix, which works: ``convert``
-    computes the index again from the rows."""
+    episode empty, and a flipped byte raised zarr's bare ValueError naming nothing. A lost
+    chunk of ``terminated`` (or ``truncated``, ``return``) served every episode as truncated,
+    since the index is consistent without it: sealing stores every chunk of the index, so
+    a missing one is refused. Each raises CorruptChunkError naming the dataset and the fix,
+    which works: ``convert`` computes the index again from the rows."""
     from zstore.dataset.convert import convert
     from zstore.storages.episode_index import INDEX_PATH
 
@@ -321,6 +324,8 @@ def test_a_damaged_episode_index_is_refused_and_convert_rebuilds_it(location, da
     fs, root = zstore.StoreSpec.parse(url, location.options).filesystem()
     if damage == "a lost chunk":
         fs.rm(f"{root}/{INDEX_PATH}/start/c/0")
+    elif damage == "a lost flag chunk":
+        fs.rm(f"{root}/{INDEX_PATH}/terminated/c/0")
     elif damage == "a lost folder":
         fs.rm(f"{root}/{INDEX_PATH}", recursive=True)
     else:

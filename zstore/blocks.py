@@ -65,7 +65,8 @@ class BlockGroup:
                  chunk_rows: int,
                  shard_rows: int | None, high_water: int, *, cache_bytes: int, cache_tier: str,
                  lock: threading.RLock, where: str, read_only: bool = False, lease: Any = None,
-                 tail_log: bool = False, segments: list[Segment] = (), listed: Any = None):
+                 tail_log: bool = False, segments: list[Segment] = (), listed: Any = None,
+                 all_stored: bool = False):
         self.leaves = leaves
         # the writer's lease (zstore.lease): renewed as stores start, and checked again as each
         # one runs, however late: a writer stalled past its ttl stores nothing more
@@ -102,6 +103,9 @@ class BlockGroup:
         arrays = {leaf.path: arrays[leaf.path] for leaf in leaves}
         self.arrays = {path: array._async_array for path, array in arrays.items()}
         self.readers = {path: ColumnReader.for_array(array, where) for path, array in arrays.items()}
+        for reader in self.readers.values():  # a missing object of a sealed dataset raises
+            if reader is not None:
+                reader.all_stored = all_stored
         # a writer owns its store and may keep shard indexes; a reader must not: the
         # writer may rewrite a shard (and move its chunks) at any time
         self.keep_indexes = not read_only

@@ -63,6 +63,12 @@ def key_separator(array_meta: Mapping[str, Any]) -> str | None:
     return separator
 
 
+#: Flag (a checkpoint's commit record and tree attributes; a sealed dataset's ``extra``): every
+#: chunk or shard object of the rows is stored, all-zero ones included (Zarr skips those by
+#: default), so a missing object is damage (a partial copy, a deleted file), not zeros.
+ALL_CHUNKS_STORED = "all_chunks_stored"
+
+
 #: Zarr ``dimension_names`` of a buffer's row dim and lane dims (``ndim > 1``).
 ROW_DIM, LANE_DIM = "row", "env"
 
@@ -675,6 +681,12 @@ class StoreMeta:
     def codec_of(self, path: str) -> CodecSpec:
         """The codec preset of key ``path`` (its override, else the buffer's ``codec``)."""
         return self.key_codecs.get(path, self.codec)
+
+    @property
+    def all_chunks_stored(self) -> bool:
+        """Whether this is a sealed dataset whose seal stored every chunk or shard object of
+        its rows (:data:`ALL_CHUNKS_STORED` in ``extra``): a missing object is damage."""
+        return self.sealed and bool(self.extra.get(ALL_CHUNKS_STORED))
 
     @property
     def all_raw(self) -> bool:

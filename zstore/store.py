@@ -323,6 +323,8 @@ class StoreSpec:
                 # changed size"); the finalizer has finished by now, so list again
                 if not self.is_memory or attempt == 2:
                     raise
+        fs.invalidate_cache()  # the listing filled the cache of every folder below: drop it,
+        # or a look through this filesystem after a later write reads the listing (s3fs)
         prefix = root.rstrip("/") + "/"
         return {path[len(prefix):].replace(os.sep, "/"): info
                 for path, info in found.items() if path.startswith(prefix)}

@@ -152,7 +152,8 @@ class ChunkedTable(Table):
                  layout: Mapping[str, tuple[int, int | None]], high_water: int, *,
                  read_only: bool, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  cache_tier: str = "host", where: str = "", lease: Any = None,
-                 tail: Mapping[str, list] | None = None, tail_log: bool = False):
+                 tail: Mapping[str, list] | None = None, tail_log: bool = False,
+                 all_stored: bool = False):
         self.leaves = leaves
         self.rows = rows
         self.read_only = read_only
@@ -171,7 +172,7 @@ class ChunkedTable(Table):
                 cache_bytes=cache_bytes * sum(m.row_bytes for m in members) // total,
                 cache_tier=cache_tier, lock=self.lock, where=where, read_only=read_only,
                 lease=lease, tail_log=tail_log, segments=tail.get(name, ()),
-                listed=functools.partial(listed_segments, group, name))
+                listed=functools.partial(listed_segments, group, name), all_stored=all_stored)
 
         self.groups = [block_group(chunk_rows, shard_rows, members)
                        for (chunk_rows, shard_rows), members in by_layout.items()]

@@ -25,6 +25,7 @@ readers still see one batch size across the group. The count is in the
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -32,13 +33,14 @@ import numpy as np
 import torch
 import zarr
 from tensordict import TensorDict
+from zarr.core.sync import sync
 
 from .. import episodes as _ted
 from ..dtypes import from_numpy
 from ..episodes import flags_of, key_path, lane_episode_bounds, ring_order, ring_rows
 from ..errors import CorruptChunkError
 from ..group import TENSORDICT_ATTR, new_group
-from ..layout import StoreMeta, dimension_names
+from ..layout import StoreMeta, chunk_key, dimension_names, key_separator
 
 #: Sub-group of the dataset group holding the episode index.
 INDEX_PATH = "__episodes__"
@@ -134,10 +136,11 @@ def write_index(group: zarr.Group, meta: StoreMeta, index: TensorDict, codec) ->
             fill_value=np.zeros((), dtype=values.dtype).item(), overwrite=True,
             dimension_names=dimension_names(f"{INDEX_PATH}/{name}", len(lead) + len(feature),
                                             len(lead), prefix="episode_"))
-        if used_rows:  # only the chunks holding episodes are stored
+        if used_rows:  # only the chunks holding episodes are stored, all-zero ones too
             padded = np.zeros((used_rows * lanes, *feature), dtype=values.dtype)
             padded[:n] = values
-            array[:used_rows] = padded.reshape(used_rows, *lead[1:], *feature)
+            array.with_config({"write_empty_chunks": True})[:used_rows] = \
+                padded.reshape(used_rows, *lead[1:], *feature)
 
 
 def read_index(group: zarr.Group, meta: StoreMeta, where: str) -> TensorDict:
@@ -148,8 +151,11 @@ def read_index(group: zarr.Group, meta: StoreMeta, where: str) -> TensorDict:
     lanes = math.prod(meta.schema.lane_shape)
     used_rows = -(-n // lanes)
     sub = group[INDEX_PATH]
+    names = (*FIELDS, *(("lane",) if meta.ndim > 1 else ()))
+    if meta.all_chunks_stored:
+        _require_stored([sub[name] for name in names], used_rows, where)
     out: dict[str, Any] = {}
-    for name in (*FIELDS, *(("lane",) if meta.ndim > 1 else ())):
+    for name in names:
         array = sub[name]
         try:
             values = np.asarray(array[:used_rows]) if used_rows else \
@@ -163,6 +169,23 @@ def read_index(group: zarr.Group, meta: StoreMeta, where: str) -> TensorDict:
     index = TensorDict(out, batch_size=[n])
     _check_index(index, meta, where)
     return index
+
+
+def _require_stored(arrays: list[zarr.Array], used_rows: int, where: str) -> None:
+    """Raise unless every chunk object of rows ``[0, used_rows)`` of ``arrays`` is stored
+    (all requests at once): Zarr would read a missing one as zeros."""
+    keys = [chunk_key(array.path, array.ndim, i, key_separator(array.metadata.to_dict()) or "/")
+            for array in arrays for i in range(-(-used_rows // array.chunks[0]))]
+    store = arrays[0].store
+
+    async def look() -> list[bool]:
+        return await asyncio.gather(*[store.exists(key) for key in keys])
+
+    missing = [key for key, found in zip(keys, sync(look())) if not found]
+    if missing:
+        raise CorruptChunkError(f"{where}: the episode index lost {missing[0]!r}"
+                                f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}. "
+                                f"{_REBUILD}")
 
 
 #: What to do about a damaged episode index (in errors).

@@ -268,7 +268,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                                        cache_bytes=self.cache_bytes, cache_tier=self.cache,
                                        where=self.spec.redacted(),
                                        lease=self._store_lease, tail=meta.tail,
-                                       tail_log=self.tail_log)
+                                       tail_log=self.tail_log, all_stored=meta.all_chunks_stored)
 
     @property
     def table(self) -> Table:

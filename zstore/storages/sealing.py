@@ -3,15 +3,18 @@
 Steps, in this order (the commit is the last write, as everywhere in zstore):
 
 1. flush the storage: every row stored, length and cursor committed;
-2. compute the episode index from the TED done flags and store it as Zarr
-   arrays (:mod:`zstore.storages.episode_index`);
-3. consolidate the group's metadata into its root ``zarr.json``, so a reader
+2. store the all-zero chunk or shard objects of the rows that Zarr skipped, so
+   that the dataset holds every object of its rows and a reader can refuse a
+   missing one (a partial copy) instead of reading zeros;
+3. compute the episode index from the TED done flags and store it as Zarr
+   arrays (:mod:`zstore.storages.episode_index`), every chunk stored too;
+4. consolidate the group's metadata into its root ``zarr.json``, so a reader
    opens the dataset with one metadata read;
-4. commit the ``zstore`` block with ``sealed`` and ``read_only`` set, the
-   episode count in ``extra["episodes"]``; this rewrite of the root
-   ``zarr.json`` keeps the consolidated metadata.
+5. commit the ``zstore`` block with ``sealed`` and ``read_only`` set, the
+   episode count in ``extra["episodes"]`` and ``extra["all_chunks_stored"]``;
+   this rewrite of the root ``zarr.json`` keeps the consolidated metadata.
 
-A crash before step 4 leaves the buffer unsealed and writable (its data
+A crash before step 5 leaves the buffer unsealed and writable (its data
 untouched); sealing again redoes every step. ``LazyMemmapStorage.seal()`` runs
 :func:`seal_storage`; :func:`zstore.seal` (:mod:`zstore.dataset.sealing`) opens a
 buffer by URL and seals it.
@@ -19,10 +22,15 @@ buffer by URL and seals it.
 
 from __future__ import annotations
 
+import math
+
+import zarr
+
 from ..codecs import CodecSpec
 from .episode_index import INDEX_PATH, compute_index, write_index
 from ..errors import NotAZStoreError, ReadOnlyError
 from ..group import commit, consolidate
+from ..layout import ALL_CHUNKS_STORED, StoreMeta, chunk_key, key_separator
 
 #: Codec of the episode index arrays (small; checksummed like published data).
 INDEX_CODEC = CodecSpec.parse("zstd+crc32c")
@@ -47,15 +55,33 @@ def seal_storage(storage) -> int:
     storage.flush()
     meta = storage._meta
     group = storage._group
+    _store_skipped_objects(group, meta, storage.spec.objects())
     index = compute_index(group, meta, meta.length, meta.last_cursor)
     write_index(group, meta, index, INDEX_CODEC)
     lease = storage._lease  # held since the flush (None where a store has no lease)
     group = consolidate(group, lease)
     meta.sealed = meta.read_only = True
-    meta.extra = {**meta.extra, "episodes": {"count": len(index), "path": INDEX_PATH}}
+    meta.extra = {**meta.extra, "episodes": {"count": len(index), "path": INDEX_PATH},
+                  ALL_CHUNKS_STORED: True}
     commit(group, meta, lease, where)
     storage._group = group
     storage.table.read_only = True
     storage.spec = storage.spec.as_read_only(sealed=True)
     storage._release_lease()  # a dataset has no writer
     return len(index)
+
+
+def _store_skipped_objects(group: zarr.Group, meta: StoreMeta, stored) -> None:
+    """Store, as zeros, every chunk or shard object of rows below ``high_water`` that is
+    not among ``stored`` (keys of the store's objects): Zarr skips all-zero ones."""
+    for leaf in meta.schema.leaves:
+        array = group[leaf.path]
+        if not math.prod(array.shape):  # no element: no object
+            continue
+        chunk_rows, shard_rows = meta.layout[leaf.path]
+        per_object = shard_rows or chunk_rows
+        separator = key_separator(array.metadata.to_dict()) or "/"
+        every = array.with_config({"write_empty_chunks": True})
+        for i in range(-(-meta.high_water // per_object)):
+            if chunk_key(leaf.path, array.ndim, i, separator) not in stored:
+                every[i * per_object:min((i + 1) * per_object, meta.rows)] = 0
