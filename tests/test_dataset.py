@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import http.server
+import math
 import threading
 import uuid
 
@@ -68,6 +69,20 @@ def _sealed(location, td: TensorDict, capacity: int | None = None, **kw) -> str:
     assert storage.seal() > 0
     storage.close()
     return url
+
+
+@pytest.mark.parametrize("odd", [float("nan"), float("inf"), 1e17])
+def test_an_odd_reward_stays_in_its_episodes_return(location, odd):
+    """Regression: the index's returns were differences of running sums, so one NaN, inf or
+    huge reward changed the return of every later episode (NaN, NaN; 0.0 for 3.0)."""
+    td = _transitions(120, seed=5)
+    td["next", "reward"][3] = odd
+    model = _model_episodes(td)
+    url = _sealed(location, td)
+    got = open_dataset(url, location.options).episodes["return"][:, 0].tolist()
+    assert len(model) > 5
+    assert got[1:] == pytest.approx([e["return"] for e in model[1:]])
+    assert got[0] == model[0]["return"] or math.isnan(odd) and math.isnan(got[0])
 
 
 def test_episode_index_matches_a_python_model(location):

@@ -6,6 +6,8 @@ import sys
 
 import matplotlib
 import numpy as np
+import math
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -73,6 +75,18 @@ def test_episode_stats_from_done_flags_per_lane():
     assert stats["return"].tolist() == [2.0, 18.0, 36.0] and stats["length"].tolist() == [2, 3, 6]
     flat = td[:, 0]
     assert plots.episode_stats(flat)["length"].tolist() == [2, 3]
+
+
+@pytest.mark.parametrize("odd", [float("nan"), float("inf"), 1e17])
+def test_an_odd_reward_stays_in_its_episode(odd):
+    """Regression: returns were differences of running sums, so a NaN, an inf or a huge
+    reward in one episode changed the return of every later one (NaN, NaN; 0.0 for 3.0)."""
+    reward = torch.tensor([1.0, odd, 1.0, 1.0, 1.0, 2.0, -1.0], dtype=torch.float64)
+    done = torch.tensor([False, True, False, False, True, False, True])
+    td = TensorDict({("next", "reward"): reward.unsqueeze(-1), ("next", "done"): done.unsqueeze(-1)},
+                    batch_size=[7])
+    got = plots.episode_stats(td)["return"].tolist()
+    assert got[1:] == [3.0, 1.0] and (got[0] == odd + 1.0 or math.isnan(odd) and math.isnan(got[0]))
 
 
 def test_traj_key_none_uses_contiguous_runs(rollouts):

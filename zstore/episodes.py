@@ -144,6 +144,18 @@ def episode_bounds(done: torch.Tensor, *, partial: bool = False) -> tuple[torch.
     return start, stop
 
 
+def segment_sums(values: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Float64 sums of ``values[s:s + n]`` (along dim 0) for each ``s, n`` of ``starts``,
+    ``lengths``, each summed on its own: a NaN, an inf or a huge value stays in its segment,
+    where a difference of running sums carried it into every later one."""
+    ids = torch.repeat_interleave(torch.arange(len(starts)), lengths)
+    firsts = torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
+    rows = torch.repeat_interleave(starts, lengths) + torch.arange(len(ids)) - firsts
+    flat = values.to(torch.float64).reshape(len(values), -1)
+    sums = torch.zeros(len(starts), flat.shape[1], dtype=torch.float64).index_add_(0, ids, flat[rows])
+    return sums.reshape(len(starts), *values.shape[1:])
+
+
 def flags_of(get: Callable[[tuple[str, ...]], Any], key: str | tuple[str, ...] = DONE_KEY,
              *, lead: int = 1) -> torch.Tensor | None:
     """The end flag of every step, or'ed over the :func:`done_keys` of ``key`` and over

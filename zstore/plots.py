@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .episodes import DONE_KEY, REWARD_KEY, episode_bounds, flags_of, ring_order
+from .episodes import DONE_KEY, REWARD_KEY, episode_bounds, flags_of, ring_order, segment_sums
 from .errors import MissingKeyError
 from .storages.base import Storage
 
@@ -155,8 +155,7 @@ def episode_stats(data: Storage | TensorDictBase, *, reward_key: Any = REWARD_KE
     returns, lengths = [], []
     for lane in range(done.shape[1]):
         start, stop = episode_bounds(done[:, lane])
-        sums = torch.cat([torch.zeros(1, dtype=torch.float64), reward[:, lane].cumsum(0)])
-        returns.append(sums[stop] - sums[start])
+        returns.append(segment_sums(reward[:, lane], start, stop - start))
         lengths.append(stop - start)
     returns, lengths = torch.cat(returns), torch.cat(lengths)
     return TensorDict({"return": returns, "length": lengths}, batch_size=[len(lengths)])

@@ -37,7 +37,8 @@ from zarr.core.sync import sync
 
 from .. import episodes as _ted
 from ..dtypes import from_numpy
-from ..episodes import flags_of, key_path, lane_episode_bounds, ring_order, ring_rows
+from ..episodes import (flags_of, key_path, lane_episode_bounds, ring_order, ring_rows,
+                        segment_sums)
 from ..errors import CorruptChunkError
 from ..group import TENSORDICT_ATTR, new_group
 from ..layout import StoreMeta, chunk_key, dimension_names, key_separator
@@ -95,10 +96,9 @@ def compute_index(group: zarr.Group, meta: StoreMeta, length: int,
     if reward is None:
         ret = torch.full((len(lane),), float("nan"), dtype=torch.float64)
     else:
-        csum = reward.to(torch.float64).cumsum(1)  # [lanes, steps, reward elements]
-        before = torch.where((t_start > 0).unsqueeze(-1), csum[lane, (t_start - 1).clamp(min=0)], 0.0)
+        flat = reward.reshape(lanes * steps, -1)  # [lanes, steps, reward elements], lane-major
         feature = meta.schema.by_path[REWARD_KEY].shape[len(meta.schema.lane_shape):]
-        ret = (csum[lane, t_end] - before).reshape(len(lane), *feature)
+        ret = segment_sums(flat, lane * steps + t_start, length_).reshape(len(lane), *feature)
 
     def at_end(values: torch.Tensor) -> torch.Tensor:
         return values.any(-1)[lane, t_end]
