@@ -25,6 +25,7 @@ from typing import Any
 from zstore.credentials import store_errors_named
 from zstore.errors import ZStoreError
 from zstore.progress import progress
+from zstore.group import refuse_inside_a_dataset
 from zstore.store import StoreSpec
 
 COMMIT_ATTR = "zstore_checkpoint"
@@ -190,6 +191,7 @@ class Destination:
         (and names starting with one of ``allowed``)."""
         self.spec.require_writable("write a checkpoint")
         self.spec.check_parent()
+        refuse_inside_a_dataset(self.spec, "write a checkpoint")
         if self.holds_buffer():
             raise CheckpointError(f"{self.redacted()} holds a zstore buffer, not a checkpoint; "
                                   "choose another destination")

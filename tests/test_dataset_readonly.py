@@ -110,3 +110,35 @@ def test_every_write_path_is_refused_and_nothing_changes(location, codec):
     assert isinstance(clone, zstore.Dataset) and (clone[:] == snapshot).all()
     with pytest.raises(zstore.ReadOnlyError):
         clone.set(0, snapshot[0])
+
+
+def test_nothing_is_written_inside_a_dataset_folder(location, tmp_path):
+    """Regression: a checkpoint, a conversion or an import into a folder inside a sealed
+    dataset was written there (94 files became 160): a dataset stays as it was published,
+    so each is refused, naming the dataset, before anything is written."""
+    import h5py
+    import numpy as np
+
+    from zstore.dataset import import_d4rl
+    from zstore.dataset.convert import convert
+
+    url = _publish(location, "zstd")
+    before = _object_hashes(url, location.options)
+    ds = open_dataset(url, location.options)
+    source = tmp_path / "d4rl.hdf5"
+    with h5py.File(source, "w") as f:
+        f["observations"] = np.zeros((11, 2), "float32")
+        f["actions"] = np.zeros((11, 1), "float32")
+        f["rewards"] = np.ones(11, "float32")
+        f["terminals"] = np.arange(11) % 5 == 4
+    attempts = {
+        "dumps": lambda: ds.dumps(zstore.StoreSpec.parse(f"{url}/ckpt", location.options)),
+        "convert": lambda: convert(url, f"{url}/copy", location.options, progress=False),
+        "import": lambda: import_d4rl(str(source), f"{url}/sub/imported",
+                                      storage_options=location.options, progress=False),
+    }
+    for name, attempt in attempts.items():
+        with pytest.raises(zstore.ReadOnlyError, match="inside the sealed, read-only dataset") as info:
+            attempt()
+        assert url.split("://")[-1] in str(info.value), name
+    assert _object_hashes(url, location.options) == before

@@ -13,6 +13,7 @@ import pickle
 
 import pytest
 import torch
+import zstore
 from test_torchrl_integration import BATCH, CAPACITY, assert_equal, assert_same_samples, fill, transitions
 
 pytestmark = pytest.mark.torchrl
@@ -212,6 +213,54 @@ def test_loads_refuses_a_save_that_lost_a_state_file_before_loading_anything(loc
         zt.loads(fresh, url, location.options)
     assert url.split("://")[-1] in str(info.value) and "zstore-rb-" not in str(info.value)
     assert len(fresh) == 0 and fresh.writer._cursor == 0  # nothing was loaded
+
+
+def _objects(fs, root) -> dict[str, bytes]:
+    return {path: fs.cat_file(path) for path in sorted(fs.find(root))}
+
+
+def test_dumps_over_a_dataset_or_other_files_refuses_and_deletes_nothing(location):
+    """Regression: a save deleted every object at its URL outside ``storage/`` that it did
+    not write, a published dataset's zarr.json, chunks and episode index included (40
+    objects became 3 on S3), and a user's own files. A Zarr store there, files no save
+    wrote, or a folder inside a sealed dataset are now refused before anything is written."""
+    import fsspec
+
+    rb = _url_buffer(location)
+    rb.extend(transitions(20))
+    dataset = location.new("ds")
+    source = zt.LazyMemmapStorage(CAPACITY, scratch_dir=dataset, storage_options=location.options)
+    source.set(torch.arange(20), transitions(20))
+    source.seal()
+    source.close()
+    other = location.new("other")
+    fs, root = fsspec.core.url_to_fs(other, **location.options)
+    fs.makedirs(root, exist_ok=True)
+    fs.pipe_file(f"{root}/README.txt", b"mine")
+    for url, error, match in ((dataset, zstore.StoreExistsError, "holds a Zarr store"),
+                              (other, zstore.StoreExistsError, "'README.txt'"),
+                              (f"{dataset}/ckpt", zstore.ReadOnlyError, "inside the sealed")):
+        fs, root = fsspec.core.url_to_fs(url, **location.options)
+        top = fsspec.core.url_to_fs(dataset if url.startswith(dataset) else url,
+                                    **location.options)[1]
+        before = _objects(fs, top)
+        with pytest.raises(error, match=match):
+            zt.dumps(rb, url, location.options)
+        assert _objects(fs, top) == before
+    assert len(zstore.open_dataset(dataset, location.options)) == 20
+
+
+def test_a_save_over_an_earlier_one_keeps_files_it_did_not_write(location):
+    """A save replaces the files of the save before it, and leaves any other file alone."""
+    url, fs, root = _saved(location, 20)
+    fs.pipe_file(f"{root}/notes.txt", b"mine")
+    rb = _url_buffer(location)
+    rb.extend(transitions(30))
+    zt.dumps(rb, url, location.options)
+    assert fs.cat_file(f"{root}/notes.txt") == b"mine"
+    fresh = _url_buffer(location)
+    zt.loads(fresh, url, location.options)
+    assert len(fresh) == 30
 
 
 def test_dumps_refuses_torchrls_own_storage(tmp_path):

@@ -35,7 +35,8 @@ from zarr.storage import LocalStore, MemoryStore, StorePath
 
 from . import _faults
 from .credentials import credentials_error, unreachable_error
-from .errors import NoCredentialsError, NotAZStoreError, StoreNotFoundError, ZStoreError
+from .errors import (NoCredentialsError, NotAZStoreError, ReadOnlyError, StoreNotFoundError,
+                     ZStoreError)
 from .store import StoreSpec
 
 if TYPE_CHECKING:  # layout and dtypes import torch: opening a group (zstore info) needs none
@@ -194,6 +195,25 @@ def existing_buffer(spec: StoreSpec) -> tuple[zarr.Group, StoreMeta] | None:
         return open_group(spec)
     except (StoreNotFoundError, NotAZStoreError):
         return None
+
+
+def refuse_inside_a_dataset(spec: StoreSpec, action: str) -> None:
+    """Raise :class:`ReadOnlyError` when ``spec``'s location is a folder inside a sealed
+    dataset (a parent folder's ``zarr.json`` holds a sealed ``zstore`` block): a dataset
+    stays as it was published. One look per parent folder: for one-off writes only (a
+    checkpoint, a conversion, an import)."""
+    fs, path = spec.filesystem()
+    path = path.rstrip("/")
+    while (parent := fs._parent(path).rstrip("/")) and parent != path:
+        path = parent
+        try:
+            block = json.loads(fs.cat_file(f"{parent}/zarr.json"))["attributes"][ZSTORE_ATTR]
+        except (OSError, ValueError, KeyError, TypeError):  # none there, or not a zstore block
+            continue
+        if isinstance(block, Mapping) and block.get("sealed"):
+            where = parent if spec.is_local else fs.unstrip_protocol(parent)
+            raise ReadOnlyError(f"cannot {action} at {spec.redacted()}: it is inside the sealed, "
+                                f"read-only dataset {where}; choose a location outside it")
 
 
 def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None,

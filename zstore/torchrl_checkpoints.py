@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from typing import Any, Iterator
 
 from . import storages as _z
+from .errors import StoreExistsError
+from .group import refuse_inside_a_dataset
 from .store import StoreSpec
 
 #: What TorchRL's ``rb.dumps`` writes last, and what :func:`loads` looks for first.
@@ -75,15 +77,20 @@ def dumps(rb: Any, url: str | os.PathLike,
     """Save TorchRL buffer ``rb`` (over a zstore storage) at ``url``, any fsspec URL.
 
     The storage's checkpoint goes to ``url/storage`` by its checkpointer; the rest of what
-    ``rb.dumps`` writes is uploaded next to it, ``buffer_metadata.json`` last. A new save
-    over an old one first removes the old metadata, so a save cut short is refused by
-    :func:`loads` rather than loaded half old.
+    ``rb.dumps`` writes is uploaded next to it, its manifest first and
+    ``buffer_metadata.json`` last. A new save over an old one first removes the old
+    metadata, so a save cut short is refused by :func:`loads` rather than loaded half old,
+    and then the old save's files the new one does not write. ``url`` must be empty or hold
+    a save: a Zarr store there (a zstore buffer or dataset), other files, or a folder inside
+    a sealed dataset are refused, and nothing is written.
 
     >>> zstore.torchrl.dumps(rb, "s3://bucket/ckpt", {"endpoint_url": ...})  # doctest: +SKIP
     """
     spec = _spec(url, storage_options)
     spec.require_writable("save a replay buffer")
+    refuse_inside_a_dataset(spec, "save a replay buffer")
     fs, root = spec.filesystem()
+    previous = _previous_save(spec)
     if fs.exists(f"{root}/{METADATA}"):
         fs.rm_file(f"{root}/{METADATA}")
     with tempfile.TemporaryDirectory(prefix="zstore-rb-") as local, \
@@ -101,10 +108,11 @@ def dumps(rb: Any, url: str | os.PathLike,
         with open(os.path.join(local, MANIFEST), "w") as file:
             json.dump({rel: os.path.getsize(os.path.join(local, rel)) for rel in files}, file)
         files.append(MANIFEST)
-        for old in _state_files(spec):
+        for old in previous:
             if old not in files:
                 fs.rm_file(f"{root}/{old}")  # of an earlier save (e.g. a transform since removed)
-        for rel in sorted(files, key=lambda f: (f == METADATA, f == MANIFEST)):
+        # the manifest first: a save cut short is still known as one, and replaced by the next
+        for rel in sorted(files, key=lambda f: (f != MANIFEST, f == METADATA)):
             if spec.is_local:
                 fs.makedirs(os.path.dirname(f"{root}/{rel}"), exist_ok=True)
             with open(os.path.join(local, rel), "rb") as file:
@@ -154,6 +162,27 @@ def loads(rb: Any, url: str | os.PathLike,
             with open(os.path.join(local, rel), "wb") as file:
                 file.write(data)
         rb.loads(local)
+
+
+def _previous_save(spec: StoreSpec) -> list[str]:
+    """The files of the save at ``spec`` (besides the storage's checkpoint) that a new save
+    there may replace: none where it is empty. Refuses a location holding anything else (a
+    Zarr store: a buffer or dataset; files no save wrote), which a save would overwrite."""
+    found = _state_files(spec)
+    if "zarr.json" in found:
+        raise StoreExistsError(
+            f"cannot save a replay buffer at {spec.redacted()}: it holds a Zarr store (a zstore "
+            "buffer or dataset, left unchanged); choose an empty location or an earlier save's")
+    if MANIFEST in found:  # a save by zstore.torchrl.dumps, complete or cut short
+        fs, root = spec.filesystem()
+        listed = set(json.loads(fs.cat_file(f"{root}/{MANIFEST}")))
+        return sorted(set(found) & (listed | {METADATA, MANIFEST}))
+    if METADATA in found or not found:  # a save without a manifest (TorchRL's rb.dumps), or none
+        return found
+    raise StoreExistsError(
+        f"cannot save a replay buffer at {spec.redacted()}: it holds {len(found)} files that no "
+        f"save wrote (e.g. {found[0]!r}), left unchanged; choose an empty location or an "
+        "earlier save's")
 
 
 def _state_files(spec: StoreSpec) -> list[str]:

@@ -11,8 +11,10 @@ from typing import Any
 import torch
 
 from ..errors import NotAZStoreError
+from ..group import refuse_inside_a_dataset
 from ..progress import progress as progress_bar
 from ..storages import LazyMemmapStorage
+from ..store import StoreSpec
 from ..text import TEXT_BYTES
 
 #: Rows copied per batch.
@@ -48,6 +50,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike,
             if seal:
                 codec = {path: dataclasses.replace(spec, checksum=True)
                          for path, spec in codec.items()}
+        refuse_inside_a_dataset(StoreSpec.parse(
+            dst, dst_options if dst_options is not None else storage_options), "convert")
         # text cells as wide as the source's widest (the first batch may not hold its longest
         # string, which a later batch would then not fit)
         widths = [leaf.shape[-1] for leaf in meta.schema.leaves if leaf.path in meta.schema.texts]

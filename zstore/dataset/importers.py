@@ -42,7 +42,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from ..errors import MissingKeyError, SchemaError, SourceFileError, StoreExistsError
-from ..group import existing_buffer
+from ..group import existing_buffer, refuse_inside_a_dataset
 from ..progress import progress as progress_bar
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
@@ -128,6 +128,7 @@ class _Writer:
         if total < 1:
             raise SchemaError(f"nothing to import into {url}: the file holds no transitions")
         spec = StoreSpec.parse(url, storage_options)
+        refuse_inside_a_dataset(spec, "import")
         if existing_buffer(spec) is not None:  # before anything (a lease file too) is written there
             raise StoreExistsError(
                 f"cannot import into {spec.redacted()}: it already holds a zstore buffer or "
