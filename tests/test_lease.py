@@ -269,6 +269,34 @@ def test_a_second_storage_of_the_process_writes_on_from_the_others_commit(locati
     second.close()
 
 
+@pytest.mark.parametrize("then", ["writes", "closes"])
+def test_a_storage_superseded_in_its_process_stores_and_commits_nothing(location, then):
+    """Regression: after a second storage object of the process wrote and committed rows
+    2..3, the first one, still open, wrote over them and committed its own length: the
+    last commit won and the other's committed rows were gone ("resuming" in a notebook with
+    the first buffer alive). Its next write, or its close with rows it had not committed,
+    now raises LeaseError and stores nothing; the close releases it all the same."""
+    url, first, second = written_and_reopened(location)
+    first.set(torch.arange(2, 4), rows(50, 2))  # not committed
+    second.set(torch.arange(2, 4), rows(2, 2))
+    second.flush()
+    with pytest.raises(LeaseError, match="another storage object of this process"):
+        if then == "writes":
+            first.set(torch.arange(4, 6), rows(60, 2))
+            first.flush()
+        else:
+            first.close()
+    assert committed(url, location.options) == [0, 1, 2, 3]
+    second.set(torch.arange(4, 5), rows(4, 1))  # the writer writes on
+    second.close()
+    if then == "writes":  # its rows not committed are dropped, and its close says so
+        with pytest.raises(LeaseError, match="another storage object of this process"):
+            first.close()
+    first.close()  # closed: nothing more is committed
+    assert committed(url, location.options) == [0, 1, 2, 3, 4]
+    assert lease_record(url, location.options) is None
+
+
 def test_a_store_deleted_under_a_live_storage_can_be_created_again(location):
     """Deleted (``shutil.rmtree``, a notebook's "start over") while a storage of the process
     still used it, the store could not be created again there: the process's lease still

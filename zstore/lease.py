@@ -95,6 +95,7 @@ class Lease:
         self._metadata_token: Token | None = None
         self._lock = threading.RLock()
         self.users = 0  # storages of this process using it (see WriterLease)
+        self.turn = 0  # how many storages of this process started writing under it (WriterLease)
 
     @property
     def held(self) -> bool:
@@ -285,12 +286,16 @@ class WriterLease:
 
     All storage objects of one process writing the same URL share one lease
     (as they share the process's files): the lease keeps *other processes*
-    out. It is released when the last of them is closed or collected.
+    out. It is released when the last of them is closed or collected. Within
+    the process the last of them to start writing is the writer: one that wrote
+    before it is refused from then on (:meth:`ensure`), as a former holder of
+    the lease is in another process.
     """
 
     def __init__(self, lease: Lease):
         self.lease = lease
         self.active = False
+        self.turn = 0  # the lease's ``turn`` when this storage started writing under it
 
     def ensure(self) -> bool:
         """Hold the lease before a write; ``True`` when the process has just acquired it, or
@@ -299,14 +304,48 @@ class WriterLease:
         _start_releaser()
         run_deferred()
         with self.lease._lock:
+            self._refuse_if_superseded()
             if not self.active:
                 self.lease.forget_if_gone()
             fresh = self.lease.ensure()
             if not self.active:
                 self.active = True
                 self.lease.users += 1
+                self.lease.turn += 1
+                self.turn = self.lease.turn
                 return True
             return fresh
+
+    @property
+    def superseded(self) -> bool:
+        """Whether another storage of this process started writing under the lease after
+        this one did: this one stores and commits nothing more."""
+        return self.active and self.turn != self.lease.turn
+
+    def _refuse_if_superseded(self) -> None:
+        """:class:`LeaseError` when :attr:`superseded`."""
+        if self.superseded:
+            raise LeaseError(
+                f"cannot write {self.lease.spec.redacted()} through this storage: another storage "
+                "object of this process has written it since this one did, and a store has one "
+                "writer (this one's rows would overwrite that one's committed rows, and its commit "
+                "that one's length; its rows since its last commit are dropped). Write through "
+                "that one, or reopen the store (zstore.open(url)) to write from what is committed")
+
+    def renew(self) -> None:
+        """:meth:`Lease.renew`, refused once superseded (:meth:`_refuse_if_superseded`)."""
+        self._refuse_if_superseded()
+        self.lease.renew()
+
+    def keep_alive(self) -> None:
+        """:meth:`Lease.keep_alive`, refused once superseded."""
+        self._refuse_if_superseded()
+        self.lease.keep_alive()
+
+    def ensure_fresh(self) -> None:
+        """:meth:`Lease.ensure_fresh`, refused once superseded."""
+        self._refuse_if_superseded()
+        self.lease.ensure_fresh()
 
     def release(self) -> None:
         """Stop using the lease; the last user of the process releases it."""

@@ -779,13 +779,20 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         return seal_storage(self)
 
     def close(self) -> None:
-        """Flush and release the table; the storage can be reopened with :func:`zstore.open`."""
+        """Flush and release the table; the storage can be reopened with :func:`zstore.open`.
+        A writer that lost the store to another (:class:`LeaseError`) is closed all the same,
+        its uncommitted rows dropped, and the error raised."""
+        lost = None
         with self._commit_lock, self._counts.lock:  # the lease goes with the last commit
             if self._table is not None and not self._cleaned:
-                if self._has_uncommitted() or self._table.tail_record():
-                    # closed, the store holds no log segments (format.md §6)
-                    self._flush(consolidate=True)
-                if self._publishes_nodes_at_close:
+                try:  # a superseded writer's log segments are the new writer's to consolidate
+                    if self._has_uncommitted() or (self._table.tail_record() and not (
+                            self._lease is not None and self._lease.superseded)):
+                        # closed, the store holds no log segments (format.md §6)
+                        self._flush(consolidate=True)
+                except LeaseError as exc:
+                    lost = exc
+                if lost is None and self._publishes_nodes_at_close:
                     self._publish_nodes()
                 self._table.close()
             self._table = None
@@ -793,6 +800,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             self.initialized = False if self._meta is None else self.initialized
             self._release_lease()
         untrack(self)
+        if lost is not None:
+            raise lost
 
     def _commit_at_exit(self) -> None:
         """As :meth:`CommitClock._commit_at_exit`; a process of a group that shares the store
