@@ -122,6 +122,44 @@ def test_a_refused_pytree_batch_leaves_every_leaf_intact():
     assert (first == 1).all() and (second == 1).all()
 
 
+@pytest.mark.parametrize("why", ["wrong dtype", "rows out of range", "a new key, a wrong shape"])
+def test_an_in_ram_storage_refuses_before_writing_any_key(why):
+    """Regression: the in-RAM storages checked shapes only, on ``meta`` tensors, which check
+    neither dtypes nor ranges, and made a batch's new keys before the check. A batch whose
+    ``act`` had the wrong dtype, or whose positions ran past the rows, raised after its
+    ``obs`` was written (rows torn across keys); a refused batch still added its new key."""
+    storage = zstore.LazyTensorStorage(10)
+    writer = zstore.RoundRobinWriter()
+    writer.register_storage(storage)
+    writer.extend(rows(0, 10))
+    bad = rows(100, 4)
+    where = torch.arange(4)
+    if why == "wrong dtype":
+        bad["act"] = bad["act"].int()
+    elif why == "rows out of range":
+        where = torch.tensor([1, 2, 3, 10])
+    else:
+        bad["extra"] = torch.ones(4)
+        bad["obs"] = torch.ones(4, 5)
+    error = IndexError if why == "rows out of range" else RuntimeError
+    with pytest.raises(error, match="nothing was written"):
+        storage.set(where, bad)
+    if why == "wrong dtype":
+        with pytest.raises(RuntimeError, match="'act'.*nothing was written"):
+            writer.extend(bad)  # wraps onto rows 0..3
+    assert_holds_exactly(storage, list(range(1, 11)))
+    assert set(storage.get(0).keys()) == {"obs", "act"}
+
+
+def test_an_in_ram_pytree_storage_names_the_leaf_it_refuses():
+    storage = zstore.LazyTensorStorage(6)
+    storage.set(torch.arange(6), {"a": torch.ones(6), "b": torch.ones(6, dtype=torch.long)})
+    with pytest.raises(RuntimeError, match=r"\['b'\].*nothing was written"):
+        storage.set(torch.arange(2), {"a": torch.zeros(2), "b": torch.zeros(2, dtype=torch.int32)})
+    got = storage.get(torch.arange(6))
+    assert (got["a"] == 1).all() and (got["b"] == 1).all()
+
+
 # -- under TorchRL's buffers -------------------------------------------------------------------
 
 T = pytest.importorskip("torchrl.data")

@@ -64,7 +64,8 @@ def test_nested_batch_dims_are_kept_in_ram_and_on_every_store(location):
 
 def test_documented_differences_deepcopy_shares_the_store_and_dtypes_are_not_cast(tmp_path):
     """docs/torchrl.md: ``copy.deepcopy`` of a URL storage reopens the same store (TorchRL's
-    copies the data), and a row of another dtype is refused where TorchRL's casts it."""
+    copies the data), whose writer the copy becomes once it writes; and a row of another
+    dtype is refused where TorchRL's casts it."""
     import copy
 
     url = str(tmp_path / "rb")
@@ -73,6 +74,9 @@ def test_documented_differences_deepcopy_shares_the_store_and_dtypes_are_not_cas
     twin = copy.deepcopy(storage)
     twin.set(0, TensorDict(x=torch.tensor(5.)))
     assert storage.get(0)["x"].item() == 5.0  # the same store
+    with pytest.raises(zstore.LeaseError, match="another storage object of this process"):
+        storage.set(1, TensorDict(x=torch.tensor(6.)))  # the copy writes it now
+    storage = twin
     theirs = TorchRLLazyTensorStorage(4)
     theirs.set(torch.arange(2), TensorDict(x=torch.zeros(2), batch_size=[2]))
     theirs.set(1, TensorDict(x=torch.tensor(7., dtype=torch.float64)))

@@ -225,25 +225,25 @@ class TensorStorage(Storage):
         if isinstance(cursor, torch.Tensor):
             cursor = cursor.to(_first_leaf(container).device)
         if is_tensor_collection(container) and is_tensor_collection(data):
-            new = [k for k in data.keys(include_nested=True, leaves_only=True)
-                   if k not in container.keys(include_nested=True, leaves_only=True)]
-            for key in new:  # a key the rows lack: zeros where unwritten, as TorchRL's
-                value = data.get(key)
+            held = set(container.keys(include_nested=True, leaves_only=True))
+            keys = list(data.keys(include_nested=True, leaves_only=True))
+            if not isinstance(data, LazyStackedTensorDict):  # a lazy stack is written item-wise
+                _refuse_misfits(cursor, [(container.get(key), data.get(key), key)
+                                         for key in keys if key in held])
+            for key in (k for k in keys if k not in held):  # a key the rows lack: zeros where
+                value = data.get(key)                       # unwritten, as TorchRL's
                 lead = 0 if is_int(cursor) else 1
                 container.set(key, torch.zeros((*self._container_shape(), *value.shape[lead + self.ndim - 1:]),
                                                dtype=value.dtype, device=_first_leaf(container).device))
-            if not isinstance(data, LazyStackedTensorDict):  # a lazy stack is written item-wise
-                _refuse_misfits(cursor, [(container.get(key), data.get(key), key) for key in
-                                         data.keys(include_nested=True, leaves_only=True)])
             container[cursor] = data
         elif is_tensor_collection(container):  # a number or tensor: into every leaf, broadcast
             container[cursor] = data
         elif isinstance(container, torch.Tensor):
             container[cursor] = data
         else:
-            leaves, values = pytree.tree_leaves(container), pytree.tree_leaves(data)
-            _refuse_misfits(cursor, [(leaf, value, i) for i, (leaf, value) in
-                                     enumerate(zip(leaves, values))])
+            leaves, _ = pytree.tree_flatten_with_path(container)
+            _refuse_misfits(cursor, [(leaf, value, pytree.keystr(path)) for (path, leaf), value in
+                                     zip(leaves, pytree.tree_leaves(data))])
             pytree.tree_map(lambda leaf, value: leaf.__setitem__(cursor, value), container, data)
 
     # -- the contract ---------------------------------------------------------------------
@@ -593,13 +593,29 @@ def _refuse_misfits(cursor: Any, pairs: list) -> None:
 
     A TensorDict or a pytree is written leaf by leaf: without this check, a batch whose
     third key has the wrong shape would already have overwritten the first two.
-    ``pairs``: ``(container leaf, value, key)``.
+    ``pairs``: ``(container leaf, value, key)``. Positions (tensors, lists) must be in
+    range and their values of the leaf's dtype, as torch's indexed writes require; the
+    ``meta`` tensors the shapes are found with check neither.
     """
+    index = None if is_int(cursor) else _meta_index(cursor)
+    positions = [(dim, torch.as_tensor(part)) for dim, part in
+                 enumerate(index if isinstance(index, tuple) else (index,))
+                 if isinstance(part, (torch.Tensor, list)) and len(part)]
     for leaf, value, key in pairs:
         if not isinstance(value, torch.Tensor) or not isinstance(leaf, torch.Tensor):
             continue
-        target = leaf.shape[1:] if is_int(cursor) else \
-            torch.empty(leaf.shape, device="meta")[_meta_index(cursor)].shape
+        for dim, part in positions:
+            size = leaf.shape[dim] if dim < leaf.ndim else 0
+            if not part.dtype.is_floating_point and not -size <= int(part.min()) <= int(part.max()) < size:
+                raise IndexError(f"rows {part.tolist()[:8]} are out of range for a storage of "
+                                 f"{size} rows along dim {dim}; nothing was written")
+        if positions and value.dtype != leaf.dtype:
+            raise RuntimeError(
+                f"dtype mismatch for key {key!r}: the rows hold {leaf.dtype}, the value is "
+                f"{value.dtype} (torch writes rows by position only in their own dtype); "
+                "nothing was written. Cast the value first")
+        target = leaf.shape[1:] if index is None else \
+            torch.empty(leaf.shape, device="meta")[index].shape
         try:
             fits = torch.broadcast_shapes(value.shape, target) == target
         except RuntimeError:
