@@ -542,3 +542,22 @@ def test_existsok_adopts_when_built_so_a_writer_continues_after_the_stored_rows(
     after = zstore.open(url, location.options, mode="r")
     assert len(after) == 310
     assert after[:]["nested", "i"].tolist() == list(range(310))
+
+
+@pytest.mark.parametrize("layout", [{"chunks": 3}, {"chunks": 3, "shards": 6, "codec": "zstd"}])
+def test_a_key_without_elements_takes_any_chunk_and_shard_layout(location, layout):
+    """Regression: a key whose rows hold no element (shape (0,) or (2, 0)) was sharded with
+    the rest, and zarr's shard check divided by its 0: the first write raised
+    ``OSError: ... ZeroDivisionError`` naming no key. Such a key stores no object; it is
+    never sharded now."""
+    url = location.new()
+    storage = zstore.LazyMemmapStorage(10, scratch_dir=url, storage_options=location.options,
+                                       **layout)
+    data = TensorDict(obs=torch.arange(12.0).reshape(4, 3), empty=torch.zeros(4, 0),
+                      wide=torch.zeros(4, 2, 0), batch_size=[4])
+    storage.set(torch.arange(4), data)
+    storage.close()
+    again = zstore.open(url, location.options, mode="r")
+    got = again.get(torch.arange(4))
+    assert (got["obs"] == data["obs"]).all()
+    assert got["empty"].shape == (4, 0) and got["wide"].shape == (4, 2, 0)

@@ -180,7 +180,9 @@ def choose_layout(leaves, rows: int, *, mmap: bool, object_store: bool,
         if shard is None:
             shard = default_shard_rows(chunk, leaf.row_bytes, rows) if object_store else chunk
         shard = max(chunk, int(shard) // chunk * chunk)
-        layout[leaf.path] = (chunk, None if shard == chunk else shard)
+        # a key whose rows hold no element stores no object: never sharded (zarr cannot
+        # shard a chunk with a dimension of 0)
+        layout[leaf.path] = (chunk, None if shard == chunk or not leaf.row_bytes else shard)
     return layout
 
 
