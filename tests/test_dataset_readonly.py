@@ -142,3 +142,20 @@ def test_nothing_is_written_inside_a_dataset_folder(location, tmp_path):
             attempt()
         assert url.split("://")[-1] in str(info.value), name
     assert _object_hashes(url, location.options) == before
+
+
+def test_a_dataset_whose_root_lost_its_consolidated_metadata_still_opens(location):
+    """Regression: annotating a published dataset with zarr (which rewrites the root
+    zarr.json without the consolidated metadata) left it unopenable, with contradicting
+    errors: open_dataset said "not sealed: seal it", and seal "already a sealed dataset".
+    It opens now, with a warning naming the cost and the fix, and serves the same rows."""
+    import zarr
+
+    url = _publish(location, "zstd")
+    snapshot, episodes = open_dataset(url, location.options)[:], open_dataset(url, location.options).episodes
+    group = zarr.open_group(url, mode="r+", use_consolidated=False,
+                            storage_options=location.options or None)
+    group.attrs["description"] = "my dataset"
+    with pytest.warns(UserWarning, match="lost its consolidated metadata.*zstore convert"):
+        again = open_dataset(url, location.options)
+    assert (again[:] == snapshot).all() and (again.episodes == episodes).all()

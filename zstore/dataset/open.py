@@ -30,7 +30,7 @@ from zarr.storage import StorePath
 from ..cache import DEFAULT_CACHE_BYTES
 from ..errors import (NotAZStoreError, ReadOnlyError, StoreNotFoundError, ZStoreError,
                       sealed_dataset)
-from ..group import ZSTORE_ATTR, read_meta, store_io_error
+from ..group import ZSTORE_ATTR, open_plain_group, read_meta, store_io_error
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
 from ..writers import ImmutableDatasetWriter
@@ -175,6 +175,15 @@ class Dataset(LazyMemmapStorage):
 _CHECKPOINT_ATTR = "zstore_checkpoint"
 
 
+def _sealed_block(root_json: bytes) -> bool:
+    """Whether the root ``zarr.json`` ``root_json`` holds a sealed ``zstore`` block."""
+    try:
+        block = json.loads(root_json)["attributes"][ZSTORE_ATTR]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return isinstance(block, dict) and bool(block.get("sealed"))
+
+
 def _not_a_dataset(where: str, root_json: bytes) -> NotAZStoreError:
     """Why the unconsolidated ``zarr.json`` at ``where`` is no dataset, and the way on: an
     unsealed buffer (seal it), one of a store's arrays, a checkpoint, or a plain group."""
@@ -239,6 +248,14 @@ def _open_consolidated(spec: StoreSpec) -> zarr.Group:
                                                          use_consolidated=True))
     except ValueError as exc:
         if "consolidated" in str(exc).lower():
+            if _sealed_block(raw.to_bytes()):  # a dataset whose root lost the copies: slower
+                warnings.warn(
+                    f"{where}: this sealed dataset's root zarr.json lost its consolidated metadata "
+                    "(rewritten by a tool that does not keep it, e.g. zarr with "
+                    "use_consolidated=False), so it opens with a request per key; `zstore "
+                    f"convert {where} DST` writes a copy that opens with one", UserWarning,
+                    stacklevel=3)
+                return open_plain_group(store)
             raise _not_a_dataset(where, raw.to_bytes()) from None
         raise NotAZStoreError(f"{where} is not a zstore dataset: {exc}") from None
     except (GroupNotFoundError, NodeNotFoundError) as exc:
