@@ -78,6 +78,26 @@ def test_a_refused_extend_moves_neither_the_writer_nor_the_storage(kind, locatio
         assert_holds_exactly(again, list(range(1, 601)))
 
 
+def test_a_refused_first_batch_creates_no_store(location):
+    """Regression: a first batch stacked lazily along its rows, whose rows differ in shape,
+    made the store from its first row (``x`` of shape [1]) before it was refused ("nothing
+    was written"), so the next, valid batch of ``x`` [3] was refused too."""
+    from tensordict import lazy_stack
+
+    storage = make("LazyMemmapStorage", location)
+    writer = zstore.RoundRobinWriter()
+    writer.register_storage(storage)
+    ragged = lazy_stack([TensorDict(x=torch.full((i % 3 + 1,), float(i))) for i in range(7)])
+    with pytest.raises(zstore.SchemaError, match=r"\['x'\].*nothing was written"):
+        writer.extend(ragged)
+    assert not storage.initialized and len(storage) == 0
+    assert not zstore.StoreSpec.parse(storage.scratch_dir, location.options).exists() or \
+        zstore.StoreSpec.parse(storage.scratch_dir, location.options).is_empty(ignore=("zstore-lease",))
+    writer.extend(TensorDict(x=torch.ones(5, 3), batch_size=[5]))
+    storage.flush()
+    assert zstore.open(storage.scratch_dir, location.options, mode="r").get(torch.arange(5))["x"].shape == (5, 3)
+
+
 def test_a_refused_add_moves_nothing(location):
     storage = make("LazyMemmapStorage", location)
     writer = zstore.RoundRobinWriter()

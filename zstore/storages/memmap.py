@@ -21,7 +21,7 @@ import weakref
 from typing import Any, Mapping
 
 import torch
-from tensordict import is_tensor_collection, is_tensorclass
+from tensordict import LazyStackedTensorDict, is_tensor_collection, is_tensorclass
 
 from .. import autocommit
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats, cache_tier
@@ -388,12 +388,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         ragged = ragged_keys(data) if self._meta is not None and self._meta.schema.stack is None \
             else []  # a first write decides: items that are lazy stacks are stored as such
         if ragged:
-            raise SchemaError(
-                f"key(s) {ragged} of this lazy stack differ in shape (or exist in some stacked "
-                f"TensorDicts only): {type(self).__name__} keeps one shape per key, so "
-                f"{self.spec.redacted()} cannot store it: nothing was written. Use "
-                "LazyTensorStorage (in RAM), which keeps the lazy stack as TorchRL does, pad "
-                "the items to one shape, or give each stacked TensorDict a storage of its own")
+            raise self._ragged_error(ragged)
         keys = non_text_keys(data)
         if keys:
             raise SchemaError(
@@ -402,6 +397,21 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                 "(nothing is pickled): nothing was written. Store them as tensors (e.g. an index "
                 "into a vocabulary), or use LazyTensorStorage (in RAM), which keeps them as "
                 "TorchRL does")
+
+    def _ragged_error(self, ragged: list[str]) -> SchemaError:
+        return SchemaError(
+            f"key(s) {ragged} of this lazy stack differ in shape (or exist in some stacked "
+            f"TensorDicts only): {type(self).__name__} keeps one shape per key, so "
+            f"{self.spec.redacted()} cannot store it: nothing was written. Use "
+            "LazyTensorStorage (in RAM), which keeps the lazy stack as TorchRL does, pad "
+            "the items to one shape, or give each stacked TensorDict a storage of its own")
+
+    def _refuse_ragged_rows(self, cursor: Any, data: Any) -> None:
+        """Refuse a batch stacked lazily along its rows whose rows differ in shape before the
+        first write makes the store from its first row (which the write then would not fit)."""
+        if not is_int(cursor) and isinstance(data, LazyStackedTensorDict) \
+                and data.stack_dim == 0 and ragged_keys(data):
+            raise self._ragged_error(ragged_keys(data))
 
     @property
     def _all_raw(self) -> bool:
@@ -659,6 +669,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                     and not isinstance(data, list):
                 self._set_row(cursor, data, set_cursor)
             else:
+                if not self.initialized:
+                    self._refuse_ragged_rows(cursor, data)
                 super().set(cursor, data, set_cursor=set_cursor)
             # CommitClock._commit_due, inlined: one comparison with a precomputed deadline
             if self._uncommitted and _monotonic() >= self._commit_deadline:
