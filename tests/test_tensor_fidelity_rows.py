@@ -175,3 +175,35 @@ def test_dim_names_of_nested_tensordicts_are_not_stored(location):
     storage.set(torch.arange(4), TensorDict(nest=nest, batch_size=[4]))
     rows = storage.get(torch.arange(4))
     assert torch.equal(rows["nest", "x"], nest["x"]) and rows["nest"].names == [None, None]
+
+
+@pytest.mark.parametrize("form", ["TensorDict", "tensor", "dict"])
+@pytest.mark.parametrize("kind", ["LazyTensorStorage", "LazyMemmapStorage"])
+def test_rb_setitem_of_a_batch_of_one_writes_the_row_as_torchrl(location, kind, form):
+    """Regression: ``rb[2] = batch_of_one`` was refused (in RAM: "shape mismatch for key
+    'obs'"; at a URL: SchemaError "shape (1,) does not match the buffer's ()"), where
+    TorchRL's storages write the one row into row 2, as torch's setitem does."""
+    def data(first: int, n: int):
+        if form == "TensorDict":
+            return TensorDict(obs=torch.arange(first, first + n).float(), batch_size=[n])
+        if form == "tensor":
+            return torch.arange(first, first + n).float()
+        return {"a": torch.arange(first, first + n), "b": torch.ones(n, 2) * first}
+
+    results = []
+    for storage in (T.LazyTensorStorage(10),
+                    zt.LazyTensorStorage(10) if kind == "LazyTensorStorage" else
+                    zt.LazyMemmapStorage(10, scratch_dir=location.new(),
+                                         storage_options=location.options)):
+        rb = T.ReplayBuffer(storage=storage, batch_size=4)
+        rb.extend(data(0, 6))
+        rb[2] = data(500, 1)
+        got = rb[:6]
+        results.append(got if isinstance(got, torch.Tensor) else
+                       {k: v.clone() for k, v in got.items()})
+    theirs, ours = results
+    if form == "tensor":
+        assert torch.equal(theirs, ours) and theirs[2] == 500
+    else:
+        assert theirs.keys() == ours.keys()
+        assert all(torch.equal(theirs[k], ours[k]) for k in theirs.keys())

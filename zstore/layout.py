@@ -394,6 +394,8 @@ class Schema:
                 raise SchemaError(
                     f"key {leaf.key!r}: dtype {value.dtype} does not match the buffer's {leaf.dtype}"
                 )
+            if not lead and value.shape == (1, *leaf.shape):  # one row as a batch of one: torch
+                value = out[path] = value[0]                  # writes it into the row, as TorchRL
             if tuple(value.shape[lead:]) != leaf.shape or value.ndim != lead + len(leaf.shape):
                 expected = ("N", *leaf.shape) if lead else leaf.shape
                 raise SchemaError(

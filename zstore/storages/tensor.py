@@ -616,8 +616,11 @@ def _refuse_misfits(cursor: Any, pairs: list) -> None:
                 "nothing was written. Cast the value first")
         target = leaf.shape[1:] if index is None else \
             torch.empty(leaf.shape, device="meta")[index].shape
+        shape = list(value.shape)
+        while len(shape) > len(target) and shape[0] == 1:  # torch drops leading unit dims
+            shape.pop(0)
         try:
-            fits = torch.broadcast_shapes(value.shape, target) == target
+            fits = torch.broadcast_shapes(shape, target) == target
         except RuntimeError:
             fits = False
         if not fits:
