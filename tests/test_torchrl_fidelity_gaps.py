@@ -14,6 +14,7 @@ import pickle
 import pytest
 import torch
 import zstore
+from tensordict import TensorDict
 from test_torchrl_integration import BATCH, CAPACITY, assert_equal, assert_same_samples, fill, transitions
 
 pytestmark = pytest.mark.torchrl
@@ -344,3 +345,28 @@ def test_a_slice_not_read_before_the_buffer_is_emptied_says_so(location, codec):
                 use()
     assert read["obs"].tolist() == [2.0, 3.0, 4.0, 5.0] and read["wide"].shape == (4, 100)
     assert later["obs"].tolist() == [100.0]
+
+
+@pytest.mark.parametrize("where", ["in RAM", "at a URL"])
+def test_rb_setitem_over_compressed_list_storage_replaces_the_item_as_torchrl(location, where):
+    """Regression: ``rb[4] = td`` on a TensorDictReplayBuffer over zstore's
+    CompressedListStorage raised MissingKeyError ("lacks ['index']": the buffer's extend
+    adds that key to the stored items, the user's item has none), where TorchRL's replaces
+    item 4. The item's own keys are written; the key it leaves out keeps its stored value."""
+    def data(first: int, n: int) -> TensorDict:
+        serial = torch.arange(first, first + n)
+        return TensorDict(px=serial.to(torch.uint8).view(n, 1, 1).expand(n, 4, 4).clone(),
+                          r=serial.float(), batch_size=[n])
+
+    ours = T.TensorDictReplayBuffer(
+        storage=zt.CompressedListStorage(12) if where == "in RAM" else
+        zt.CompressedListStorage(12, scratch_dir=location.new(), storage_options=location.options),
+        batch_size=4)
+    theirs = T.TensorDictReplayBuffer(storage=T.CompressedListStorage(12), batch_size=4)
+    for rb in (ours, theirs):
+        rb.extend(data(0, 8))
+        rb[4] = data(99, 1)[0]
+        rb[torch.tensor([1, 2])] = data(50, 2)
+    for key in ("px", "r"):
+        assert torch.equal(ours[:8][key], theirs[:8][key])
+    assert ours[4]["r"].item() == 99.0 and ours[:8]["index"].tolist() == list(range(8))

@@ -561,6 +561,23 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                 self._table.set(rows, self._table_td(columns, len(rows)))
         self.retire(old)
 
+    def _keep_left_out(self, rows: torch.Tensor, leaves: dict[str, torch.Tensor]) -> None:
+        """Fill ``leaves`` (``[n, ...]`` each) with the stored values of the keys an update of
+        items already written leaves out, as the tensor storages keep them (``rb[i] = td``
+        without the ``"index"`` key a ``TensorDictReplayBuffer`` adds); items never
+        written, or an update bringing a key of its own, are left to :meth:`_check`."""
+        missing = set(self._dtypes) - set(leaves)
+        if not missing or not leaves or set(leaves) - set(self._dtypes) or SINGLE_TENSOR_KEY in missing \
+                or int(rows.max()) >= self._len:
+            return
+        stored = [self._flatten(self._get_locked(int(row)), 0)[0] for row in rows]
+        try:
+            kept = {path: torch.stack([item[path] for item in stored]) for path in missing}
+        except RuntimeError:  # their shapes differ between the items: one batch cannot hold them
+            return
+        leaves.update({path: value.to(next(iter(leaves.values())).device)
+                       for path, value in kept.items()})
+
     def _table_td(self, columns: Mapping[str, torch.Tensor], n: int) -> TensorDict:
         return TensorDict({tuple(p.split("/")): v for p, v in columns.items()}, batch_size=[n])
 
@@ -574,6 +591,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         if self._kind is None:
             self._first(leaves, nodes, data, 1)
         else:
+            self._keep_left_out(rows, leaves)
             self._check(leaves, nodes, 1)
         columns = {p: leaves[p] for p in self._fixed}
         for node, batch in nodes.items():
