@@ -251,3 +251,27 @@ def test_matplotlib_missing_says_how_to_install(monkeypatch, rollouts):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(ImportError, match=r"zstore\[notebooks\]"):
         plots.episode_return_hist(rollouts)
+
+
+def test_edge_data_says_nothing_to_plot_or_leaves_non_finite_values_out():
+    """Regression: an empty TensorDict raised torch's "cannot reshape tensor of 0 elements",
+    a frame grid of no frame ZeroDivisionError, and an infinite action matplotlib's "range
+    ... is not finite". Each now says "nothing to plot", or plots the finite values and
+    says how many it left out."""
+    empty = TensorDict({("next", "reward"): torch.zeros(0, 1), ("next", "done"): torch.zeros(0, 1, dtype=torch.bool),
+                        "action": torch.zeros(0, 2)}, batch_size=[0])
+    for plot in (plots.episode_stats, plots.episode_return_hist, plots.action_hist):
+        with pytest.raises(ValueError, match="nothing to plot"):
+            plot(empty)
+    with pytest.raises(ValueError, match="nothing to plot: no frames"):
+        plots.frame_grid(torch.zeros(0, 8, 8, dtype=torch.uint8))
+    actions = torch.tensor([[0.5], [float("inf")], [1.5]])
+    fig = plots.action_hist(actions)
+    assert "1 NaN or infinite left out" in fig.axes[0].get_title()
+    with pytest.raises(ValueError, match="nothing to plot: no finite"):
+        plots.action_hist(torch.full((3, 1), float("nan")))
+    reward = torch.tensor([float("nan"), 1.0, 2.0, 3.0], dtype=torch.float64)
+    done = torch.tensor([True, False, False, True])
+    td = TensorDict({("next", "reward"): reward[:, None], ("next", "done"): done[:, None]},
+                    batch_size=[4])
+    assert "1 NaN or infinite left out" in plots.episode_return_hist(td).axes[0].get_title()

@@ -59,6 +59,8 @@ def time_ordered(data: Storage | TensorDictBase) -> TensorDictBase:
     The whole storage is read: for a large buffer, pass a TensorDict of the keys to plot.
     """
     if isinstance(data, TensorDictBase):
+        if not data.batch_size.numel():
+            raise ValueError("nothing to plot: this TensorDict holds no rows")
         return data
     if not isinstance(data, Storage):
         raise TypeError(f"expected a zstore storage or a TensorDict, got {type(data).__name__}")
@@ -163,11 +165,24 @@ def episode_stats(data: Storage | TensorDictBase, *, reward_key: Any = REWARD_KE
 
 # -- plots ----------------------------------------------------------------------------------
 
+def _finite(values: torch.Tensor, what: str) -> tuple[torch.Tensor, str]:
+    """The finite ``values`` (float64) and a note of how many NaN or infinite ones were left
+    out of the plot ("" when none); "nothing to plot" when none is finite."""
+    values = values.to(torch.float64)
+    kept = values[torch.isfinite(values)]
+    if not kept.numel():
+        raise ValueError(f"nothing to plot: no finite {what} ({values.numel()} NaN or infinite)")
+    dropped = values.numel() - kept.numel()
+    return kept, f", {dropped} NaN or infinite left out" if dropped else ""
+
+
 def _histogram(values: torch.Tensor, bins: int, title: str, xlabel: str):
+    values, note = _finite(values, xlabel)
     fig = _figure()
     ax = fig.add_subplot()
     ax.hist(values.numpy(), bins=bins)
-    ax.set(title=title, xlabel=xlabel, ylabel="episodes")
+    ax.set(title=title.removesuffix(")") + note + ")" if note else title, xlabel=xlabel,
+           ylabel="episodes")
     return fig
 
 
@@ -269,6 +284,8 @@ def frame_grid(data: torch.Tensor | Storage | TensorDictBase, *, key: Any = "pix
     if isinstance(data, TensorDictBase):
         data = _get(data, key)
     frames = data if index is None else data[index]
+    if not len(frames):
+        raise ValueError("nothing to plot: no frames were selected")
     images = _as_images(frames[:max_frames])
     n, stack = images.shape[:2]
     if stack > 1:
@@ -333,6 +350,7 @@ def action_hist(data: Storage | TensorDictBase | torch.Tensor, *, key: Any = "ac
     fig = _figure(3.2 * ncols, 2.6 * -(-dims // ncols))
     for d in range(dims):
         ax = fig.add_subplot(-(-dims // ncols), ncols, d + 1)
-        ax.hist(flat[:, d].numpy(), bins=bins)
-        ax.set(title=f"action[{d}]", xlabel="value", ylabel="count" if d % ncols == 0 else None)
+        values, note = _finite(flat[:, d], f"action[{d}] values")
+        ax.hist(values.numpy(), bins=bins)
+        ax.set(title=f"action[{d}]{note}", xlabel="value", ylabel="count" if d % ncols == 0 else None)
     return fig
