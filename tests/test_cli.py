@@ -676,3 +676,21 @@ def test_a_ctrl_c_after_the_work_is_reported_does_not_end_the_program_as_killed(
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_info_on_other_zarr_stores_says_what_is_there(capsys, tmp_path):
+    """Regression: ``zstore info`` on a plain Zarr array said zarr's "An array already exists
+    in store ... at path .", on a Zarr v2 store "no Zarr group there" (false), and on a
+    malformed zarr.json gave the JSON parser's message alone."""
+    import numpy as np
+    import zarr
+
+    zarr.create_array(str(tmp_path / "array"), data=np.arange(5))
+    zarr.open_group(str(tmp_path / "v2"), mode="w", zarr_format=2).create_array("a", data=np.arange(3))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "zarr.json").write_text("{bad")
+    for name, said in (("array", "it holds one Zarr array, not a group of arrays"),
+                       ("v2", "it holds a Zarr v2 store (.zgroup, .zarray)"),
+                       ("bad", "its zarr.json is not valid JSON")):
+        _one_line(_run(capsys, "info", str(tmp_path / name), code=1),
+                  f"{tmp_path / name} is not a zstore buffer: {said}")

@@ -30,7 +30,7 @@ from zarr.core.common import ZARR_JSON
 from zarr.core.group import AsyncGroup, ConsolidatedMetadata
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
-from zarr.errors import GroupNotFoundError, NodeNotFoundError
+from zarr.errors import ContainsArrayError, GroupNotFoundError, NodeNotFoundError
 from zarr.storage import LocalStore, MemoryStore, StorePath
 
 from . import _faults
@@ -156,7 +156,23 @@ def _no_group(spec: StoreSpec) -> NotAZStoreError:
             "one there (open it once that writer has written its first rows), or its creation "
             "was killed before it wrote anything (create the buffer there again: the lease "
             "is taken over once it expires, at once from a dead process of this machine)")
+    if held & {".zgroup", ".zarray"}:
+        return NotAZStoreError(
+            f"{spec.redacted()} is not a zstore buffer: it holds a Zarr v2 store (.zgroup, "
+            ".zarray), and zstore's are Zarr v3 (zarr.json); import its data into a buffer")
     return NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: no Zarr group there")
+
+
+def _not_a_group(spec: StoreSpec, exc: Exception) -> NotAZStoreError:
+    """The error for a root ``zarr.json`` zarr cannot open as a group (``exc``)."""
+    if isinstance(exc, ContainsArrayError):
+        what = ("it holds one Zarr array, not a group of arrays (a key's column of a buffer? "
+                "open the buffer's folder, above it)")
+    elif isinstance(exc, json.JSONDecodeError):
+        what = f"its zarr.json is not valid JSON ({exc})"
+    else:
+        what = str(exc)
+    return NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: {what}")
 
 
 def open_zarr_group(spec: StoreSpec) -> zarr.Group:
@@ -176,7 +192,7 @@ def open_zarr_group(spec: StoreSpec) -> zarr.Group:
             raise _not_found(spec) from None
         raise _no_group(spec) from exc
     except (ValueError, TypeError, KeyError) as exc:
-        raise NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: {exc}") from exc
+        raise _not_a_group(spec, exc) from exc
     except Exception as exc:  # the network after the client's retries: name the store
         if (isinstance(exc, (ZStoreError, OSError)) and spec.redacted() in str(exc)
                 and credentials_error(exc, spec.redacted()) is None
