@@ -496,3 +496,43 @@ def test_an_import_or_conversion_killed_part_way_is_never_published_truncated(
         zstore.seal(destination, location.options)
     with pytest.raises(zstore.NotAZStoreError, match="interrupted"):
         zstore.open_dataset(destination, location.options)
+
+
+def test_the_source_files_metadata_is_kept_by_import_and_convert(location, tmp_path, capsys):
+    """Regression: an import dropped the file's metadata (Minari's ``env_spec``,
+    ``dataset_id``, ``total_steps`` in the file's attributes and ``metadata.json``; D4RL's
+    ``metadata/`` arrays): nothing in the store, ``zstore info`` or the Dataset named the
+    environment the data came from. It is kept in ``Dataset.source``, through ``convert``."""
+    from zstore.cli import main
+    from zstore.dataset.convert import convert
+
+    folder = tmp_path / "pointmaze-v0" / "data"
+    folder.mkdir(parents=True)
+    _write_minari(folder / "main_data.hdf5")
+    with h5py.File(folder / "main_data.hdf5", "a") as f:
+        f.attrs["dataset_id"] = "pointmaze-v0"
+        f.attrs["total_steps"] = np.int64(29)
+        f.attrs["big"] = np.zeros(1_000)  # too large for the root zarr.json: left out
+    spec = '{"id": "PointMaze_UMaze-v3", "max_episode_steps": 300}'
+    (folder / "metadata.json").write_text(json.dumps({"env_spec": spec, "minari_version": "0.5.1"}))
+    minari = import_minari(folder.parent, location.new("minari"), location.options, progress=False)
+    assert minari.source == {"layout": "minari", "file": "main_data.hdf5", "metadata": {
+        "dataset_id": "pointmaze-v0", "total_steps": 29, "env_spec": spec, "minari_version": "0.5.1"}}
+
+    path = _write_d4rl(tmp_path / "d4rl.hdf5")
+    with h5py.File(path, "a") as f:
+        f["metadata/algorithm"] = "SAC"
+        f["metadata/policy/nonlinearity"] = b"relu"
+        f["metadata/frac"] = np.float32(0.5)
+    d4rl = import_d4rl(path, location.new("d4rl"), location.options, progress=False)
+    assert d4rl.source["metadata"] == {"metadata/algorithm": "SAC", "metadata/frac": 0.5,
+                                       "metadata/policy/nonlinearity": "relu"}
+    copy = location.new("copy")
+    convert(minari.scratch_dir, copy, location.options, dst_options=location.options,
+            progress=False)
+    assert zstore.open_dataset(copy, location.options).source == minari.source
+    if location.kind == "local":
+        capsys.readouterr()
+        assert main(["info", copy]) == 0
+        assert "imported from the minari file main_data.hdf5: 4 metadata fields, dataset_id " \
+            "pointmaze-v0" in capsys.readouterr().out

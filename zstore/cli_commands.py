@@ -281,6 +281,12 @@ def _print_buffer(spec, group, block: dict[str, Any]) -> None:
           f"{format_bytes(all_stored):>11}{total_raw / all_stored if all_stored else 0:>7.1f}")
     if block.get("sealed"):
         print(_episodes_line(group, block, math.prod(lanes)))
+    source = (block.get("extra") or {}).get("source")
+    if isinstance(source, dict):
+        fields = source.get("metadata") or {}
+        named = f", dataset_id {fields['dataset_id']}" if "dataset_id" in fields else ""
+        print(f"  imported from the {source.get('layout')} file {source.get('file')}: "
+              f"{len(fields)} metadata fields{named} (all in `zstore info --json`)")
 
 
 def _episodes_line(group, block: dict[str, Any], lanes: int) -> str:

@@ -16,6 +16,7 @@ from ..progress import progress as progress_bar
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
 from ..text import TEXT_BYTES
+from .open import SOURCE
 
 #: Rows copied per batch.
 BATCH_ROWS = 1 << 15
@@ -74,6 +75,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike,
             finally:
                 bar.close()
             target._len_value, target._last_cursor_value = meta.length, meta.last_cursor
+            if SOURCE in meta.extra and target._meta is not None:  # what it was imported from
+                target._meta.extra = {**target._meta.extra, SOURCE: meta.extra[SOURCE]}
             if seal:
                 target.seal()
             else:

@@ -30,6 +30,8 @@ the file. Fields of other types torch cannot hold raise :class:`SchemaError` nam
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
 import re
@@ -47,6 +49,7 @@ from ..progress import progress as progress_bar
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
 from ..text import TEXT_BYTES
+from .open import SOURCE
 
 #: Default codec of imported datasets: compressed and checksummed.
 DEFAULT_CODEC = "zstd+crc32c"
@@ -124,7 +127,7 @@ class _Writer:
     """Writes TED batches into a new buffer at ``url``, then seals it."""
 
     def __init__(self, url, total: int, storage_options, codec, chunks, desc: str, progress,
-                 text_bytes: int = 0):
+                 text_bytes: int = 0, source: Mapping[str, Any] | None = None):
         if total < 1:
             raise SchemaError(f"nothing to import into {url}: the file holds no transitions")
         spec = StoreSpec.parse(url, storage_options)
@@ -140,6 +143,7 @@ class _Writer:
                                          text_bytes=text_bytes or TEXT_BYTES,
                                          autocommit_seconds=math.inf)
         self.position = 0
+        self.source = dict(source or {})
         self.bar = progress_bar(total, desc, enabled=progress, unit="rows", unit_scale=True, leave=False)
 
     def write(self, batch: TensorDict) -> None:
@@ -155,10 +159,51 @@ class _Writer:
         """Seal after a complete import; delete a partly written buffer after a failure."""
         self.bar.close()
         if kind is None:
+            meta = self.storage._meta  # sealing commits it, the source's metadata with it
+            meta.extra = {**meta.extra, SOURCE: self.source}
             self.storage.seal()
             self.storage.close()
         elif self.storage.initialized:  # created by this import (existsok=False): remove it
             self.storage.cleanup()
+
+
+#: Values of more elements than this are left out of a source's metadata (kept small: it
+#: is part of the root ``zarr.json`` every open reads).
+_SOURCE_VALUE_ELEMENTS = 256
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` (an HDF5 attribute or scalar dataset, a JSON value) as JSON, or None when
+    it is too large or has no JSON form."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, np.ndarray):
+        if value.size > _SOURCE_VALUE_ELEMENTS:
+            return None
+        value = [_jsonable(v) for v in value.reshape(-1).tolist()] if value.dtype.kind in "SOU" \
+            else value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+    return value
+
+
+def _source(layout: str, file: str, attrs: Mapping[str, Any],
+            more: Mapping[str, Any] = ()) -> dict[str, Any]:
+    """A dataset's record of its source: the layout, the file's name, and its metadata (the
+    file's attributes, then ``more``: D4RL's ``metadata/`` arrays, Minari's
+    ``metadata.json``), values too large or without a JSON form left out."""
+    metadata = {}
+    for name, value in [*attrs.items(), *dict(more).items()]:
+        kept = _jsonable(value)
+        if kept is not None:
+            metadata[str(name)] = kept
+    return {"layout": layout, "file": os.path.basename(file), "metadata": metadata}
 
 
 def _members(node) -> list[tuple[str, Any]]:
@@ -226,8 +271,12 @@ def import_d4rl(h5_path: str | os.PathLike, url: str | os.PathLike,
                 raise SchemaError(f"{where}: 'infos/{name}' has {len(f['infos'][name])} rows, "
                                   f"observations {steps}")
         text_bytes = _text_bytes(f, ("observations", "actions", "next_observations", "infos"))
+        more = {f"metadata/{name}": node[()] for name, node in _datasets(f["metadata"])
+                if node.size <= _SOURCE_VALUE_ELEMENTS} \
+            if isinstance(f.get("metadata"), h5py.Group) else {}
+        source = _source("d4rl", os.fspath(h5_path), dict(f.attrs), more)
         with _Writer(url, total, storage_options, codec, chunks, "import d4rl", progress,
-                     text_bytes) as sink:
+                     text_bytes, source) as sink:
             _copy_d4rl(f, sink, total, has_next, infos)
     return open_dataset(url, storage_options)
 
@@ -381,6 +430,20 @@ def minari_main_file(path: str | os.PathLike) -> str:
         "create the dataset with data_format='hdf5', or pass the .hdf5 file itself")
 
 
+def _minari_metadata(h5_path: str) -> dict[str, Any]:
+    """The ``metadata.json`` Minari writes beside ``main_data.hdf5`` (or, in older layouts,
+    in the dataset folder above it) as a dict; ``{}`` when there is none or it is no JSON
+    object."""
+    folder = os.path.dirname(os.path.abspath(h5_path))
+    for candidate in (folder, os.path.dirname(folder)):
+        path = os.path.join(candidate, "metadata.json")
+        if os.path.isfile(path):
+            with contextlib.suppress(OSError, ValueError), open(path) as file:
+                loaded = json.load(file)
+                return loaded if isinstance(loaded, dict) else {}
+    return {}
+
+
 def import_minari(h5_path: str | os.PathLike, url: str | os.PathLike,
                   storage_options: Mapping[str, Any] | None = None, *,
                   codec: Any = DEFAULT_CODEC, chunks: Any = None, progress: bool | None = None):
@@ -404,8 +467,9 @@ def import_minari(h5_path: str | os.PathLike, url: str | os.PathLike,
         _require_same_layout({name: _episode_layout(f[name]) for name in names}, where)
         text_bytes = max((_text_bytes(f[name], ("observations", "actions", "infos"))
                           for name in names), default=0)
+        source = _source("minari", h5_path, dict(f.attrs), _minari_metadata(h5_path))
         with _Writer(url, sum(steps.values()), storage_options, codec, chunks, "import minari",
-                     progress, text_bytes) as sink:
+                     progress, text_bytes, source) as sink:
             pending: list[TensorDict] = []
             rows, unflagged = 0, []
             for i, name in enumerate(names):

@@ -115,6 +115,14 @@ class Dataset(LazyMemmapStorage):
         """Number of episodes (open ones included)."""
         return int(self._meta.extra.get("episodes", {}).get("count", 0))
 
+    @property
+    def source(self) -> dict[str, Any]:
+        """What an importer made this dataset from: ``{"layout": "d4rl" | "minari", "file",
+        "metadata"}``, the metadata being the file's attributes and D4RL's ``metadata/``
+        arrays or Minari's ``metadata.json`` (``env_spec``, ``dataset_id`` ...); ``{}`` for
+        a dataset written otherwise."""
+        return dict(self._meta.extra.get(SOURCE) or {})
+
     def _cells(self, rows: torch.Tensor, lanes: torch.Tensor | None) -> Any:
         """``rows`` (mod the capacity) of flat ``lanes``, read through the cache."""
         rows = rows % self._meta.rows
@@ -170,6 +178,9 @@ class Dataset(LazyMemmapStorage):
         out = self._cells(rows.reshape(-1), lanes)
         return out.reshape(num_slices, slice_len)
 
+
+#: The key of a dataset's ``extra`` recording what it was imported from (:attr:`Dataset.source`).
+SOURCE = "source"
 
 #: The root attribute of a checkpoint's commit record (``checkpoint._dest.COMMIT_ATTR``).
 _CHECKPOINT_ATTR = "zstore_checkpoint"
