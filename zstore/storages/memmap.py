@@ -399,6 +399,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                 "TorchRL does")
 
     def _ragged_error(self, ragged: list[str]) -> SchemaError:
+        """The refusal of a lazy stack whose keys ``ragged`` differ between its members."""
         return SchemaError(
             f"key(s) {ragged} of this lazy stack differ in shape (or exist in some stacked "
             f"TensorDicts only): {type(self).__name__} keeps one shape per key, so "
