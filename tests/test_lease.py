@@ -297,6 +297,20 @@ def test_a_storage_superseded_in_its_process_stores_and_commits_nothing(location
     assert lease_record(url, location.options) is None
 
 
+def test_a_refused_write_of_a_second_storage_supersedes_nothing(location):
+    """Only rows written make a storage the process's writer: a second storage whose first
+    write was refused (a wrong dtype here; a read-only folder in test_errors.py) stored
+    nothing, and the first writes and commits on."""
+    url, first, second = written_and_reopened(location)
+    with pytest.raises(zstore.SchemaError):
+        second.set(torch.arange(2, 4), TensorDict(x=torch.zeros(2, dtype=torch.int8),
+                                                  batch_size=[2]))
+    first.set(torch.arange(2, 4), rows(2, 2))
+    first.close()
+    assert committed(url, location.options) == [0, 1, 2, 3]
+    second.close()
+
+
 def test_a_store_deleted_under_a_live_storage_can_be_created_again(location):
     """Deleted (``shutil.rmtree``, a notebook's "start over") while a storage of the process
     still used it, the store could not be created again there: the process's lease still

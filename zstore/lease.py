@@ -95,7 +95,7 @@ class Lease:
         self._metadata_token: Token | None = None
         self._lock = threading.RLock()
         self.users = 0  # storages of this process using it (see WriterLease)
-        self.turn = 0  # how many storages of this process started writing under it (WriterLease)
+        self.turn = 0  # bumped each time another storage of this process writes (WriterLease)
 
     @property
     def held(self) -> bool:
@@ -287,15 +287,15 @@ class WriterLease:
     All storage objects of one process writing the same URL share one lease
     (as they share the process's files): the lease keeps *other processes*
     out. It is released when the last of them is closed or collected. Within
-    the process the last of them to start writing is the writer: one that wrote
-    before it is refused from then on (:meth:`ensure`), as a former holder of
-    the lease is in another process.
+    the process the last of them to write rows is the writer (:meth:`claim`):
+    one that wrote before it is refused from then on (:attr:`superseded`), as a
+    former holder of the lease is in another process.
     """
 
     def __init__(self, lease: Lease):
         self.lease = lease
         self.active = False
-        self.turn = 0  # the lease's ``turn`` when this storage started writing under it
+        self.turn = 0  # the lease's ``turn`` when this storage last claimed it; 0: never
 
     def ensure(self) -> bool:
         """Hold the lease before a write; ``True`` when the process has just acquired it, or
@@ -311,16 +311,24 @@ class WriterLease:
             if not self.active:
                 self.active = True
                 self.lease.users += 1
-                self.lease.turn += 1
-                self.turn = self.lease.turn
                 return True
             return fresh
 
+    def claim(self) -> None:
+        """This storage has written rows (called after each write; a comparison unless it
+        is the first since another storage of the process wrote): it is the process's
+        writer of the store from now on, and any other one that wrote is :attr:`superseded`.
+        A write refused before it stored anything claims nothing."""
+        if self.turn != self.lease.turn or not self.turn:
+            with self.lease._lock:
+                self.lease.turn += 1
+                self.turn = self.lease.turn
+
     @property
     def superseded(self) -> bool:
-        """Whether another storage of this process started writing under the lease after
-        this one did: this one stores and commits nothing more."""
-        return self.active and self.turn != self.lease.turn
+        """Whether another storage of this process wrote rows after this one did: this one
+        stores and commits nothing more."""
+        return self.active and self.turn != 0 and self.turn != self.lease.turn
 
     def _refuse_if_superseded(self) -> None:
         """:class:`LeaseError` when :attr:`superseded`."""

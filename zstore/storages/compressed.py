@@ -804,6 +804,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         self._write_batch(torch.tensor(checked), data, 0 if single else 1)
         self._newest = checked[-1]
         self._len = length
+        self._claim_writes()
         self._mark_dirty()
         if bump:
             self._revision += len(checked)

@@ -64,6 +64,12 @@ class LeasedWriter:
             before = committed()
             return self._hold_lease() and committed() != before
 
+    def _claim_writes(self) -> None:
+        """After a write: this storage is the process's writer of the store
+        (:meth:`zstore.lease.WriterLease.claim`)."""
+        if self._lease is not None:
+            self._lease.claim()
+
     @property
     def _holds_lease(self) -> bool:
         """Whether this storage commits as its store's writer: it takes no lease, or its lease

@@ -594,6 +594,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                 raise IndexError(f"index {row} is out of bounds for dimension 0 with size "
                                  f"{self._meta.rows}")
             table.write_row(row % self._meta.rows, self._columns(row, (), data, 0))
+            self._claim_writes()
             self._mark_dirty()
             return
         if not isinstance(cursor, (slice, range)):
@@ -613,6 +614,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             raise SchemaError(f"{len(rows)} rows addressed but data holds "
                               f"{next(iter(columns.values())).shape[0]}")
         table.write(rows, columns)
+        self._claim_writes()
         self._mark_dirty()
 
     def _columns(self, rows: torch.Tensor | int, shape: tuple[int, ...] | None, data: Any,
