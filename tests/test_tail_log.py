@@ -276,3 +276,28 @@ def test_a_failed_segment_upload_loses_no_row(location, monkeypatch):
     assert len(reader) == 10
     assert_rows(reader, model, 10, "after the retry")
     storage.close()
+
+
+def test_sealing_a_buffer_whose_commit_lists_segments_stores_them_first(location):
+    """Regression: ``zstore.seal(url)`` of a buffer whose last commit listed log segments
+    (a writer still open, or killed) published them as they were: plain Zarr read those
+    rows as zeros, and the episode index, computed from the chunks, missed the episode
+    whose done flag was in a segment (1 episode of 2)."""
+    import zarr
+
+    url = location.new()
+    writer = zstore.LazyMemmapStorage(1000, scratch_dir=url, storage_options=location.options,
+                                      tail_log=True, chunks=100, codec="zstd")
+    n = 30
+    done = torch.zeros(n, 1, dtype=torch.bool)
+    done[[9, 29]] = True
+    writer.set(torch.arange(n), TensorDict(
+        obs=torch.arange(1, n + 1).float()[:, None],
+        next=TensorDict(done=done, reward=torch.ones(n, 1), batch_size=[n]), batch_size=[n]))
+    writer.flush()
+    assert writer._meta.tail  # the rows are in a log segment, their block not complete
+    assert zstore.seal(url, location.options) == 2
+    dataset = zstore.open_dataset(url, location.options)
+    assert not dataset._meta.tail and dataset.episodes["length"].tolist() == [10, 20]
+    plain = zarr.open_group(url, mode="r", storage_options=location.options or None)
+    assert plain["obs"][:n, 0].tolist() == list(range(1, n + 1))

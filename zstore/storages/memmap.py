@@ -789,8 +789,6 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         The storage is read-only afterwards; reopen it with
         :func:`zstore.open_dataset`. See :mod:`zstore.storages.sealing`.
         """
-        with self._commit_lock:  # a dataset holds no log segments: zarr alone reads it
-            self._flush(consolidate=True)
         return seal_storage(self)
 
     def close(self) -> None:

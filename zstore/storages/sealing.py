@@ -2,7 +2,8 @@
 
 Steps, in this order (the commit is the last write, as everywhere in zstore):
 
-1. flush the storage: every row stored, length and cursor committed;
+1. flush the storage: every row stored in its chunk or shard (none left in
+   log segments, :mod:`zstore.tail`), length and cursor committed;
 2. store the all-zero chunk or shard objects of the rows that Zarr skipped, so
    that the dataset holds every object of its rows and a reader can refuse a
    missing one (a partial copy) instead of reading zeros;
@@ -52,7 +53,8 @@ def seal_storage(storage) -> int:
             "write rows first (an import or `zstore convert` that was interrupted left it: "
             "delete it and run it again)")
     storage._hold_lease()  # sealing is a write: one writer at a time
-    storage.flush()
+    with storage._commit_lock:  # every row in its chunk: a dataset holds no log segments,
+        storage._flush(consolidate=True)  # Zarr alone reads it (and the index is made from it)
     meta = storage._meta
     group = storage._group
     _store_skipped_objects(group, meta, storage.spec.objects())
