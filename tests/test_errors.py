@@ -127,12 +127,17 @@ def test_bad_data_raises_and_changes_nothing(filled, write):
         assert_nothing_changed(storage, url, options, before, live)
 
 
-def test_single_item_with_batch_dim_is_refused(filled):
+def test_single_item_with_batch_dim_is_written_into_its_row(filled):
+    """An int cursor given a batch of one row writes that row, as TorchRL's storages and
+    torch's setitem do (it was refused until 2026-12-06: ``rb[i] = batch_of_one``,
+    test_tensor_fidelity_rows.py); a batch of two is still refused, nothing changed."""
     storage, url, options, before = filled
     live = live_state(storage)
     with pytest.raises(SchemaError, match="obs"):
-        storage.set(3, batch(1))  # an int cursor takes one item, not a batch of one
+        storage.set(3, batch(2, start=50))
     assert_nothing_changed(storage, url, options, before, live)
+    storage.set(3, batch(1, start=50))
+    assert (storage.get(3) == batch(1, start=50)[0]).all()
 
 
 @pytest.mark.parametrize("index", [6, -7, 10, [0, 6], torch.tensor([2, 9]), slice(0, 2, 0)])
