@@ -601,12 +601,15 @@ def _refuse_misfits(cursor: Any, pairs: list) -> None:
     positions = [(dim, torch.as_tensor(part)) for dim, part in
                  enumerate(index if isinstance(index, tuple) else (index,))
                  if isinstance(part, (torch.Tensor, list)) and len(part)]
+    # (dim, lowest, highest, positions) of the integer ones, each reduced once for every leaf
+    ranges = [(dim, int(part.min()), int(part.max()), part) for dim, part in positions
+              if not part.dtype.is_floating_point]
     for leaf, value, key in pairs:
         if not isinstance(value, torch.Tensor) or not isinstance(leaf, torch.Tensor):
             continue
-        for dim, part in positions:
+        for dim, low, high, part in ranges:
             size = leaf.shape[dim] if dim < leaf.ndim else 0
-            if not part.dtype.is_floating_point and not -size <= int(part.min()) <= int(part.max()) < size:
+            if not -size <= low <= high < size:
                 raise IndexError(f"rows {part.tolist()[:8]} are out of range for a storage of "
                                  f"{size} rows along dim {dim}; nothing was written")
         if positions and value.dtype != leaf.dtype:
