@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from zstore.layout import ALL_CHUNKS_STORED as ALL_STORED
-from zstore.layout import chunk_key, key_separator
+from zstore.layout import chunk_key, key_separator, row_object_keys
 from zstore.store import StoreSpec
 
 from ._dest import CheckpointError, fault_point
@@ -176,12 +176,9 @@ def require_stored(spec: StoreSpec, arrays: Mapping[str, Any], rows: int | None 
 
 def _chunk_keys(path: str, array: Any, rows: int | None) -> list[str]:
     """The chunk objects of rows ``[0, rows)`` (all rows when None) of an array chunked along
-    rows only; none for an array without elements, which stores no data."""
-    if math.prod(array.shape) == 0:
-        return []
-    separator = key_separator(array.metadata.to_dict())
-    if not array.shape:
-        return [f"{path}/c"]
-    chunks = -(-(array.shape[0] if rows is None else rows) // array.chunks[0])
-    return [chunk_key(path, len(array.shape), i, separator) for i in range(chunks)]
+    rows only."""
+    shape = array.shape
+    rows = (shape[0] if shape else 0) if rows is None else rows
+    return row_object_keys(path, shape, key_separator(array.metadata.to_dict()), rows,
+                           array.chunks[0] if shape else 1)
 

@@ -52,6 +52,18 @@ def chunk_key(path: str, ndim: int, index: int, separator: str = "/") -> str:
     return f"{path}/c{separator}{index}" + f"{separator}0" * (ndim - 1)
 
 
+def row_object_keys(path: str, shape: Sequence[int], separator: str, rows: int,
+                    rows_per_object: int) -> list[str]:
+    """The keys of the objects (chunks, or shards) holding rows ``[0, rows)`` of the array
+    of ``shape`` at ``path``, chunked along rows only, ``rows_per_object`` rows an object:
+    none where the array has no element (Zarr stores no data for it), ``c`` for a 0-D one."""
+    if math.prod(shape) == 0:
+        return []
+    if not shape:
+        return [f"{path}/c"]
+    return [chunk_key(path, len(shape), i, separator) for i in range(-(-rows // rows_per_object))]
+
+
 def key_separator(array_meta: Mapping[str, Any]) -> str | None:
     """The separator of an array's chunk keys (from its metadata as a dict), or None when
     they are not in Zarr v3's default encoding with a separator zstore knows."""

@@ -41,7 +41,7 @@ from ..episodes import (flags_of, key_path, lane_episode_bounds, ring_order, rin
                         segment_sums)
 from ..errors import CorruptChunkError
 from ..group import TENSORDICT_ATTR, new_group
-from ..layout import StoreMeta, chunk_key, dimension_names, key_separator
+from ..layout import StoreMeta, dimension_names, key_separator, row_object_keys
 
 #: Sub-group of the dataset group holding the episode index.
 INDEX_PATH = "__episodes__"
@@ -174,8 +174,9 @@ def read_index(group: zarr.Group, meta: StoreMeta, where: str) -> TensorDict:
 def _require_stored(arrays: list[zarr.Array], used_rows: int, where: str) -> None:
     """Raise unless every chunk object of rows ``[0, used_rows)`` of ``arrays`` is stored
     (all requests at once): Zarr would read a missing one as zeros."""
-    keys = [chunk_key(array.path, array.ndim, i, key_separator(array.metadata.to_dict()) or "/")
-            for array in arrays for i in range(-(-used_rows // array.chunks[0]))]
+    keys = [key for array in arrays
+            for key in row_object_keys(array.path, array.shape, key_separator(
+                array.metadata.to_dict()) or "/", used_rows, array.chunks[0])]
     store = arrays[0].store
 
     async def look() -> list[bool]:

@@ -23,7 +23,6 @@ buffer by URL and seals it.
 
 from __future__ import annotations
 
-import math
 
 import zarr
 
@@ -31,7 +30,7 @@ from ..codecs import CodecSpec
 from .episode_index import INDEX_PATH, compute_index, write_index
 from ..errors import NotAZStoreError, ReadOnlyError
 from ..group import commit, consolidate
-from ..layout import ALL_CHUNKS_STORED, StoreMeta, chunk_key, key_separator
+from ..layout import ALL_CHUNKS_STORED, StoreMeta, key_separator, row_object_keys
 
 #: Codec of the episode index arrays (small; checksummed like published data).
 INDEX_CODEC = CodecSpec.parse("zstd+crc32c")
@@ -78,12 +77,11 @@ def _store_skipped_objects(group: zarr.Group, meta: StoreMeta, stored) -> None:
     not among ``stored`` (keys of the store's objects): Zarr skips all-zero ones."""
     for leaf in meta.schema.leaves:
         array = group[leaf.path]
-        if not math.prod(array.shape):  # no element: no object
-            continue
         chunk_rows, shard_rows = meta.layout[leaf.path]
         per_object = shard_rows or chunk_rows
-        separator = key_separator(array.metadata.to_dict()) or "/"
+        keys = row_object_keys(leaf.path, array.shape, key_separator(array.metadata.to_dict())
+                               or "/", meta.high_water, per_object)
         every = array.with_config({"write_empty_chunks": True})
-        for i in range(-(-meta.high_water // per_object)):
-            if chunk_key(leaf.path, array.ndim, i, separator) not in stored:
+        for i, key in enumerate(keys):
+            if key not in stored:
                 every[i * per_object:min((i + 1) * per_object, meta.rows)] = 0
