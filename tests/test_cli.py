@@ -129,6 +129,20 @@ def test_runtime_errors_exit_1_and_name_the_culprit(capsys, tmp_path, datasets):
     assert "\tdataset\t" in out and str(root / "b") not in out
 
 
+@pytest.mark.parametrize("argv, fragment", [
+    (("info", ""), "a store URL must be a non-empty string or path, got ''"),
+    (("info", "s3://bucket//rb"), "write it as 's3://bucket/rb'"),
+    (("ls", "s3://bucket/rb", "-o", "endpoint_url=localhost:9"), "write it as 'http://localhost:9'"),
+    (("info", "s3://bucket/rb", "-o", "secrett=x"), "(did you mean 'secret'?)"),
+    (("convert", "s3://bucket//rb", "unused"), "write it as 's3://bucket/rb'"),
+])
+def test_a_url_that_names_no_store_is_one_line_with_the_fix(capsys, argv, fragment):
+    # before: the message said "unexpected", or a second parse of the URL crashed with a traceback
+    err = _run(capsys, *argv, code=1)
+    _one_line(err, fragment)
+    assert "unexpected" not in err
+
+
 def test_seal_a_buffer_written_elsewhere(capsys, tmp_path):
     url = str(tmp_path / "rb")
     storage = zstore.LazyMemmapStorage(20, scratch_dir=url)

@@ -6,9 +6,11 @@ import functools
 import json
 import http.server
 import math
+import re
 import threading
 import uuid
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -100,6 +102,24 @@ def test_episode_index_matches_a_python_model(location):
     with pytest.raises(IndexError, match=f"episode {len(model)} is out of range.*{len(model)} episodes"):
         ds.episode(len(model))
     assert f"episodes={len(model)}" in repr(ds)
+    ds.close()
+
+
+def test_a_wrong_episode_number_or_row_names_the_dataset(location):
+    """Before: ds.episode("a") raised Python's "'<=' not supported", True and 2.0 read as
+    episodes 1 and 2, and an out-of-range row was torch's message without the dataset."""
+    td = _transitions(120, seed=2)
+    ds = open_dataset(_sealed(location, td), location.options)
+    where = re.escape(ds.spec.redacted())
+    assert ds.num_episodes > 2
+    for wrong in ("a", True, 2.0, torch.tensor(1.0)):
+        with pytest.raises(TypeError, match=f"an episode number is an int, got .*: {where} has "):
+            ds.episode(wrong)
+    for number in (np.int64(1), torch.tensor(1)):
+        assert (ds.episode(number) == ds.episode(1)).all()
+    for row in (120, -121, [3, 500], torch.tensor([0.0])):
+        with pytest.raises(IndexError, match=f"\\(reading {where}\\)$"):
+            ds[row]
     ds.close()
 
 

@@ -33,7 +33,7 @@ _SOURCES = {
                      "LazyTensorStorage", "ListStorage", "Storage", "StorageEnsemble",
                      "TensorStorage", "stack_items"], "storages"),
     **dict.fromkeys(["ZStoreError", "BackendNotInstalledError", "StoreNotFoundError",
-                     "NotAZStoreError", "FormatVersionError", "ReadOnlyError", "NoCredentialsError",
+                     "InvalidURLError", "NotAZStoreError", "FormatVersionError", "ReadOnlyError", "NoCredentialsError",
                      "SchemaError", "MissingKeyError", "InvalidKeyError", "CorruptChunkError",
                      "StoreExistsError", "LeaseError", "SourceFileError"], "errors"),
 }
@@ -43,7 +43,8 @@ __all__ = [
     "LazyMemmapStorage", "CompressedListStorage", "StorageEnsemble", "stack_items", "Writer", "RoundRobinWriter", "TensorDictRoundRobinWriter",
     "ImmutableDatasetWriter", "ReplayBuffer", "Sampler", "RandomSampler", "SliceSampler",
     "StoreSpec", "CodecSpec", "CacheStats", "cache_tier",
-    "ZStoreError", "BackendNotInstalledError", "StoreNotFoundError", "NotAZStoreError",
+    "ZStoreError", "BackendNotInstalledError", "StoreNotFoundError", "InvalidURLError",
+    "NotAZStoreError",
     "FormatVersionError", "ReadOnlyError", "NoCredentialsError", "SchemaError", "MissingKeyError",
     "InvalidKeyError",
     "CorruptChunkError", "StoreExistsError", "LeaseError", "SourceFileError", "display", "plots",

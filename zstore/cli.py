@@ -26,7 +26,7 @@ from . import __version__
 from . import cli_commands as _commands
 from .cli_commands import PROG, UsageError, add_storage_options, codec_name, positive_int
 from .credentials import CHECK_CREDENTIALS, CHECK_ENDPOINT
-from .errors import OPEN_READ_ONLY, StoreExistsError, ZStoreError
+from .errors import OPEN_READ_ONLY, InvalidURLError, StoreExistsError, ZStoreError
 
 if TYPE_CHECKING:
     from .store import StoreSpec
@@ -202,14 +202,22 @@ def _connection_fix(stores: list[StoreSpec]) -> str:
 
 
 def _stores(args: argparse.Namespace) -> list[StoreSpec]:
-    """The stores a command was given (``URL``, ``SRC``, ``DST``) with their storage options."""
+    """The stores a command was given (``URL``, ``SRC``, ``DST``) with their storage options,
+    less any whose URL or options name no store (their error says so)."""
     from .store import StoreSpec
 
     options = dict(getattr(args, "storage_options", ()))
     dst_options = getattr(args, "dst_options", None)
-    return [StoreSpec.parse(url, dict(dst_options) if name == "dst" and dst_options is not None
-                            else options)
-            for name in ("url", "src", "dst") if (url := getattr(args, name, None))]
+    stores = []
+    for name in ("url", "src", "dst"):
+        if url := getattr(args, name, None):
+            try:
+                stores.append(StoreSpec.parse(
+                    url, dict(dst_options) if name == "dst" and dst_options is not None
+                    else options))
+            except InvalidURLError:
+                continue
+    return stores
 
 
 def error_message(exc: BaseException, args: argparse.Namespace) -> str:

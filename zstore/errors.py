@@ -21,6 +21,11 @@ class StoreNotFoundError(ZStoreError, FileNotFoundError):
     """The bucket, directory or path behind a URL does not exist."""
 
 
+class InvalidURLError(ZStoreError, ValueError):
+    """A URL, or its storage options, cannot name a store (empty, an empty path segment, an
+    endpoint without a scheme, an unknown option or transport)."""
+
+
 class NotAZStoreError(ZStoreError, ValueError):
     """The location holds no zstore buffer (no group, or no ``zstore`` block)."""
 

@@ -38,8 +38,8 @@ from zarr.storage import FsspecStore, LocalStore, ObjectStore
 
 from ._aws_credentials import botocore_chain
 from .credentials import CHECK_ENDPOINT, no_credentials_error, store_errors_named
-from .errors import (BackendNotInstalledError, NotAZStoreError, ReadOnlyError, StoreNotFoundError,
-                     sealed_dataset)
+from .errors import (BackendNotInstalledError, InvalidURLError, NotAZStoreError, ReadOnlyError,
+                     StoreNotFoundError, sealed_dataset)
 
 _INSTALL_HINTS = {
     "s3": "s3fs (pip install 'zstore[s3]')",
@@ -135,7 +135,7 @@ class StoreSpec:
             return dataclasses.replace(url, read_only=url.read_only or read_only)
         text = os.fspath(url)
         if not isinstance(text, str) or not text:
-            raise ValueError(f"a store URL must be a non-empty string or path, got {url!r}")
+            raise InvalidURLError(f"a store URL must be a non-empty string or path, got {url!r}")
         if text.startswith("file://"):
             text = text[len("file://"):]
         if "://" not in text:
@@ -152,8 +152,8 @@ class StoreSpec:
             path = self.url.split("://", 1)[1]
             if not path or path.startswith("/") or "//" in path:
                 fixed = f"{self.protocol}://" + "/".join(part for part in path.split("/") if part)
-                raise ValueError(f"{text!r} has an empty path segment ('//'), which object store "
-                                 f"clients read differently: write it as {fixed!r}")
+                raise InvalidURLError(f"{text!r} has an empty path segment ('//'), which object "
+                                      f"store clients read differently: write it as {fixed!r}")
         if self.protocol not in ("s3", "s3a"):
             return
         options = self.storage_options
@@ -161,21 +161,22 @@ class StoreSpec:
         for name, value in (("endpoint_url", options.get("endpoint_url")),
                             ('client_kwargs["endpoint_url"]', client.get("endpoint_url"))):
             if value and not str(value).startswith(("http://", "https://")):
-                raise ValueError(f"{self.url}: storage option {name}={value!r} has no scheme: "
-                                 f"write it as 'http://{value}' or 'https://{value}'")
+                raise InvalidURLError(f"{self.url}: storage option {name}={value!r} has no "
+                                      f"scheme: write it as 'http://{value}' or 'https://{value}'")
         region, region_name = options.get("region"), client.get("region_name")
         if region and region_name and region != region_name:
-            raise ValueError(f"{self.url}: storage options region={region!r} and "
-                             f'client_kwargs["region_name"]={region_name!r} differ: give one')
+            raise InvalidURLError(f"{self.url}: storage options region={region!r} and "
+                                  f'client_kwargs["region_name"]={region_name!r} differ: give one')
         known = _s3_option_names()
         unknown = sorted(set(options) - known) if known else []
         if unknown:  # s3fs hands them to botocore's session, which fails at the first request
             near = {name: difflib.get_close_matches(name, known, 1) for name in unknown}
             hints = [f"{name!r}" + (f" (did you mean {near[name][0]!r}?)" if near[name] else "")
                      for name in unknown]
-            raise ValueError(f"{self.url}: unknown storage option(s) {', '.join(hints)}; S3 takes "
-                             "s3fs's options (key, secret, token, endpoint_url, client_kwargs, "
-                             "config_kwargs, anon, profile ...), region and transport")
+            raise InvalidURLError(f"{self.url}: unknown storage option(s) {', '.join(hints)}; S3 "
+                                  "takes s3fs's options (key, secret, token, endpoint_url, "
+                                  "client_kwargs, config_kwargs, anon, profile ...), region and "
+                                  "transport")
 
     @property
     def protocol(self) -> str:
@@ -260,8 +261,8 @@ class StoreSpec:
             return "fsspec"
         chosen = self.storage_options.get(TRANSPORT_OPTION) or os.environ.get(TRANSPORT_ENV) or "fsspec"
         if chosen not in TRANSPORTS:
-            raise ValueError(f"unknown S3 transport {chosen!r} for {self.url}: choose one of "
-                             f"{', '.join(TRANSPORTS)}")
+            raise InvalidURLError(f"unknown S3 transport {chosen!r} for {self.url}: choose one "
+                                  f"of {', '.join(TRANSPORTS)}")
         if chosen == "obstore" and obstore_runtime_inherited():
             _warn_forked_obstore(self)
             return "fsspec"
@@ -553,8 +554,8 @@ def _obstore_s3(spec: StoreSpec) -> Store:
                + [f"config_kwargs.{name}" for name in sorted(botocore)]
                + [f"config_kwargs.retries.{name}" for name in sorted(retries)])
     if unknown:
-        raise ValueError(f"the obstore transport of {spec.redacted()} cannot honour storage "
-                         f"options {unknown}: use transport='fsspec'")
+        raise InvalidURLError(f"the obstore transport of {spec.redacted()} cannot honour "
+                              f"storage options {unknown}: use transport='fsspec'")
     if endpoint:
         config["endpoint"] = endpoint
         config["virtual_hosted_style_request"] = False  # a custom endpoint: path-style, as s3fs

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import warnings
 from collections.abc import Mapping
@@ -134,6 +135,15 @@ class Dataset(LazyMemmapStorage):
     def episode(self, i: int) -> TensorDict:
         """The steps of episode ``i`` (negative counts from the end), oldest first."""
         n = self.num_episodes
+        try:
+            number = None if isinstance(i, bool) else operator.index(i)
+        except TypeError:  # a float, a str, a float tensor
+            number = None
+        if number is None:
+            raise TypeError(f"an episode number is an int, got {i!r}: {self.spec.redacted()} "
+                            f"has {n} episodes" + (f", numbered 0 to {n - 1} (ds.episodes lists "
+                                                   "them)" if n else ""))
+        i = number
         if not -n <= i < n:
             raise IndexError(f"episode {i} is out of range: {self.spec.redacted()} has {n} episodes")
         entry = self.episodes[i]

@@ -535,7 +535,10 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
         if rest and len(rest) == self.ndim - 1:  # row and lane tensors pair up, broadcast as torch's
             first, rest = broadcast_tensor_index(first, rest)
-        rows, lead, squeeze = rows_of(first, n)
+        try:
+            rows, lead, squeeze = rows_of(first, n)
+        except IndexError as exc:  # torch's words, and the store's
+            raise IndexError(f"{exc} (reading {self.spec.redacted()})") from None
         if lead is None:
             lead = (len(rows),)
         lanes = self._schema.lane_shape
