@@ -387,6 +387,48 @@ def test_dumps_loads_round_trip(kind, tmp_path):
     assert_equal(fresh[torch.arange(40)], rb[torch.arange(40)])
 
 
+@pytest.mark.parametrize("kind", ["LazyMemmapStorage", "LazyTensorStorage"])
+def test_dumps_to_a_store_spec_saves_both_parts_with_its_options(kind, location):
+    """Before: the storage part was saved at a bare URL, without the spec's storage options
+    (on S3: "bucket ... does not exist" from the default endpoint)."""
+    target = zstore.StoreSpec.parse(location.new("save"), location.options)
+    rb = ReplayBuffer(storage_of(kind, location, 40), batch_size=8)
+    rb.extend(episodes([20, 30]))
+    rb.dumps(target)
+    fresh = ReplayBuffer(storage_of(kind, location, 40))
+    fresh.loads(target)
+    assert len(fresh) == 40 and fresh.writer._cursor == rb.writer._cursor == 10
+    assert fresh.batch_size == 8
+    assert_equal(fresh[torch.arange(40)], rb[torch.arange(40)])
+
+
+@pytest.mark.parametrize("kind", ["LazyMemmapStorage", "LazyTensorStorage"])
+def test_a_save_cut_short_after_its_storage_is_refused_not_loaded_half_old(kind, location,
+                                                                           monkeypatch):
+    """Before: a save cut short between the storage's commit and buffer.json loaded the new
+    rows with the old writer state (9 rows, cursor 4: the next extend overwrote the newest)."""
+    target = zstore.StoreSpec.parse(location.new("save"), location.options)
+    rb = ReplayBuffer(storage_of(kind, location, 10))
+    rb.extend(episodes([4]))
+    rb.dumps(target)
+    rb.extend(episodes([5]))
+
+    def cut_short():
+        raise KeyboardInterrupt("killed after the storage's commit")
+
+    monkeypatch.setattr(rb.writer, "state_dict", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        rb.dumps(target)
+    fresh = ReplayBuffer(storage_of(kind, location, 10))
+    with pytest.raises(zstore.StoreNotFoundError, match="is incomplete: its save was cut short"):
+        fresh.loads(target)
+    monkeypatch.undo()
+    rb.dumps(target)  # the next save is whole again
+    fresh.loads(target)
+    assert len(fresh) == 9 and fresh.writer._cursor == 9
+    assert_equal(fresh[torch.arange(9)], rb[torch.arange(9)])
+
+
 def test_dumps_of_a_list_storage_refuses_and_writes_nothing(tmp_path):
     rb = ReplayBuffer(zstore.ListStorage(10))
     rb.add(torch.zeros(2))

@@ -27,6 +27,12 @@ BUFFER_FILE = "buffer.json"
 _FORMAT = {"name": "zstore-replay-buffer", "version": 1}
 
 
+def _storage_spec(spec: StoreSpec) -> StoreSpec:
+    """Where :meth:`ReplayBuffer.dumps` saves the storage of a save at ``spec``: its
+    ``storage`` folder, with the same storage options."""
+    return StoreSpec(f"{spec.url}/storage", dict(spec.storage_options))
+
+
 def _collate(items: Any) -> Any:
     """A list of tensors / TensorDicts becomes one batch; anything else is returned as is."""
     if isinstance(items, list) and items and all(
@@ -153,17 +159,25 @@ class ReplayBuffer:
                                   background=True)
 
     # -- checkpoints ------------------------------------------------------------------------
-    def dumps(self, path: str | os.PathLike) -> None:
-        """Save the storage (``storage.dumps(path/storage)``), then the writer's state in
-        ``path/buffer.json`` — written last, so a partial save is never loaded."""
+    def dumps(self, path: str | os.PathLike | StoreSpec) -> None:
+        """Save the storage at ``path/storage`` (``storage.dumps``), then the writer's state
+        and ``batch_size`` in ``path/buffer.json``. That file is removed first and written
+        last, so :meth:`loads` refuses a save cut short instead of loading it half old; a
+        save replaces the one before it as it begins (alternate two paths to keep a whole
+        one meanwhile). ``path``: a local path, an fsspec URL, or a
+        :class:`~zstore.StoreSpec` (a URL with its storage options)."""
         spec = StoreSpec.parse(path)
-        self.storage.dumps(f"{spec.url}/storage")
         fs, root = spec.filesystem()
+        try:
+            fs.rm_file(f"{root}/{BUFFER_FILE}")
+        except FileNotFoundError:
+            pass
+        self.storage.dumps(_storage_spec(spec))
         fs.makedirs(root, exist_ok=True)
         state = {**_FORMAT, "writer": self.writer.state_dict(), "batch_size": self.batch_size}
         fs.pipe_file(f"{root}/{BUFFER_FILE}", json.dumps(state).encode())
 
-    def loads(self, path: str | os.PathLike) -> None:
+    def loads(self, path: str | os.PathLike | StoreSpec) -> None:
         """Restore what :meth:`dumps` saved at ``path``: the storage, the writer's state and
         ``batch_size`` (the saved one replaces the buffer's, as in TorchRL's ``loads``)."""
         spec = StoreSpec.parse(path)
@@ -171,13 +185,18 @@ class ReplayBuffer:
         try:
             state = json.loads(fs.cat_file(f"{root}/{BUFFER_FILE}"))
         except FileNotFoundError:
-            raise StoreNotFoundError(f"no replay buffer saved at {spec.url} "
+            if _storage_spec(spec).exists():
+                raise StoreNotFoundError(
+                    f"the replay buffer saved at {spec.redacted()} is incomplete: its save was "
+                    f"cut short ({BUFFER_FILE}, written last, is missing); save it again, or "
+                    "load an intact copy") from None
+            raise StoreNotFoundError(f"no replay buffer saved at {spec.redacted()} "
                                      f"({BUFFER_FILE} is missing)") from None
         if state.get("name") != _FORMAT["name"] or state.get("version", 0) > _FORMAT["version"]:
-            raise FormatVersionError(f"{spec.url}/{BUFFER_FILE} is not a replay buffer this "
+            raise FormatVersionError(f"{spec.redacted()}/{BUFFER_FILE} is not a replay buffer this "
                                      f"zstore reads ({state.get('name')!r} version "
                                      f"{state.get('version')!r})")
-        self.storage.loads(f"{spec.url}/storage")
+        self.storage.loads(_storage_spec(spec))
         self.writer.load_state_dict(state["writer"])
         self.batch_size = state.get("batch_size", self.batch_size)
 
