@@ -7,7 +7,9 @@ Incremental dumps: the storage stamps every written row with a write revision,
 and remembers, per destination, which generation it last wrote or read there and
 at which revision. A chunk none of whose rows changed since is carried over from
 the previous generation as an object copy (a hard link locally, a server-side
-copy on object stores); the others are encoded and written.
+copy on object stores); the others are encoded and written. Where rows can
+change in place unseen by the revisions (an in-RAM container, a local memmap's
+views), a chunk is carried over only if its digest is unchanged too (:mod:`._digests`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from zstore.storages.checkpoint_contract import TensorCheckpointable
 from zstore.store import StoreSpec
 
 from . import _mapped
+from ._digests import Digests, chunk_digests, digest
 from ._chunks import (
     ALL_STORED,
     DAMAGED,
@@ -154,6 +157,9 @@ def dump_buffer(storage: TensorCheckpointable, dest: Destination, *, codec: Code
         chunk = layout[leaf.path][0]
         plan[leaf.path] = (chunk, _changed_chunks(changed, chunk, -(-state.high // chunk)))
     window = _window([chunk for chunk, _ in plan.values()], state.schema.row_bytes)
+    digests: Digests = {leaf.path: {} for leaf in state.schema.leaves}  # of the new generation
+    if base is not None and state.in_place:  # rows written in place carry no revision
+        _add_changed_in_place(state, dest, base, plan, window, digests)
     total = sum(int(mask.sum()) * chunk * state.schema.by_path[p].row_bytes
                 for p, (chunk, mask) in plan.items())
     copies = []  # chunks carried over from the base generation: (its key, the new key)
@@ -161,7 +167,7 @@ def dump_buffer(storage: TensorCheckpointable, dest: Destination, *, codec: Code
         for i in np.flatnonzero(~plan[leaf.path][1]).tolist():
             key = chunk_key(leaf.path, 1 + len(leaf.shape), i, separator)
             copies.append((f"{base.generation}/{key}", f"{gen}/{key}"))
-    writer = _ChunkWriter(gen_spec, separator, codec.is_raw, arrays)
+    writer = _ChunkWriter(gen_spec, separator, codec.is_raw, arrays, digests)
     with progress_bar(total, f"dumps {dest.url}", progress) as bar, \
             ThreadPoolExecutor(1, thread_name_prefix="zstore-ckpt-carry") as carrier:
         carried = carrier.submit(dest.copy_objects, copies)  # links / copies while this writes
@@ -170,7 +176,7 @@ def dump_buffer(storage: TensorCheckpointable, dest: Destination, *, codec: Code
             written += writer.write(state, writer.missing(state.schema, plan), window, bar)
     meta.length, meta.last_cursor, meta.high_water = state.length, state.last_cursor, state.high
     commit(group, meta)
-    _remember(dest.url, gen, meta, group)
+    _remember(dest.url, gen, meta, group, digests)
     return {"checkpointer": checkpointer, "form": "buffer", "generation": gen,
             "length": state.length, "last_cursor": state.last_cursor, "max_size": state.max_size,
             "rows": state.rows, "ndim": state.ndim, "incremental": base is not None,
@@ -179,13 +185,15 @@ def dump_buffer(storage: TensorCheckpointable, dest: Destination, *, codec: Code
 
 
 class _ChunkWriter(NamedTuple):
-    """Where a dump writes chunks: the new generation, its chunk-key separator, and (for
-    compressed codecs; raw chunks are written as objects) its zarr arrays."""
+    """Where a dump writes chunks: the new generation, its chunk-key separator, (for
+    compressed codecs; raw chunks are written as objects) its zarr arrays, and the
+    digests of the chunks written, filled as they are."""
 
     spec: StoreSpec
     separator: str
     raw: bool
     arrays: dict[str, Any]
+    digests: Digests
 
     def write(self, state: TensorState, plan: dict[str, tuple[int, np.ndarray]], window: int,
               bar: Any) -> int:
@@ -206,6 +214,9 @@ class _ChunkWriter(NamedTuple):
                     start, stop = (first + a) * chunk, min((first + b) * chunk, state.rows)
                     value = as_numpy(columns[leaf.path][start - lo: stop - lo], leaf.dtype)
                     written += value.nbytes
+                    for i in range(a, b):
+                        self.digests[leaf.path][first + i] = digest(
+                            value[(i - a) * chunk:(i - a + 1) * chunk])
                     if self.raw:
                         pieces.append((leaf.path, value, first + a, chunk))
                     else:
@@ -239,15 +250,17 @@ class _Base(NamedTuple):
     root: dict  # its root group's Zarr metadata
 
 
-#: (destination URL, generation) -> (its ``zstore`` block, its root group's metadata) for
-#: the last generations this process wrote or read: the next incremental dump onto one
-#: need not read it again (a generation never changes once written).
-_KNOWN: OrderedDict[tuple[str, str], tuple[StoreMeta, dict]] = OrderedDict()
+#: (destination URL, generation) -> (its ``zstore`` block, its root group's metadata, the
+#: digests of those of its chunks this process wrote or checked) for the last generations
+#: this process wrote or read: the next incremental dump onto one need not read it again
+#: (a generation never changes once written).
+_KNOWN: OrderedDict[tuple[str, str], tuple[StoreMeta, dict, Digests]] = OrderedDict()
 _KNOWN_MAX = 32
 
 
-def _remember(url: str, generation: str, meta: StoreMeta, group: zarr.Group) -> None:
-    _KNOWN[(url, generation)] = (meta, group.metadata.to_dict())
+def _remember(url: str, generation: str, meta: StoreMeta, group: zarr.Group,
+              digests: Digests | None = None) -> None:
+    _KNOWN[(url, generation)] = (meta, group.metadata.to_dict(), digests or {})
     while len(_KNOWN) > _KNOWN_MAX:
         _KNOWN.popitem(last=False)
 
@@ -263,6 +276,42 @@ def _carry_metadata(dest: Destination, base: _Base, gen: str, schema) -> zarr.Gr
             != len(nodes):
         return None
     return zarr.Group(AsyncGroup(GroupMetadata.from_dict(base.root), StorePath(dest.child(gen).open())))
+
+
+def _add_changed_in_place(state: TensorState, dest: Destination, base: _Base,
+                          plan: dict[str, tuple[int, np.ndarray]], window: int,
+                          digests: Digests) -> None:
+    """Mark for writing in ``plan`` the chunks it would carry over from ``base`` whose rows
+    differ from the base's (changed in place, unseen by the write revisions); put the
+    digests of those still carried over in ``digests``. The base's digests are the ones
+    remembered, else read from it (a chunk it cannot give is written)."""
+    leaves = state.schema.by_path
+    carried = {path: (chunk, set(np.flatnonzero(~mask).tolist()))
+               for path, (chunk, mask) in plan.items()}
+
+    def arrays(columns: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+        return {path: as_numpy(value, leaves[path].dtype) for path, value in columns.items()}
+
+    now = chunk_digests(lambda lo, hi: arrays(state.read(lo, hi)), carried, state.rows, window)
+    known = _KNOWN.get((dest.url, base.generation), (None, None, {}))[2]
+    before = {path: dict(known.get(path, {})) for path in carried}
+    lacking = {path: (chunk, {i for i in indices if i not in before[path]})
+               for path, (chunk, indices) in carried.items()}
+    if any(indices for _, indices in lacking.values()):
+        try:
+            group, meta = open_group(dest.child(base.generation).as_read_only())
+            reader = _GenerationReader.of(dest.child(base.generation), group, meta, True)
+            for path, found in chunk_digests(lambda lo, hi: arrays(reader.read(lo, hi)),
+                                             lacking, meta.rows, window).items():
+                before[path].update(found)
+        except (CheckpointError, OSError, NotAZStoreError, StoreNotFoundError, KeyError):
+            pass  # those it lacks are written
+    for path, (chunk, mask) in plan.items():
+        for i in carried[path][1]:
+            if before[path].get(i) == now[path][i]:
+                digests[path][i] = now[path][i]
+            else:
+                mask[i] = True
 
 
 def _write_all(jobs: list) -> None:
@@ -297,8 +346,8 @@ def _incremental_base(storage, dest: Destination, previous, state: TensorState, 
             group, old = open_group(dest.child(mark[0]).as_read_only())
         except Exception:  # noqa: BLE001 - an unreadable previous generation: write everything
             return None
-        known = old, group.metadata.to_dict()
-    old, root = known
+        known = old, group.metadata.to_dict(), {}
+    old, root = known[:2]
     if (old.rows != state.rows or old.schema.leaves != state.schema.leaves
             or (layout is not None and old.layout != layout) or old.codec != codec or old.key_codecs):
         return None
@@ -317,27 +366,10 @@ def load_buffer(storage: TensorCheckpointable, dest: Destination,
         raise CheckpointError(f"{spec.redacted()}: the committed generation (or its zarr.json) "
                               f"is missing: {DAMAGED}") from None
     schema, lanes = meta.schema, tuple(meta.schema.lane_shape)
-    high = max(meta.high_water, -(-meta.length // max(1, math.prod(lanes))) if meta.length < meta.max_size
-               else meta.rows)
-    high = min(high, meta.rows)
-    arrays = _arrays_of(group, schema, spec)
-    separators = {key_separator(array.metadata.to_dict()) for array in arrays.values()}
-    separator = separators.pop() if len(separators) == 1 else None
-    raw = separator is not None and meta.all_raw \
-        and all(shard is None for _, shard in meta.layout.values())
+    high = _stored_rows(meta)
     all_stored = bool(record and record.get(ALL_STORED))
-    if all_stored and not raw:  # raw chunks are checked as they are read
-        require_stored(spec, arrays, high)
-
-    def read(lo: int, hi: int) -> dict[str, torch.Tensor]:
-        if not raw:
-            return _read(arrays, schema, lo, hi, spec.redacted())
-        values = {leaf.path: np.empty((hi - lo, *leaf.shape), dtype=storage_numpy_dtype(leaf.dtype))
-                  for leaf in schema.leaves}
-        read_raw(spec, [(path, value, lo, meta.layout[path][0]) for path, value in values.items()],
-                 separator, all_stored)
-        return {leaf.path: as_torch(values[leaf.path], leaf.dtype) for leaf in schema.leaves}
-
+    reader = _GenerationReader.of(spec, group, meta, all_stored)
+    raw, separator, read = reader.raw, reader.separator, reader.read
     window = _window([chunk for chunk, _ in meta.layout.values()], schema.row_bytes)
     first = read(0, 1)
     # a storage initialised before the load keeps its memory (others may hold it, shared
@@ -363,6 +395,50 @@ def load_buffer(storage: TensorCheckpointable, dest: Destination,
     if mark is not None:
         _remember(*mark, meta, group)
     finish(storage, meta.length, meta.last_cursor, high, mark)
+
+
+def _stored_rows(meta: StoreMeta) -> int:
+    """Rows ``[0, n)`` of a generation that hold data."""
+    lanes = max(1, math.prod(meta.schema.lane_shape))
+    filled = -(-meta.length // lanes) if meta.length < meta.max_size else meta.rows
+    return min(max(meta.high_water, filled), meta.rows)
+
+
+class _GenerationReader(NamedTuple):
+    """Reads rows of a buffer generation: raw chunk files straight into arrays where
+    every key is raw and unsharded (one chunk-key separator), else through zarr."""
+
+    spec: StoreSpec
+    meta: StoreMeta
+    arrays: dict[str, Any]
+    separator: str | None
+    raw: bool
+    all_stored: bool
+
+    @classmethod
+    def of(cls, spec: StoreSpec, group: zarr.Group, meta: StoreMeta,
+           all_stored: bool) -> "_GenerationReader":
+        """The reader of generation ``group`` at ``spec``; ``all_stored``: it stores every
+        chunk, so a missing one is damage (checked here for zarr's reads, as read for raw ones)."""
+        arrays = _arrays_of(group, meta.schema, spec)
+        separators = {key_separator(array.metadata.to_dict()) for array in arrays.values()}
+        separator = separators.pop() if len(separators) == 1 else None
+        raw = separator is not None and meta.all_raw \
+            and all(shard is None for _, shard in meta.layout.values())
+        if all_stored and not raw:  # raw chunks are checked as they are read
+            require_stored(spec, arrays, _stored_rows(meta))
+        return cls(spec, meta, arrays, separator, raw, all_stored)
+
+    def read(self, lo: int, hi: int) -> dict[str, torch.Tensor]:
+        """Rows ``[lo, hi)`` as ``{key path: tensor}``."""
+        schema = self.meta.schema
+        if not self.raw:
+            return _read(self.arrays, schema, lo, hi, self.spec.redacted())
+        values = {leaf.path: np.empty((hi - lo, *leaf.shape), dtype=storage_numpy_dtype(leaf.dtype))
+                  for leaf in schema.leaves}
+        read_raw(self.spec, [(path, value, lo, self.meta.layout[path][0])
+                             for path, value in values.items()], self.separator, self.all_stored)
+        return {leaf.path: as_torch(values[leaf.path], leaf.dtype) for leaf in schema.leaves}
 
 
 def _map_columns(storage: Any, schema, spec, layout, targets: dict[str, np.ndarray], high: int,

@@ -36,6 +36,7 @@ class TensorState:
     last_cursor: int
     high: int  # rows [0, high) hold data (written at least once or below the length)
     read: Callable[[int, int], dict[str, torch.Tensor]]
+    in_place: bool = False  # rows may change where no write revision records it
 
     @property
     def lanes(self) -> tuple[int, ...]:
@@ -60,7 +61,7 @@ class TensorState:
         export = storage.checkpoint_export()
         rows, cursor = export.rows, export.last_cursor
         state = cls(export.schema, rows, storage.max_size, storage.ndim, len(storage),
-                    cursor if 0 <= cursor < rows else -1, 0, export.read)
+                    cursor if 0 <= cursor < rows else -1, 0, export.read, export.in_place)
         state.high = min(rows, max(export.written, state.filled_rows))
         return state
 

@@ -254,6 +254,38 @@ def test_in_ram_updates_reach_incremental_checkpoints(kind, tmp_path):
     assert_equal(fresh.get(slice(None)), model)
 
 
+@pytest.mark.parametrize("kind", ["LazyTensorStorage", "LazyMemmapStorage"])
+@pytest.mark.parametrize("remembered", [True, False], ids=["remembered", "read-back"])
+def test_edits_of_the_tensors_themselves_reach_incremental_checkpoints(kind, remembered, location,
+                                                                       tmp_path):
+    """Writes into the container's tensors (or a local memmap's file views), which no
+    storage.set sees: a second dump carried the first dump's chunks over, so the edits were
+    lost (TorchRL's checkpoint holds them). "read-back": the first generation's digests are
+    not remembered (another process made it), so they are read from it."""
+    import checkpoint
+
+    if kind == "LazyTensorStorage":
+        storage = zt.LazyTensorStorage(CAPACITY)
+    else:  # a local raw buffer, whose slices are views of its chunk files
+        storage = zt.LazyMemmapStorage(CAPACITY, scratch_dir=str(tmp_path / "rb"))
+    rb = T.TensorDictReplayBuffer(storage=storage)
+    storage.checkpointer = checkpoint.TensorStorageCheckpointer(chunks=8)  # after: rb sets one
+    extended(rb, rows(FILLED))
+    dest = zstore.StoreSpec.parse(location.new("ckpt"), location.options)
+    first = storage.dumps(dest)
+    storage._storage["obs"][3] = 999.0                   # a tensor of the container
+    storage[40:41]["obs"].fill_(777.0)                   # a view of a slice
+    storage._storage["next", "reward"][FILLED - 1].mul_(2)
+    if not remembered:
+        checkpoint._buffer._KNOWN.clear()
+    second = storage.dumps(dest)
+    assert second.incremental and second.bytes_written < first.bytes_written // 4  # 3 chunks
+    fresh = zt.LazyTensorStorage(CAPACITY)
+    fresh.loads(dest)
+    assert_equal(fresh.get(slice(None)), storage.get(slice(None)))
+    assert fresh.get(3)["obs"].tolist() == [999.0] * 3 and fresh.get(40)["obs"][0] == 777.0
+
+
 #: Index assignments as TorchRL's ``test_storage_inplace_writing_ndim`` makes them: into
 #: ``rb[:]`` of an ``ndim=2`` buffer extended along time (``dim_extend=1``), which TorchRL
 #: reads as ``storage[:, :]`` transposed to ``[lanes, time]``.

@@ -38,6 +38,9 @@ class TensorExport:
     #: {key path: the whole column} when the rows live in RAM (the container's own
     #: tensors, writable in place), None when they live in a store
     columns: Mapping[str, torch.Tensor] | None = None
+    #: whether rows may change in place where no write revision records it: the in-RAM
+    #: container's tensors, or the views of a memory-mapped store's chunk files
+    in_place: bool = False
 
 
 class Checkpointable(Protocol):

@@ -475,7 +475,9 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         """The rows and counters a dump reads: the table's columns, read on demand."""
         table = self.table
         return TensorExport(self._schema, self._meta.rows, self._last_cursor_value,
-                            max(table.high_water, 0), lambda lo, hi: table.read(torch.arange(lo, hi)))
+                            max(table.high_water, 0),
+                            lambda lo, hi: table.read(torch.arange(lo, hi)),
+                            in_place=self._maps_writable)
 
     def checkpoint_restored(self, length: int, last_cursor: int, loaded: int) -> None:
         """As :meth:`TensorStorage.checkpoint_restored`, then committed."""

@@ -335,7 +335,7 @@ class TensorStorage(Storage):
         written = rows if self._row_rev is None else self._row_rev.last_written() + 1
         return TensorExport(schema, rows, self._last_cursor_value, written,
                             lambda lo, hi: {path: value[lo:hi] for path, value in columns.items()},
-                            columns)
+                            columns, in_place=True)
 
     def checkpoint_allocate(self, example: Any, text_bytes: int = 0) -> None:
         """Allocate the container for rows like ``example`` (the lazy first-write init)."""
