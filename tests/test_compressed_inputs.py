@@ -164,3 +164,58 @@ def test_a_storage_emptied_before_its_first_commit_reopens_empty(location):
     storage.flush()
     again = zt.open(storage.spec.url, location.options, mode="r")
     assert [again.get(i)["obs"].item() for i in range(len(again))] == [10., 11., 12.]
+
+
+def test_a_key_holding_a_slash_is_refused_not_renamed(location):
+    """Before: "a/b" came back as the nested key ("a", "b"), and next to a nested ("a", "b")
+    one of the two was dropped; nothing was raised. LazyMemmapStorage refuses it too."""
+    for data in (TensorDict({"a/b": torch.zeros(2), "obs": torch.ones(3)}),
+                 TensorDict({"a/b": torch.zeros(2), ("a", "b"): torch.ones(2)})):
+        for storage in (zt.CompressedListStorage(4), compressed(location, 4)):
+            with pytest.raises(zstore.InvalidKeyError, match="key 'a/b' cannot be stored"):
+                storage.set(0, data)
+            assert len(storage) == 0
+            storage.set(0, TensorDict(obs=torch.ones(3)))  # still takes a first item
+            assert storage.get(0)["obs"].tolist() == [1.0] * 3
+
+
+def test_a_writers_item_replaces_the_item_it_overwrites_whole(location):
+    """Before: once the ring wrapped, an extend lacking "reward" kept the evicted item's
+    reward (item 0 read {obs: 7, reward: 10}); the same extend before the wrap is refused,
+    and so is it now. An update in place (rb[i] = td) still keeps the keys it leaves out."""
+    rb = ReplayBuffer(storage=compressed(location, 3), batch_size=2)
+    full = TensorDict(obs=torch.arange(3.0), reward=torch.arange(10.0, 13.0), batch_size=[3])
+    rb.extend(full)
+    with pytest.raises(zstore.MissingKeyError, match=r"lacks \['reward'\]"):
+        rb.extend(TensorDict(obs=torch.tensor([7.0]), batch_size=[1]))
+    assert [item["reward"].item() for item in items_of(rb)] == [10.0, 11.0, 12.0]
+    assert rb.storage.get(0)["obs"].item() == 0.0
+    rb[1] = TensorDict(obs=torch.tensor(5.0))
+    assert rb.storage.get(1)["obs"].item() == 5.0 and rb.storage.get(1)["reward"].item() == 11.0
+
+
+@pytest.mark.parametrize("where", ["in RAM", "at a URL"])
+def test_a_first_write_that_fails_leaves_the_storage_empty_and_usable(location, where):
+    """Before: a first write failing inside compression_fn left the first item's layout
+    chosen: reads raised AttributeError and good items were refused for lacking its keys."""
+    failing = {"on": True}
+
+    def compress(t: torch.Tensor) -> torch.Tensor:
+        if failing["on"]:
+            raise RuntimeError("compressor hiccup")
+        return t.contiguous().reshape(-1).view(torch.uint8).clone()
+
+    def decompress(b: torch.Tensor, metadata: dict) -> torch.Tensor:
+        return b.view(metadata["dtype"]).reshape(metadata["shape"])
+
+    options = {"compression_fn": compress, "decompression_fn": decompress}
+    storage = zt.CompressedListStorage(10, **options) if where == "in RAM" else \
+        zt.CompressedListStorage(10, scratch_dir=location.new(), storage_options=location.options,
+                                 **options)
+    with pytest.raises(RuntimeError, match="compressor hiccup"):
+        storage.set(0, TensorDict(obs=torch.ones(3), extra=torch.zeros(2)))
+    assert len(storage) == 0 and storage.get(slice(None)) == []
+    failing["on"] = False
+    storage.set(0, TensorDict(obs=torch.full((3,), 5.0)))
+    assert len(storage) == 1 and list(storage.get(0).keys()) == ["obs"]
+    assert storage.get(0)["obs"].tolist() == [5.0] * 3

@@ -483,7 +483,8 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                 raise TypeError(self._refusal(f"{_key_name(path)} holds a {type(value).__name__} "
                                               "(a string or another non-tensor value), where it "
                                               "stores tensors only"))
-            key_to_path(tuple(path.split("/")))
+        for key in td.keys(include_nested=True, leaves_only=True):  # "a/b" would read as a, b
+            key_to_path(key)
         nodes = {_ROOT: tuple(td.batch_size[lead:])}
         for key in td.keys(include_nested=True):
             sub = td.get(key)
@@ -581,18 +582,33 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
     def _table_td(self, columns: Mapping[str, torch.Tensor], n: int) -> TensorDict:
         return TensorDict({tuple(p.split("/")): v for p, v in columns.items()}, batch_size=[n])
 
-    def _write_batch(self, rows: torch.Tensor, data: Any, lead: int) -> None:
-        """Write a batch (``lead == 1``) or one item (``lead == 0``) at ``rows``."""
+    def _write_batch(self, rows: torch.Tensor, data: Any, lead: int, update: bool = False) -> None:
+        """Write a batch (``lead == 1``) or one item (``lead == 0``) at ``rows``; ``update``:
+        an update in place, whose items keep the keys they leave out. A writer's items
+        replace the items they overwrite whole, so they must bring every key. A first
+        write that fails leaves the storage as it was: empty, its layout not yet chosen."""
         data = self._move(data)
         leaves, nodes = self._flatten(data, lead)
         if lead == 0:
             leaves = {p: v.unsqueeze(0) for p, v in leaves.items()}
-        n = len(rows)
-        if self._kind is None:
-            self._first(leaves, nodes, data, 1)
-        else:
-            self._keep_left_out(rows, leaves)
+        if self._kind is not None:
+            if update:
+                self._keep_left_out(rows, leaves)
             self._check(leaves, nodes, 1)
+            self._write_columns(rows, leaves, nodes)
+            return
+        try:
+            self._first(leaves, nodes, data, 1)
+            self._write_columns(rows, leaves, nodes)
+        except BaseException:
+            self.retire(*self.checkpoint_tables().values())
+            self._reset()
+            raise
+
+    def _write_columns(self, rows: torch.Tensor, leaves: dict[str, torch.Tensor],
+                       nodes: dict[str, tuple]) -> None:
+        """Write checked ``leaves`` (``[n, ...]`` each) and batch dims ``nodes`` at ``rows``."""
+        n = len(rows)
         columns = {p: leaves[p] for p in self._fixed}
         for node, batch in nodes.items():
             columns[_batch_column(node)] = torch.tensor(batch, dtype=torch.int64).expand(n, -1)
@@ -706,16 +722,18 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         with self._commit_lock:
             newest = self._newest
-            self._set_locked(cursor, data)
+            self._set_locked(cursor, data, update=not set_cursor)
             if not set_cursor:
                 self._newest = newest  # an update in place: the newest item stays
             if self._commit_due():
                 self.flush()
 
-    def _set_locked(self, cursor: Any, data: Any) -> None:
+    def _set_locked(self, cursor: Any, data: Any, update: bool = False) -> None:
+        """Write ``data`` at ``cursor``; ``update``: an update in place (``storage[i] = x``),
+        whose items keep the stored values of keys they leave out (:meth:`_keep_left_out`)."""
         index = _as_int(cursor)
         if index is not None:
-            self._write_positions([index], data, single=True)
+            self._write_positions([index], data, single=True, update=update)
         elif isinstance(cursor, slice):
             positions = list(range(*cursor.indices(self._len)))
             items = data if isinstance(data, (list, tuple)) else \
@@ -723,7 +741,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             items = list(items)[:len(positions)]
             self._refuse_mixed(items)
             for position, item in zip(positions, items):
-                self._write_positions([position], item, single=True, bump=False)
+                self._write_positions([position], item, single=True, bump=False, update=update)
             self._bump_mutation_revision()
         else:
             if not isinstance(data, (list, tuple, torch.Tensor, range, set, np.ndarray)) \
@@ -742,7 +760,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                 if len(cursor) != len(data):
                     raise ValueError(f"zip() argument 2 is longer or shorter than argument 1: "
                                      f"{len(cursor)} cursors for {len(data)} items")
-                self._write_positions(cursor, data, single=False)
+                self._write_positions(cursor, data, single=False, update=update)
             else:
                 items = list(data)
                 if len(cursor) != len(items):
@@ -750,7 +768,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                                      f"{len(cursor)} cursors for {len(items)} items")
                 self._refuse_mixed(items)
                 for position, item in zip(cursor, items):
-                    self._write_positions([position], item, single=True)
+                    self._write_positions([position], item, single=True, update=update)
 
     def _refuse_mixed(self, items: list) -> None:
         """Refuse, before any of them is written, items that differ from the first in their
@@ -776,8 +794,10 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                     f"item {position} of this write differs from item 0 in dtypes, numbers of "
                     "dims or batch dims (nothing was written)"))
 
-    def _write_positions(self, positions: list, data: Any, single: bool, bump: bool = True) -> None:
-        """Check cursors as ListStorage does, then write; one revision per element."""
+    def _write_positions(self, positions: list, data: Any, single: bool, bump: bool = True,
+                         update: bool = False) -> None:
+        """Check cursors as ListStorage does, then write (``update``: as :meth:`_set_locked`);
+        one revision per element."""
         if not self.spec.read_only:
             self._hold_lease()
         length = self._len
@@ -801,7 +821,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         if not checked:
             return
         self.spec.require_writable("write")
-        self._write_batch(torch.tensor(checked), data, 0 if single else 1)
+        self._write_batch(torch.tensor(checked), data, 0 if single else 1, update)
         self._newest = checked[-1]
         self._len = length
         self._claim_writes()
