@@ -245,6 +245,77 @@ def test_rows_written_while_the_lease_holder_exits_are_committed(tmp_path):
     assert seen == str(8) + " " + str([1.0] * 4 + [2.0] * 4)
 
 
+def orphan_writes(rb, ready, go: str, done: str) -> None:
+    """A collector that outlives its parent: extend, say so, wait for ``go`` (a FIFO), extend
+    again, and write what happened to ``done`` (a FIFO)."""
+    rb.extend(batch(-1, 2))
+    ready.put("ready")
+    with open(go) as fifo:
+        fifo.read()
+    try:
+        rb.extend(batch(-2, 2))
+        outcome = "written"
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        outcome = f"{type(exc).__name__}: {exc}"
+    with open(done, "w") as fifo:
+        fifo.write(outcome)
+
+
+#: a script whose process holds the lease, hands the buffer to a collector, commits the
+#: collector's first rows, then is killed (the collector lives on)
+HOLDER_KILLED = """
+import multiprocessing, os, signal, sys
+sys.path.insert(0, {tests!r})
+
+if __name__ == "__main__":
+    from test_shared_processes import buffer, batch, orphan_writes, zt
+    ctx = multiprocessing.get_context("spawn")
+    rb = buffer(zt.LazyMemmapStorage(32, scratch_dir={url!r}))
+    rb.extend(batch(0, 4))
+    ready = ctx.Queue()
+    child = ctx.Process(target=orphan_writes, args=(rb, ready, {go!r}, {done!r}))
+    child.start()
+    assert ready.get(timeout=120) == "ready"
+    rb.storage.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_collector_outliving_its_killed_lease_holder_is_refused(tmp_path):
+    """The lease holder is killed; its collector lives on. A new run takes the store over and
+    writes rows 6..13. The collector's next extend landed at its stale cursor, in those
+    committed rows (and, once the new run closed, it took the free lease and committed its
+    shorter length): it is now refused with a LeaseError naming the dead holder."""
+    import os
+    import select
+
+    url, go, done = str(tmp_path / "rb"), str(tmp_path / "go"), str(tmp_path / "done")
+    os.mkfifo(go)
+    os.mkfifo(done)
+    script = tmp_path / "main.py"
+    script.write_text(HOLDER_KILLED.format(tests=str(__import__("pathlib").Path(__file__).parent),
+                                           url=url, go=go, done=done))
+    killed = subprocess.run([sys.executable, str(script)], timeout=300)
+    assert killed.returncode == -9
+    resumed = zstore.open(url)
+    assert len(resumed) == 6
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "took over the write lease ... no longer runs"
+        resumed.set(torch.arange(6, 14), batch(7, 8).set("index", torch.arange(6, 14)))
+    resumed.flush()
+    reader = os.open(done, os.O_RDONLY | os.O_NONBLOCK)  # before the collector opens it to write
+    with open(go, "w") as fifo:
+        fifo.write("go")
+    assert select.select([reader], [], [], WAIT)[0], "the collector did not report"
+    with os.fdopen(reader) as fifo:
+        outcome = fifo.read()
+    assert outcome.startswith("LeaseError") and "has exited" in outcome, outcome
+    resumed.close()
+    again = zstore.open(url, mode="r")
+    assert len(again) == 14
+    assert again[:]["a"].tolist() == [0.0] * 4 + [-1.0] * 2 + [7.0] * 8
+
+
 # -- shared_init ------------------------------------------------------------------------------
 def children_write_parent_reads(storage) -> tuple:
     """TorchRL's shared_init case: the parent never writes; two children each extend 4 rows."""

@@ -196,12 +196,13 @@ def shared_twin(plain: type[Ints]):
 class Counters(Ints):
     """A storage's counters: length, last cursor, mutation and write revisions, high-water
     mark, ``dirty_since`` (``time.monotonic_ns()`` of the group's oldest uncommitted
-    write, 0 when clean), and ``written``: the rows counted as TorchRL counts them, one per
-    row written (:func:`count_rows`)."""
+    write, 0 when clean), ``written``: the rows counted as TorchRL counts them, one per
+    row written (:func:`count_rows`), and ``holder``: the pid of the process of the group
+    holding a persistent store's lease (0: none does)."""
 
     FIELDS = ("length", "last_cursor", "revision", "write_rev", "high_water", "dirty_since",
-              "written")
-    DEFAULTS = (0, -1, 0, 0, 0, 0, 0)
+              "written", "holder")
+    DEFAULTS = (0, -1, 0, 0, 0, 0, 0, 0)
     __slots__ = FIELDS
 
 

@@ -33,6 +33,7 @@ from ..group import (carrying_nodes, commit, create_group, existing_buffer, node
                      open_group)
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta, ragged_keys
 from ..lease import DEFAULT_TTL, LEASE_NAME
+from ..processes import runs_here
 from ..sharing import count_rows, dirty_at, stamp_dirty
 from ..store import StoreSpec, run_deferred
 from ..text import TEXT_BYTES, widest
@@ -314,6 +315,24 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         the first process to write)."""
         if self._meta is None or self._lease is None or self._lease.held:
             LeasedWriter._hold_lease(self)
+            if self._lease is not None and self._lease.held:
+                self._counts.holder = os.getpid()
+            return
+        holder = self._counts.holder
+        if holder and not runs_here(holder):
+            raise LeaseError(
+                f"{self.spec.redacted()}: the process that held this store's lease for the "
+                f"processes writing it together (pid {holder}) has exited, so rows written "
+                "here would never be committed, and another writer may own the store now: "
+                "stop this process; a new run resumes the store with zstore.open(url)")
+
+    def _release_lease(self) -> None:
+        """As :meth:`LeasedWriter._release_lease`; the processes sharing the store learn
+        that the lease is free (one of them takes it to commit)."""
+        counts = self._counts
+        if counts.shared and counts.holder == os.getpid():
+            counts.holder = 0
+        super()._release_lease()
 
     def _hold_lease_handed(self) -> None:
         """``_hold_lease`` of a storage a writer handed to this process where processes
@@ -335,11 +354,15 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         counters, not reloaded from the store."""
         if self._lease is None or self._lease.held:
             return True
+        holder = self._counts.holder
+        if holder and not runs_here(holder):
+            return False  # the group's holder is gone: its rows are no longer the group's
         try:
             if self._lease.ensure():
                 self._lease.read_metadata()  # the version this commit replaces
         except LeaseError:
             return False  # another process of the group holds it: it commits the rows
+        self._counts.holder = os.getpid()
         return True
 
     def _create_shared_rows(self, example: Any, text_bytes: int) -> None:
@@ -746,6 +769,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         """As :meth:`TensorStorage._use_shared_counters`; the write path then also tells the
         process that commits for the group."""
         super()._use_shared_counters(counts)
+        if self._lease is not None and self._lease.held:  # the others watch that it runs
+            counts.holder = os.getpid()
         # (instance attributes: the unshared write path keeps one call each)
         self._mark_dirty = self._mark_group_dirty
         self._hold_lease = self._hold_lease_in_group
