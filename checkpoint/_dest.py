@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from zstore.credentials import store_errors_named
-from zstore.errors import ZStoreError
+from zstore.errors import StoreNotFoundError, ZStoreError
 from zstore.progress import progress
 from zstore.group import refuse_inside_a_dataset
 from zstore.store import StoreSpec
@@ -143,6 +143,11 @@ class Destination:
             return CheckpointError(f"{self.redacted()} holds an incomplete checkpoint: a dump "
                                    "was interrupted before its commit, and none was committed "
                                    "before")
+        try:
+            self.spec.check_parent()
+        except StoreNotFoundError:  # the bucket itself is missing: say so
+            return CheckpointError(f"no checkpoint at {self.redacted()}: its bucket does not "
+                                   "exist")
         return CheckpointError(f"no checkpoint at {self.redacted()}")
 
     def holds_buffer(self) -> bool:

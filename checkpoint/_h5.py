@@ -226,7 +226,10 @@ class H5StorageCheckpointer(_Configured):
                     _downloaded(dest, name))
                 f = stack.enter_context(h5py.File(source, "r"))
             except FileNotFoundError:
-                raise CheckpointError(f"no H5 checkpoint at {where}") from None
+                record = dest.read_commit()
+                other = f"; {dest.redacted()} holds a {record.get('checkpointer')} checkpoint: " \
+                    "load it with that checkpointer" if record else ""
+                raise CheckpointError(f"no H5 checkpoint at {where}{other}") from None
             except OSError as exc:
                 raise CheckpointError(f"{where} is not a readable HDF5 file ({exc})") from None
             if ATTR not in f.attrs:

@@ -103,8 +103,10 @@ class TensorStorageCheckpointer(_Configured):
         form = record.get("form")
         if form == "buffer":
             if self._load_hooks:
-                raise CheckpointError(f"{dest.redacted()} was written without save hooks; "
-                                      "this checkpointer has load hooks")
+                raise CheckpointError(
+                    f"{dest.redacted()} holds a {record.get('checkpointer', 'zstore')} checkpoint "
+                    f"written without save hooks, which this {type(self).__name__} (with load "
+                    "hooks) cannot load: load it with a TensorStorageCheckpointer")
             load_buffer(storage, dest, record, self.progress)
         elif form == "tree":
             self._load_tree(storage, dest, record)

@@ -425,6 +425,30 @@ def test_memmap_storage_on_its_own_store(tmp_path):
 
 # -- errors --------------------------------------------------------------------------------
 
+def test_a_load_with_the_wrong_checkpointer_or_bucket_names_what_is_there(tmp_path, s3_options):
+    """Before: "... was written without save hooks; this checkpointer has load hooks", "no
+    H5 checkpoint at ...", and "no checkpoint at s3://..." for a bucket that does not exist,
+    none of them naming what the location holds or lacks."""
+    source = LazyTensorStorage(10)
+    source.set(torch.arange(3), TEDStream().batch(3))
+    source.dumps(tmp_path / "ck")  # a TensorStorageCheckpointer checkpoint
+    for other in (checkpoint.FlatStorageCheckpointer(), checkpoint.NestedStorageCheckpointer()):
+        target = LazyTensorStorage(10)
+        target.checkpointer = other
+        with pytest.raises(CheckpointError, match=f"holds a TensorStorageCheckpointer checkpoint "
+                                                  f".* this {type(other).__name__} .* load it "
+                                                  "with a TensorStorageCheckpointer"):
+            target.loads(tmp_path / "ck")
+    target = LazyTensorStorage(10)
+    target.checkpointer = H5StorageCheckpointer()
+    with pytest.raises(CheckpointError, match="no H5 checkpoint at .*; .* holds a "
+                                              "TensorStorageCheckpointer checkpoint: load it"):
+        target.loads(tmp_path / "ck")
+    with pytest.raises(CheckpointError, match="no checkpoint at s3://zstore-no-such-bucket/ck.*: "
+                                              "its bucket does not exist"):
+        LazyTensorStorage(10).loads(StoreSpec.parse("s3://zstore-no-such-bucket/ck", s3_options))
+
+
 def test_errors_name_the_location(tmp_path):
     with pytest.raises(RuntimeError, match="non-initialized"):
         LazyTensorStorage(10).dumps(tmp_path / "a")
