@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensordict import TensorDict, lazy_stack
+from tensordict import NonTensorStack, TensorDict, lazy_stack
 
 import zstore
 
@@ -219,3 +219,23 @@ def test_a_first_write_that_fails_leaves_the_storage_empty_and_usable(location, 
     storage.set(0, TensorDict(obs=torch.full((3,), 5.0)))
     assert len(storage) == 1 and list(storage.get(0).keys()) == ["obs"]
     assert storage.get(0)["obs"].tolist() == [5.0] * 3
+
+
+def test_a_write_past_a_refused_one_names_the_writer_to_use(location):
+    """TorchRL's writer moves its cursor before the storage refuses a batch (a string key
+    here, which TorchRL's CompressedListStorage keeps): the next extends are refused with
+    TorchRL's "more than one item away", which said nothing of why; zstore's writer stays."""
+    text = TensorDict(obs=torch.zeros(3), batch_size=[3])
+    text.set("txt", NonTensorStack("a", "b", "c"))
+    theirs = ReplayBuffer(storage=compressed(location, 10), batch_size=2)
+    ours = ReplayBuffer(storage=compressed(location, 10), batch_size=2,
+                        writer=zt.RoundRobinWriter())
+    for rb in (theirs, ours):
+        rb.extend(TensorDict(obs=torch.ones(2), batch_size=[2]))
+        with pytest.raises(TypeError, match="stores tensors only"):
+            rb.extend(text)
+    with pytest.raises(RuntimeError, match="more than one item away .* TorchRL's writers have "
+                                           "moved past .* zstore.torchrl.RoundRobinWriter"):
+        theirs.extend(TensorDict(obs=torch.ones(2), batch_size=[2]))
+    ours.extend(TensorDict(obs=torch.full((2,), 2.0), batch_size=[2]))
+    assert [item["obs"].item() for item in items_of(ours)] == [1.0, 1.0, 2.0, 2.0]

@@ -807,7 +807,10 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             if position > length:
                 raise RuntimeError(
                     "Cannot append data located more than one item away from the storage size: "
-                    f"the storage size is {length} and the index of the item to be set is {position}.")
+                    f"the storage size is {length} and the index of the item to be set is "
+                    f"{position}. (After a write this storage refused, TorchRL's writers have "
+                    "moved past the items it did not store; zstore.torchrl.RoundRobinWriter "
+                    "moves only once a write is stored.)")
             if position >= self.max_size:
                 raise RuntimeError(
                     f"Cannot append data to the list storage: maximum capacity is {self.max_size} "
