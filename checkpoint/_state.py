@@ -56,7 +56,7 @@ class TensorState:
     @classmethod
     def of(cls, storage: TensorCheckpointable) -> TensorState:
         """Read the state of an initialised tensor storage."""
-        if not getattr(storage, "initialized", False):
+        if not storage.checkpoint_ready():
             raise RuntimeError("Cannot save a non-initialized storage.")
         export = storage.checkpoint_export()
         rows, cursor = export.rows, export.last_cursor

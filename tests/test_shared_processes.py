@@ -468,6 +468,21 @@ def test_an_incremental_checkpoint_keeps_the_rows_other_processes_wrote(kind, tm
     assert restored[:16]["a"].tolist() == [0.0] * 8 + [1.0] * 8
 
 
+@pytest.mark.parametrize("kind", ["tensor", "memmap"])
+def test_a_shared_init_storage_only_children_wrote_dumps_without_a_read_first(kind, tmp_path):
+    """The parent never wrote nor read: its dumps raised "Cannot save a non-initialized
+    storage" (len said 16), unless a read had mapped the children's rows first."""
+    storage = zt.LazyTensorStorage(64, shared_init=True) if kind == "tensor" else \
+        zt.LazyMemmapStorage(64, scratch_dir=tmp_path / "rb", shared_init=True)
+    rb = buffer(storage)
+    children_extend(rb, (1, 2), 8)
+    assert len(storage) == 16
+    storage.dumps(tmp_path / "checkpoint")
+    restored = zt.LazyTensorStorage(64)
+    restored.loads(tmp_path / "checkpoint")
+    assert sorted(restored[:16]["a"].tolist()) == [1.0] * 8 + [2.0] * 8
+
+
 def tensor_rows(value: float, n: int) -> torch.Tensor:
     return torch.full((n, 2), float(value))
 

@@ -58,6 +58,9 @@ class TensorCheckpointable(Checkpointable, Protocol):
     #: there}; the storage only empties it (when its row revisions restart)
     checkpoint_marks: dict[str, Any]
 
+    def checkpoint_ready(self) -> bool:
+        """Whether it holds rows a dump can read (rows another process created included)."""
+
     def checkpoint_export(self) -> TensorExport:
         """Its rows and counters as a dump reads them (an initialised storage)."""
 

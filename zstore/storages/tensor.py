@@ -325,6 +325,13 @@ class TensorStorage(Storage):
         self._row_rev.stamp(first, revision)
 
     # -- package-internal: the checkpoint contract (checkpoint_contract.py) ---------------
+    def checkpoint_ready(self) -> bool:
+        """Whether it holds rows a dump can read: initialised here, or (``shared_init``)
+        rows another process created, which it maps now as a read would."""
+        if not self.initialized:
+            self._join_shared_init()
+        return self.initialized
+
     def checkpoint_export(self) -> TensorExport:
         """The rows and counters a dump reads: the in-RAM container's columns."""
         container = self._storage
