@@ -77,20 +77,22 @@ def _is_text(data) -> bool:
 def _column(data, rows: slice) -> torch.Tensor | NonTensorStack:
     """Rows of an HDF5 dataset: a tensor, or one string per row for a 1-d string dataset.
     SchemaError naming the field and the file for values zstore cannot store."""
-    field = f"field {data.name.lstrip('/')!r} of {data.file.filename}"
+    def field() -> str:  # for errors only: h5py makes a name and a file object per access
+        return f"field {data.name.lstrip('/')!r} of {data.file.filename}"
+
     if _is_text(data):
         if data.ndim != 1:
-            raise SchemaError(f"{field} holds strings of shape {data.shape[1:]} per row; zstore "
-                              "stores one string per row: flatten or drop the field")
+            raise SchemaError(f"{field()} holds strings of shape {data.shape[1:]} per row; "
+                              "zstore stores one string per row: flatten or drop the field")
         try:
             return NonTensorStack.from_list(list(data.asstr()[rows]))
         except UnicodeDecodeError as exc:
-            raise SchemaError(f"{field} holds strings that are not valid text ({exc}); "
+            raise SchemaError(f"{field()} holds strings that are not valid text ({exc}); "
                               "re-encode them as UTF-8 or drop the field") from None
     try:
         return _tensor(data[rows])
     except TypeError as exc:
-        raise SchemaError(f"{field} holds {data.dtype} values, which zstore cannot store as "
+        raise SchemaError(f"{field()} holds {data.dtype} values, which zstore cannot store as "
                           f"a tensor ({exc}); convert the field to numbers or strings, or drop "
                           "it") from None
 
@@ -312,37 +314,42 @@ def _episode_names(f) -> list[str]:
     return sorted(names, key=lambda name: int(name.rsplit("_", 1)[1]))
 
 
-def _check_minari_episode(group, where: str) -> int:
-    """Check an episode group's fields and row counts (before anything is written); its steps."""
-    _require(group, ("observations", "actions", "rewards", "terminations", "truncations"), where)
-    steps = len(group["rewards"])
-    expected = {"observations": steps + 1, "actions": steps, "terminations": steps,
-                "truncations": steps}
-    for field, rows in expected.items():
-        for name, data in _members(group[field]):
-            if len(data) != rows:
-                raise SchemaError(f"{where}: {'/'.join(filter(None, (field, name)))!r} has "
-                                  f"{len(data)} rows, expected {rows} (rewards: {steps})")
-    for name, node in _datasets(group["infos"]) if "infos" in group else []:
-        if len(node) not in (steps, steps + 1):
-            raise SchemaError(f"{where}: 'infos/{name}' has {len(node)} rows, expected "
-                              f"{steps} or {steps + 1}")
-    return steps
-
-
 def _layout(node) -> dict[str, tuple]:
     """``{path below node: (per-row shape, dtype or "text")}`` of a dataset or a group's."""
     return {name: (data.shape[1:], "text" if _is_text(data) else data.dtype)
             for name, data in _members(node)}
 
 
-def _episode_layout(group) -> dict[str, tuple]:
-    """The layouts of an episode group's fields (``{field/path: ...}``): what every
-    episode of a file must share to be stored as one dataset (the rows may differ)."""
-    return {f"{field}/{name}".rstrip("/"): layout
-            for field in ("observations", "actions", "rewards", "terminations", "truncations",
-                          "infos") if field in group
-            for name, layout in _layout(group[field]).items()}
+#: The fields of a Minari episode group, in the order they are checked.
+_MINARI_FIELDS = ("observations", "actions", "rewards", "terminations", "truncations", "infos")
+
+
+def _minari_facts(group, where: str) -> tuple[int, dict[str, tuple], int]:
+    """What an import must know of an episode group before anything is written, in one walk
+    of it: its steps (the fields checked: present, with the rows they need), the layout of
+    its arrays (``{field/path: (per-row shape, dtype or "text")}``: what every episode of a
+    file must share to be stored as one dataset), and the UTF-8 bytes of its longest string."""
+    import h5py
+
+    _require(group, ("observations", "actions", "rewards", "terminations", "truncations"), where)
+    steps = len(group["rewards"])
+    expected = {"observations": (steps + 1,), "actions": (steps,), "terminations": (steps,),
+                "truncations": (steps,), "infos": (steps, steps + 1)}
+    layout, longest = {}, 0
+    for field in _MINARI_FIELDS:
+        for name, data in _members(group[field]) if field in group else []:
+            path = f"{field}/{name}".rstrip("/")
+            shape, dtype = data.shape, data.dtype
+            rows = shape[0] if shape else len(data)  # a scalar: h5py's own error
+            if field in expected and rows not in expected[field]:
+                wanted = " or ".join(map(str, expected[field]))
+                raise SchemaError(f"{where}: {path!r} has {rows} rows, expected {wanted}" + (
+                    f" (rewards: {steps})" if field != "infos" else ""))
+            text = h5py.check_string_dtype(dtype) is not None
+            layout[path] = (shape[1:], "text" if text else dtype)
+            if text and field in ("observations", "actions", "infos") and data.size:
+                longest = max(longest, max(len(value) for value in data[...].ravel()))
+    return steps, layout, longest
 
 
 def _require_same_layout(layouts: dict[str, dict[str, tuple]], where: str) -> None:
@@ -462,11 +469,11 @@ def import_minari(h5_path: str | os.PathLike, url: str | os.PathLike,
         where = f"Minari file {os.fspath(h5_path)}"
         if not names:
             raise MissingKeyError(f"{where} has no episode_<id> groups (has {sorted(f.keys())})")
-        steps = {name: _check_minari_episode(f[name], f"{where}, {name}") for name in names}
+        facts = {name: _minari_facts(f[name], f"{where}, {name}") for name in names}
+        steps = {name: fact[0] for name, fact in facts.items()}
         names = [name for name in names if steps[name]]  # a 0-step episode holds no transition
-        _require_same_layout({name: _episode_layout(f[name]) for name in names}, where)
-        text_bytes = max((_text_bytes(f[name], ("observations", "actions", "infos"))
-                          for name in names), default=0)
+        _require_same_layout({name: facts[name][1] for name in names}, where)
+        text_bytes = max((facts[name][2] for name in names), default=0)
         source = _source("minari", h5_path, dict(f.attrs), _minari_metadata(h5_path))
         with _Writer(url, sum(steps.values()), storage_options, codec, chunks, "import minari",
                      progress, text_bytes, source) as sink:
