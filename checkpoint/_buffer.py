@@ -365,6 +365,8 @@ def load_buffer(storage: TensorCheckpointable, dest: Destination,
             raise
         raise CheckpointError(f"{spec.redacted()}: the committed generation (or its zarr.json) "
                               f"is missing: {DAMAGED}") from None
+    if record is not None:
+        _require_agreement(meta, record, spec)
     schema, lanes = meta.schema, tuple(meta.schema.lane_shape)
     high = _stored_rows(meta)
     all_stored = bool(record and record.get(ALL_STORED))
@@ -395,6 +397,17 @@ def load_buffer(storage: TensorCheckpointable, dest: Destination,
     if mark is not None:
         _remember(*mark, meta, group)
     finish(storage, meta.length, meta.last_cursor, high, mark)
+
+
+def _require_agreement(meta: StoreMeta, record: Mapping[str, Any], spec: StoreSpec) -> None:
+    """Raise :class:`CheckpointError` when a generation's length or cursor differs from those
+    of the commit record naming it: a dump writes both from one state, so one was damaged."""
+    differ = [f"{name} {value} (the commit record says {record[name]})"
+              for name, value in (("length", meta.length), ("last_cursor", meta.last_cursor))
+              if name in record and int(record[name]) != value]
+    if differ:
+        raise CheckpointError(f"{spec.redacted()}: the generation's {', '.join(differ)}: "
+                              f"{DAMAGED}")
 
 
 def _stored_rows(meta: StoreMeta) -> int:

@@ -241,6 +241,55 @@ def test_an_array_naming_a_foreign_codec_is_refused_before_decoding(tmp_path, co
         zstore.open(url, mode="r")
 
 
+def _big_endian(doc: dict) -> None:
+    for codec in doc["codecs"]:
+        for inner in [codec, *(codec.get("configuration") or {}).get("codecs", [])]:
+            if inner["name"] == "bytes":
+                inner["configuration"] = {"endian": "big"}
+
+
+@pytest.mark.parametrize("edit, refusal", [
+    (_big_endian, "big-endian values"),
+    (lambda doc: doc.update(chunk_key_encoding={"name": "v2", "configuration": {"separator": "."}}),
+     "chunk key encoding"),
+], ids=["big-endian", "v2 chunk keys"])
+@pytest.mark.parametrize("layout", ["crc32c", "raw", "sharded"])
+def test_array_metadata_that_would_misread_every_row_is_refused(location, layout, edit, refusal):
+    """Before: a "big" byte order read every value byte-swapped (the crc32c covers the encoded
+    bytes, so it passed), and another chunk key encoding read every row as zeros. A bucket's
+    buffer is opened from the copy of its arrays' metadata in the root commit (one request):
+    the edited file is not read, and the rows come back right."""
+    url, fs, root = build(location, layout)
+    doc = json.loads(fs.cat_file(f"{root}/a/zarr.json"))
+    edit(doc)
+    fs.pipe_file(f"{root}/a/zarr.json", json.dumps(doc).encode())
+    if location.kind == "s3":
+        assert zstore.open(url, location.options, mode="r")[:]["a"].tolist() == list(range(12))
+        return
+    with pytest.raises(NotAZStoreError, match=f"array of key 'a' disagrees .*{refusal}"):
+        zstore.open(url, location.options, mode="r")[:]
+
+
+def test_a_checkpoint_generation_disagreeing_with_its_commit_record_is_refused(location):
+    """Before: a generation whose length was edited (or damaged) loaded with that length:
+    2 rows of zeros more, or 4 rows fewer, than the commit record says."""
+    import checkpoint
+
+    source = zstore.LazyTensorStorage(16)
+    source.set(torch.arange(12), rows(12))
+    dest = StoreSpec.parse(location.new("ck"), location.options)
+    result = source.dumps(dest)
+    fs, root = dest.filesystem()
+    path = f"{root}/{result.generation}/zarr.json"
+    for length in (14, 8):
+        doc = json.loads(fs.cat_file(path))
+        doc["attributes"]["zstore"]["length"] = length
+        fs.pipe_file(path, json.dumps(doc).encode())
+        with pytest.raises(checkpoint.CheckpointError,
+                           match=f"generation's length {length} \\(the commit record says 12\\)"):
+            zstore.LazyTensorStorage(16).loads(dest)
+
+
 @pytest.mark.parametrize("how", ["moved", "deleted"])
 @pytest.mark.parametrize("kind", ["zstd", "sharded", "compressed-list"])
 def test_a_store_moved_or_deleted_under_its_reader_raises_not_zeros(location, kind, how):

@@ -353,15 +353,16 @@ def _create_arrays(store, meta: StoreMeta, key_separator: str) -> zarr.Group:
 SAFE_CODECS = frozenset({"bytes", "zstd", "blosc", "gzip", "crc32c", "sharding_indexed"})
 
 
-def _codec_names(codecs) -> set[str]:
-    names = set()
+def _every_codec(codecs) -> list[dict]:
+    """Every codec of an array's ``codecs`` metadata, those inside a sharding codec too."""
+    found = []
     for codec in codecs:
         codec = codec if isinstance(codec, dict) else {"name": str(codec)}
-        names.add(str(codec.get("name")))
+        found.append(codec)
         config = codec.get("configuration") or {}
         for inner in ("codecs", "index_codecs"):
-            names |= _codec_names(config.get(inner, []))
-    return names
+            found += _every_codec(config.get(inner, []))
+    return found
 
 
 def checked_arrays(group: zarr.Group, leaves, rows: int,
@@ -390,6 +391,7 @@ def checked_arrays(group: zarr.Group, leaves, rows: int,
 def _checked_array(node, leaf, rows: int, layout: tuple[int, int | None], where: str,
                    raw: bool) -> zarr.Array:
     from .dtypes import storage_numpy_dtype
+    from .layout import KEY_SEPARATORS, key_separator
 
     if isinstance(node, (KeyError, NodeNotFoundError, FileNotFoundError)):
         raise NotAZStoreError(f"{where}: key {leaf.path!r} is in the metadata but has no array")
@@ -410,9 +412,17 @@ def _checked_array(node, leaf, rows: int, layout: tuple[int, int | None], where:
              "chunks": tuple(array.chunks), "shards": None if array.shards is None else tuple(array.shards)}
     wrong = [f"{name} {found[name]} (metadata says {value})" for name, value in expected.items()
              if found[name] != value]
-    unknown = sorted(_codec_names(array.metadata.to_dict().get("codecs", [])) - SAFE_CODECS)
+    metadata = array.metadata.to_dict()
+    codecs = _every_codec(metadata.get("codecs", []))
+    unknown = sorted({str(codec.get("name")) for codec in codecs} - SAFE_CODECS)
     if unknown:
         wrong.append(f"codecs {unknown} (zstore reads only {sorted(SAFE_CODECS)})")
+    if any((codec.get("configuration") or {}).get("endian") == "big" for codec in codecs
+           if codec.get("name") == "bytes" and found["dtype"].itemsize > 1):
+        wrong.append("big-endian values (zstore stores little-endian ones)")
+    if key_separator(metadata) is None:
+        wrong.append(f"chunk key encoding {metadata.get('chunk_key_encoding')} (zstore writes "
+                     f"Zarr v3's default, with a separator of {' or '.join(KEY_SEPARATORS)})")
     if raw and (array.compressors or array.filters):
         wrong.append(f"codecs {array.compressors} (metadata says raw)")
     if wrong:
