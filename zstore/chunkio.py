@@ -230,11 +230,12 @@ class ColumnReader:
             raise CorruptChunkError(
                 f"{self.where}: key {self.path!r}, chunk {block} cannot be decoded "
                 f"({type(exc).__name__}: {exc})") from None
-        array = np.frombuffer(data, dtype=self.dtype)
-        if array.size != self.block_numel:
+        raw = np.frombuffer(data, dtype=np.uint8)
+        if raw.size != self.block_nbytes:  # (a size no value divides could not be viewed)
             raise CorruptChunkError(
-                f"{self.where}: key {self.path!r}, chunk {block} holds {array.size} values, "
-                f"expected {self.block_numel}")
+                f"{self.where}: key {self.path!r}, chunk {block} holds {raw.size} bytes, "
+                f"expected {self.block_nbytes} ({self.block_numel} values)")
+        array = raw.view(self.dtype)
         if (out is not None and self.dtype.isnative and out.flags.c_contiguous
                 and out.nbytes == self.block_nbytes):
             np.copyto(out.reshape(-1).view(np.uint8), array.view(np.uint8))
