@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -39,7 +39,7 @@ from zstore.dtypes import (
 )
 from zstore.errors import MissingKeyError, NotAZStoreError, StoreNotFoundError
 from zstore.group import commit, create_group, open_group
-from zstore.layout import KEY_SEPARATORS, StoreMeta, chunk_key, key_separator
+from zstore.layout import KEY_SEPARATORS, Schema, StoreMeta, chunk_key, key_separator
 from zstore.storages.checkpoint_contract import TensorCheckpointable
 from zstore.store import StoreSpec
 
@@ -285,14 +285,9 @@ def _add_changed_in_place(state: TensorState, dest: Destination, base: _Base,
     differ from the base's (changed in place, unseen by the write revisions); put the
     digests of those still carried over in ``digests``. The base's digests are the ones
     remembered, else read from it (a chunk it cannot give is written)."""
-    leaves = state.schema.by_path
     carried = {path: (chunk, set(np.flatnonzero(~mask).tolist()))
                for path, (chunk, mask) in plan.items()}
-
-    def arrays(columns: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-        return {path: as_numpy(value, leaves[path].dtype) for path, value in columns.items()}
-
-    now = chunk_digests(lambda lo, hi: arrays(state.read(lo, hi)), carried, state.rows, window)
+    now = chunk_digests(_arrays_reader(state.read, state.schema), carried, state.rows, window)
     known = _KNOWN.get((dest.url, base.generation), (None, None, {}))[2]
     before = {path: dict(known.get(path, {})) for path in carried}
     lacking = {path: (chunk, {i for i in indices if i not in before[path]})
@@ -301,7 +296,7 @@ def _add_changed_in_place(state: TensorState, dest: Destination, base: _Base,
         try:
             group, meta = open_group(dest.child(base.generation).as_read_only())
             reader = _GenerationReader.of(dest.child(base.generation), group, meta, True)
-            for path, found in chunk_digests(lambda lo, hi: arrays(reader.read(lo, hi)),
+            for path, found in chunk_digests(_arrays_reader(reader.read, meta.schema),
                                              lacking, meta.rows, window).items():
                 before[path].update(found)
         except (CheckpointError, OSError, NotAZStoreError, StoreNotFoundError, KeyError):
@@ -312,6 +307,28 @@ def _add_changed_in_place(state: TensorState, dest: Destination, base: _Base,
                 digests[path][i] = now[path][i]
             else:
                 mask[i] = True
+
+
+def _arrays_reader(read: Callable[[int, int], dict[str, torch.Tensor]], schema: Schema
+                   ) -> Callable[[int, int], dict[str, np.ndarray]]:
+    """``read`` (rows ``[lo, hi)`` as ``{key path: tensor}``) returning the NumPy arrays of
+    their Zarr dtypes, as a dump writes them."""
+    leaves = schema.by_path
+    return lambda lo, hi: {path: as_numpy(value, leaves[path].dtype)
+                           for path, value in read(lo, hi).items()}
+
+
+def _loaded_digests(storage: TensorCheckpointable, meta: StoreMeta, high: int,
+                    window: int) -> Digests | None:
+    """The digests of the chunks of rows ``[0, high)`` of the generation ``storage`` was
+    just filled from (its rows now), where rows can change in place: the next dump compares
+    with them instead of reading the generation back (a download, from a bucket)."""
+    state = TensorState.of(storage)
+    if not state.in_place or not set(meta.layout) <= set(state.schema.by_path):
+        return None
+    wanted = {path: (chunk, set(range(-(-high // chunk))))
+              for path, (chunk, _) in meta.layout.items()}
+    return chunk_digests(_arrays_reader(state.read, state.schema), wanted, state.rows, window)
 
 
 def _write_all(jobs: list) -> None:
@@ -394,9 +411,10 @@ def load_buffer(storage: TensorCheckpointable, dest: Destination,
                 storage.checkpoint_write(lo, schema.build(read(lo, hi), (hi - lo, *lanes)))
                 bar.update((hi - lo) * schema.row_bytes)
     mark = None if record is None else (dest.url, str(record["generation"]))
-    if mark is not None:
-        _remember(*mark, meta, group)
     finish(storage, meta.length, meta.last_cursor, high, mark)
+    if mark is not None:  # (a local generation is read back cheaply: its files may be mapped)
+        _remember(*mark, meta, group, None if spec.is_local else
+                  _loaded_digests(storage, meta, high, window))
 
 
 def _require_agreement(meta: StoreMeta, record: Mapping[str, Any], spec: StoreSpec) -> None:

@@ -286,6 +286,36 @@ def test_edits_of_the_tensors_themselves_reach_incremental_checkpoints(kind, rem
     assert fresh.get(3)["obs"].tolist() == [999.0] * 3 and fresh.get(40)["obs"][0] == 777.0
 
 
+def test_a_storage_loaded_from_a_bucket_dumps_back_without_reading_it_again(s3_bucket, s3_options,
+                                                                          monkeypatch):
+    """The load records the digests of the rows it read: the first dump after it compares
+    with them, where it downloaded the whole previous generation to compare."""
+    import checkpoint
+
+    source = zt.LazyTensorStorage(CAPACITY)
+    source.checkpointer = checkpoint.TensorStorageCheckpointer(chunks=8)
+    source.set(torch.arange(FILLED), rows(FILLED))
+    dest = zstore.StoreSpec.parse(f"s3://{s3_bucket}/loaded-{np.random.randint(1 << 30)}",
+                                  s3_options)
+    first = source.dumps(dest)
+    resumed = zt.LazyTensorStorage(CAPACITY)
+    resumed.checkpointer = checkpoint.TensorStorageCheckpointer(chunks=8)
+    resumed.loads(dest)
+    resumed._storage["obs"][3] = 999.0  # in place: only the digests see it
+
+    def read_back(*args, **kwargs):
+        raise AssertionError("the dump read the previous generation back")
+
+    monkeypatch.setattr(checkpoint._buffer._GenerationReader, "read", read_back)
+    second = resumed.dumps(dest)
+    monkeypatch.undo()
+    assert second.incremental and second.bytes_written < first.bytes_written // 4
+    again = zt.LazyTensorStorage(CAPACITY)
+    again.loads(dest)
+    assert_equal(again.get(slice(None)), resumed.get(slice(None)))
+    assert again.get(3)["obs"].tolist() == [999.0] * 3
+
+
 #: Index assignments as TorchRL's ``test_storage_inplace_writing_ndim`` makes them: into
 #: ``rb[:]`` of an ``ndim=2`` buffer extended along time (``dim_extend=1``), which TorchRL
 #: reads as ``storage[:, :]`` transposed to ``[lanes, time]``.
