@@ -157,7 +157,9 @@ def dump_buffer(storage: TensorCheckpointable, dest: Destination, *, codec: Code
         chunk = layout[leaf.path][0]
         plan[leaf.path] = (chunk, _changed_chunks(changed, chunk, -(-state.high // chunk)))
     window = _window([chunk for chunk, _ in plan.values()], state.schema.row_bytes)
-    digests: Digests = {leaf.path: {} for leaf in state.schema.leaves}  # of the new generation
+    # the new generation's digests, kept only where rows can change unseen by the revisions
+    digests: Digests | None = {leaf.path: {} for leaf in state.schema.leaves} \
+        if state.in_place else None
     if base is not None and state.in_place:  # rows written in place carry no revision
         _add_changed_in_place(state, dest, base, plan, window, digests)
     total = sum(int(mask.sum()) * chunk * state.schema.by_path[p].row_bytes
@@ -187,13 +189,13 @@ def dump_buffer(storage: TensorCheckpointable, dest: Destination, *, codec: Code
 class _ChunkWriter(NamedTuple):
     """Where a dump writes chunks: the new generation, its chunk-key separator, (for
     compressed codecs; raw chunks are written as objects) its zarr arrays, and the
-    digests of the chunks written, filled as they are."""
+    digests of the chunks written, filled as they are (None: none are kept)."""
 
     spec: StoreSpec
     separator: str
     raw: bool
     arrays: dict[str, Any]
-    digests: Digests
+    digests: Digests | None
 
     def write(self, state: TensorState, plan: dict[str, tuple[int, np.ndarray]], window: int,
               bar: Any) -> int:
@@ -214,7 +216,7 @@ class _ChunkWriter(NamedTuple):
                     start, stop = (first + a) * chunk, min((first + b) * chunk, state.rows)
                     value = as_numpy(columns[leaf.path][start - lo: stop - lo], leaf.dtype)
                     written += value.nbytes
-                    for i in range(a, b):
+                    for i in range(a, b) if self.digests is not None else ():
                         self.digests[leaf.path][first + i] = digest(
                             value[(i - a) * chunk:(i - a + 1) * chunk])
                     if self.raw:

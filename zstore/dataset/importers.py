@@ -103,9 +103,14 @@ def _text_bytes(group, fields) -> int:
     longest = 0
     for field in fields:
         for _, data in _members(group[field]) if field in group else []:
-            if _is_text(data) and data.size:
-                longest = max(longest, max(len(value) for value in data[...].ravel()))
+            if _is_text(data):
+                longest = max(longest, _longest_text(data))
     return longest
+
+
+def _longest_text(data) -> int:
+    """Bytes of the longest string of an HDF5 string dataset (0 when empty)."""
+    return max((len(value) for value in data[...].ravel()), default=0)
 
 
 def _node(node: Any, rows: slice) -> Any:
@@ -347,8 +352,8 @@ def _minari_facts(group, where: str) -> tuple[int, dict[str, tuple], int]:
                     f" (rewards: {steps})" if field != "infos" else ""))
             text = h5py.check_string_dtype(dtype) is not None
             layout[path] = (shape[1:], "text" if text else dtype)
-            if text and field in ("observations", "actions", "infos") and data.size:
-                longest = max(longest, max(len(value) for value in data[...].ravel()))
+            if text and field in ("observations", "actions", "infos"):
+                longest = max(longest, _longest_text(data))
     return steps, layout, longest
 
 

@@ -318,13 +318,19 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             if self._lease is not None and self._lease.held:
                 self._counts.holder = os.getpid()
             return
-        holder = self._counts.holder
-        if holder and not runs_here(holder):
+        holder = self._gone_holder()
+        if holder:
             raise LeaseError(
                 f"{self.spec.redacted()}: the process that held this store's lease for the "
                 f"processes writing it together (pid {holder}) has exited, so rows written "
                 "here would never be committed, and another writer may own the store now: "
                 "stop this process; a new run resumes the store with zstore.open(url)")
+
+    def _gone_holder(self) -> int:
+        """The pid of the process that held the lease for the processes sharing the store
+        and has exited without releasing it (0 if none did)."""
+        holder = self._counts.holder
+        return holder if holder and not runs_here(holder) else 0
 
     def _release_lease(self) -> None:
         """As :meth:`LeasedWriter._release_lease`; the processes sharing the store learn
@@ -354,8 +360,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         counters, not reloaded from the store."""
         if self._lease is None or self._lease.held:
             return True
-        holder = self._counts.holder
-        if holder and not runs_here(holder):
+        if self._gone_holder():
             return False  # the group's holder is gone: its rows are no longer the group's
         try:
             if self._lease.ensure():
