@@ -172,6 +172,17 @@ def test_open_dataset_names_the_store_and_the_fix_on_transport_errors(s3_bucket,
         assert url in str(opened.value) and fix in str(opened.value)
 
 
+@pytest.mark.s3
+def test_open_dataset_in_a_missing_bucket_says_the_bucket_is_missing(s3_bucket, s3_options):
+    """It said "no zarr.json there", as for a wrong path in a bucket that exists."""
+    missing = f"s3://{s3_bucket}-absent/published"
+    with pytest.raises(zstore.StoreNotFoundError,
+                       match=f"no dataset at {missing} .*: its bucket does not exist; check"):
+        open_dataset(missing, s3_options)
+    with pytest.raises(zstore.StoreNotFoundError, match="no zarr.json there"):
+        open_dataset(f"s3://{s3_bucket}/never-written", s3_options)
+
+
 def test_the_ignored_range_warning_comes_once_per_store(http_server):
     """Under a filter that shows every warning, a sampling loop over a sharded dataset served
     by ``python -m http.server`` warns once (it warned on every read of a new shard or size,

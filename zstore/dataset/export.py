@@ -6,19 +6,24 @@ TED keys map back to the layout's names (``observation`` -> ``observations``,
 observation or action go to an HDF5 group of that name
 (``("observation", "pos")`` -> ``observations/pos``, and in D4RL
 ``("next", "observation", "pos")`` -> ``next_observations/pos``), as the
-importers read them. ``("info", k)`` (D4RL) and ``("next", "info", k)`` go to
-``infos/k``; any other key is written at its path (``collector/traj_ids``),
-so nothing is dropped.
+importers read them. ``("info", k)`` (D4RL) and ``("next", "info", k)``
+(Minari) go to ``infos/k``, and so does the other of the two where the dataset
+lacks the layout's own; any other key is written at its path
+(``collector/traj_ids``; ``next/info/k`` beside a D4RL ``infos/k``), which the
+importers read back at that path, so nothing is dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
 import torch
 
+from ..group import refuse_inside_a_dataset
 from ..progress import progress as progress_bar
+from ..store import StoreSpec
 from .importers import ACTION, OBS
 
 #: Steps read from the dataset per batch.
@@ -30,16 +35,24 @@ _MINARI = {ACTION: "actions", "next/reward": "rewards", "next/terminated": "term
            "next/truncated": "truncations", "next/done": None}
 
 
-def _name(path: str, names: dict[str, str | None]) -> str | None:
-    """The HDF5 name of the TED key ``path``; ``None``: not written (``done``)."""
+#: The info key prefix each layout's ``infos`` holds, and the other one.
+_INFOS = {"d4rl": ("info/", "next/info/"), "minari": ("next/info/", "info/")}
+
+
+def _name(path: str, names: dict[str, str | None], infos: tuple[str, str],
+          paths: set[str]) -> str | None:
+    """The HDF5 name of the TED key ``path`` of a dataset with the keys ``paths``;
+    ``None``: not written (``done``)."""
     if path in names:
         return names[path]
     for key, name in names.items():  # a key below a nested observation or action
         if name is not None and path.startswith(key + "/"):
             return name + path[len(key):]
-    for prefix in ("next/info/", "info/"):
-        if path.startswith(prefix):
-            return "infos/" + path[len(prefix):]
+    own, other = infos
+    if path.startswith(own):
+        return "infos/" + path[len(own):]
+    if path.startswith(other) and own + path[len(other):] not in paths:
+        return "infos/" + path[len(other):]  # the layout's own info key is absent
     return path
 
 
@@ -78,13 +91,27 @@ def export_h5(dataset, path: str | os.PathLike, *, layout: str = "d4rl",
 
     ``layout="d4rl"`` writes flat arrays; ``"minari"`` one ``episode_<i>`` group
     per episode with ``T + 1`` observations (the last is the episode's final
-    ``("next", "observation")``).
+    ``("next", "observation")``). The file is written beside ``path`` and renamed to it
+    once complete: a failed or killed export leaves ``path`` as it was.
     """
-    import h5py
-
     if layout not in ("d4rl", "minari"):
         raise ValueError(f"layout must be 'd4rl' or 'minari', got {layout!r}")
+    refuse_inside_a_dataset(StoreSpec.parse(path), "export")
     rows, lanes, lengths = _cells_of(dataset)
+    partial = f"{os.fspath(path)}.{os.getpid()}.partial"
+    try:
+        _write_h5(dataset, partial, layout, rows, lanes, lengths, progress)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise
+
+
+def _write_h5(dataset, path, layout: str, rows: torch.Tensor, lanes: torch.Tensor | None,
+              lengths: torch.Tensor, progress: bool | None) -> None:
+    import h5py
+
     total = len(rows)
     bar = progress_bar(total, f"export {layout}", enabled=progress, unit="rows", unit_scale=True, leave=False)
     with h5py.File(path, "w") as f:
@@ -111,9 +138,10 @@ def _leaves(batch) -> list[tuple[str, torch.Tensor]]:
 
 def _write_d4rl(f, batch, start: int, total: int) -> None:
     leaves = _leaves(batch)
-    names = _names(_D4RL, {path for path, _ in leaves})
+    paths = {path for path, _ in leaves}
+    names = _names(_D4RL, paths)
     for path, value in leaves:
-        name = _name(path, names)
+        name = _name(path, names, _INFOS["d4rl"], paths)
         if name is None:
             continue
         array = _h5_value(path, value)
@@ -124,7 +152,8 @@ def _write_d4rl(f, batch, start: int, total: int) -> None:
 
 def _write_minari(group, steps) -> None:
     leaves = _leaves(steps)
-    names = _names(_MINARI, {path for path, _ in leaves})
+    paths = {path for path, _ in leaves}
+    names = _names(_MINARI, paths)
     for path, value in leaves:
         if path == OBS or path.startswith(OBS + "/"):
             last = steps["next"][tuple(path.split("/"))][-1:]
@@ -133,7 +162,7 @@ def _write_minari(group, steps) -> None:
             continue
         if path == f"next/{OBS}" or path.startswith(f"next/{OBS}/"):
             continue
-        name = _name(path, names)
+        name = _name(path, names, _INFOS["minari"], paths)
         if name is not None:
             group.create_dataset(name, data=_h5_value(path, value))
     if "truncations" not in group:  # the importer needs both flags: none was truncated

@@ -23,6 +23,11 @@ default (``codec="zstd+crc32c"``).
   reset info first) or ``T`` rows become ``("next", "info", k)`` for steps
   ``1..T``. An episode of 0 steps (its one observation, no transition) is skipped.
 
+Arrays beside those fields with a row per step are imported at their paths (what
+:func:`~zstore.dataset.export_h5` writes for keys no field holds); the others are left out
+with a warning naming them. Big-endian arrays are read in the machine's byte order; a read
+that fails on damaged bytes raises :class:`SourceFileError` naming the field and the file.
+
 String fields (h5py variable- or fixed-length strings, e.g. ``infos/name``) become text
 leaves (:mod:`zstore.text`), one string per row; the cell width is the longest string in
 the file. Fields of other types torch cannot hold raise :class:`SchemaError` naming them.
@@ -59,7 +64,23 @@ OBS, ACTION = "observation", "action"
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
+    """``array`` as a tensor, in the machine's byte order (torch holds no other)."""
+    array = np.asarray(array)
+    if not array.dtype.isnative:  # HDF5 keeps the byte order it was written in (">f4")
+        array = array.astype(array.dtype.newbyteorder("="))
     return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def _read(data, rows: Any, text: bool = False) -> np.ndarray:
+    """Rows of an HDF5 dataset (strings decoded, with ``text``); a read the file's bytes
+    fail (a damaged chunk: h5py names neither the field nor the file) raises
+    :class:`SourceFileError` naming both."""
+    try:
+        return data.asstr()[rows] if text else data[rows]
+    except OSError as exc:
+        raise SourceFileError(
+            f"cannot read field {data.name.lstrip('/')!r} of {data.file.filename} ({exc}): the "
+            "file is damaged; pass a complete, undamaged copy of it") from exc
 
 
 def _flag(array: np.ndarray) -> torch.Tensor:
@@ -85,12 +106,12 @@ def _column(data, rows: slice) -> torch.Tensor | NonTensorStack:
             raise SchemaError(f"{field()} holds strings of shape {data.shape[1:]} per row; "
                               "zstore stores one string per row: flatten or drop the field")
         try:
-            return NonTensorStack.from_list(list(data.asstr()[rows]))
+            return NonTensorStack.from_list(list(_read(data, rows, text=True)))
         except UnicodeDecodeError as exc:
             raise SchemaError(f"{field()} holds strings that are not valid text ({exc}); "
                               "re-encode them as UTF-8 or drop the field") from None
     try:
-        return _tensor(data[rows])
+        return _tensor(_read(data, rows))
     except TypeError as exc:
         raise SchemaError(f"{field()} holds {data.dtype} values, which zstore cannot store as "
                           f"a tensor ({exc}); convert the field to numbers or strings, or drop "
@@ -110,7 +131,7 @@ def _text_bytes(group, fields) -> int:
 
 def _longest_text(data) -> int:
     """Bytes of the longest string of an HDF5 string dataset (0 when empty)."""
-    return max((len(value) for value in data[...].ravel()), default=0)
+    return max((len(value) for value in _read(data, ...).ravel()), default=0)
 
 
 def _node(node: Any, rows: slice) -> Any:
@@ -149,15 +170,23 @@ class _Writer:
                                          codec=codec, chunks=chunks, auto_cleanup=False,
                                          text_bytes=text_bytes or TEXT_BYTES,
                                          autocommit_seconds=math.inf)
-        self.position = 0
+        self.position = self.shown = 0
         self.source = dict(source or {})
         self.bar = progress_bar(total, desc, enabled=progress, unit="rows", unit_scale=True, leave=False)
+
+    def read(self, n: int) -> None:
+        """Advance the progress bar by ``n`` rows read, to be written with a later batch (an
+        import of many short episodes reads far longer than it writes)."""
+        self.shown += n
+        self.bar.update(n)
 
     def write(self, batch: TensorDict) -> None:
         n = batch.shape[0]
         self.storage.set(torch.arange(self.position, self.position + n), batch)
         self.position += n
-        self.bar.update(n)
+        if self.position > self.shown:  # rows not shown as read
+            self.bar.update(self.position - self.shown)
+            self.shown = self.position
 
     def __enter__(self):
         return self
@@ -256,6 +285,10 @@ def import_d4rl(h5_path: str | os.PathLike, url: str | os.PathLike,
 
     with h5py.File(source_file("d4rl", h5_path), "r") as f:
         where = f"D4RL file {os.fspath(h5_path)}"
+        if _episode_names(f) and "observations" not in f:
+            raise MissingKeyError(f"{where} holds Minari episode groups ({_episode_names(f)[0]} "
+                                  "...), not D4RL's arrays: import it with import_minari "
+                                  "(`zstore import minari FILE URL`)")
         _require(f, ("observations", "actions", "rewards", "terminals"), where)
         for name in ("rewards", "terminals", "timeouts"):
             if name in f and not isinstance(f[name], h5py.Dataset):
@@ -277,29 +310,75 @@ def import_d4rl(h5_path: str | os.PathLike, url: str | os.PathLike,
             if _length(f["infos"][name], where) != steps:
                 raise SchemaError(f"{where}: 'infos/{name}' has {len(f['infos'][name])} rows, "
                                   f"observations {steps}")
-        text_bytes = _text_bytes(f, ("observations", "actions", "next_observations", "infos"))
+        extras = _d4rl_extras(f, steps, infos, where)
+        text_bytes = max(_text_bytes(f, ("observations", "actions", "next_observations", "infos")),
+                         *(_longest_text(data) for _, data in extras if _is_text(data)), 0)
         more = {f"metadata/{name}": node[()] for name, node in _datasets(f["metadata"])
                 if node.size <= _SOURCE_VALUE_ELEMENTS} \
             if isinstance(f.get("metadata"), h5py.Group) else {}
         source = _source("d4rl", os.fspath(h5_path), dict(f.attrs), more)
         with _Writer(url, total, storage_options, codec, chunks, "import d4rl", progress,
                      text_bytes, source) as sink:
-            _copy_d4rl(f, sink, total, has_next, infos)
+            _copy_d4rl(f, sink, total, has_next, infos, extras)
     return open_dataset(url, storage_options)
 
 
-def _copy_d4rl(f, sink: _Writer, total: int, has_next: bool, infos: list[str]) -> None:
+#: The fields of a D4RL file the import reads by name (``metadata/``: the source's record).
+_D4RL_FIELDS = ("observations", "actions", "rewards", "terminals", "timeouts",
+                "next_observations", "infos", "metadata")
+#: The TED keys a D4RL import writes (an array the file holds beside its fields must not be
+#: stored at, above or below one of them).
+_TED_PATHS = (OBS, ACTION, f"next/{OBS}", "next/reward", "next/terminated", "next/truncated",
+              "next/done")
+
+
+def _d4rl_extras(f, steps: int, infos: list[str], where: str) -> list[tuple[str, Any]]:
+    """``(path, dataset)`` of the arrays a D4RL file holds beside its fields with a row per
+    step (``qvel``, ``goals/xy``, or an export's ``next/info/k``): imported at their paths,
+    as the exporter writes keys it has no field for. The others are left out with a
+    warning naming them: values not one per step, or a path a TED key takes."""
+    taken = (*_TED_PATHS, *(f"info/{name}" for name in infos))
+    kept, uneven, clashing = [], [], []
+    for name in f:
+        if name in _D4RL_FIELDS:
+            continue
+        for sub, data in _members(f[name]):
+            path = f"{name}/{sub}".rstrip("/")
+            if _clashes(path, taken):
+                clashing.append(path)
+            elif not data.shape or len(data) != steps:
+                uneven.append(path)
+            else:
+                kept.append((path, data))
+    for paths, why in ((uneven, f"they do not hold one row per step ({steps})"),
+                       (clashing, "a key the import writes takes their path; rename them")):
+        if paths:
+            warnings.warn(f"{where}: left out {paths[:8]}{' ...' if len(paths) > 8 else ''}, "
+                          f"beside the D4RL fields: {why}", RuntimeWarning, stacklevel=3)
+    return kept
+
+
+def _clashes(path: str, taken: tuple[str, ...]) -> bool:
+    """Whether the key path ``path`` is one of ``taken``, or above or below one."""
+    return any(path == key or key.startswith(path + "/") or path.startswith(key + "/")
+               for key in taken)
+
+
+def _copy_d4rl(f, sink: _Writer, total: int, has_next: bool, infos: list[str],
+               extras: list[tuple[str, Any]]) -> None:
     for start in range(0, total, BATCH_ROWS):
         rows = slice(start, min(start + BATCH_ROWS, total))
         n = rows.stop - rows.start
         obs = _node(f["observations"], rows)
         next_obs = _node(f["next_observations"], rows) if has_next else \
             _node(f["observations"], slice(rows.start + 1, rows.stop + 1))
-        timeouts = f["timeouts"][rows] if "timeouts" in f else np.zeros(n, dtype=bool)
-        batch = _ted(obs, _node(f["actions"], rows), next_obs, f["rewards"][rows],
-                     _flag(f["terminals"][rows]), _flag(timeouts), n)
+        timeouts = _read(f["timeouts"], rows) if "timeouts" in f else np.zeros(n, dtype=bool)
+        batch = _ted(obs, _node(f["actions"], rows), next_obs, _read(f["rewards"], rows),
+                     _flag(_read(f["terminals"], rows)), _flag(timeouts), n)
         for name in infos:
             batch[("info", *name.split("/"))] = _column(f["infos"][name], rows)
+        for path, data in extras:
+            batch[tuple(path.split("/"))] = _column(data, rows)
         sink.write(batch)
 
 
@@ -329,22 +408,35 @@ def _layout(node) -> dict[str, tuple]:
 _MINARI_FIELDS = ("observations", "actions", "rewards", "terminations", "truncations", "infos")
 
 
-def _minari_facts(group, where: str) -> tuple[int, dict[str, tuple], int]:
+def _minari_extras(layout: dict[str, tuple]) -> list[str]:
+    """The paths of ``layout`` (an episode's, from :func:`_minari_facts`) outside Minari's
+    fields: arrays of a row per step an export wrote for keys it had no field for."""
+    return [path for path in layout if path.split("/")[0] not in _MINARI_FIELDS]
+
+
+def _minari_facts(group, where: str) -> tuple[int, dict[str, tuple], int, list[str]]:
     """What an import must know of an episode group before anything is written, in one walk
     of it: its steps (the fields checked: present, with the rows they need), the layout of
     its arrays (``{field/path: (per-row shape, dtype or "text")}``: what every episode of a
-    file must share to be stored as one dataset), and the UTF-8 bytes of its longest string."""
+    file must share to be stored as one dataset; arrays beside the fields with a row per step
+    included, :func:`_minari_extras`), the UTF-8 bytes of its longest string, and the paths
+    of the arrays left out (beside the fields, not a row per step or at a TED key's path)."""
     import h5py
 
     _require(group, ("observations", "actions", "rewards", "terminations", "truncations"), where)
     steps = len(group["rewards"])
     expected = {"observations": (steps + 1,), "actions": (steps,), "terminations": (steps,),
                 "truncations": (steps,), "infos": (steps, steps + 1)}
-    layout, longest = {}, 0
-    for field in _MINARI_FIELDS:
+    layout, longest, left_out = {}, 0, []
+    for field in (*_MINARI_FIELDS, *(name for name in group if name not in _MINARI_FIELDS)):
+        extra = field not in _MINARI_FIELDS
         for name, data in _members(group[field]) if field in group else []:
             path = f"{field}/{name}".rstrip("/")
             shape, dtype = data.shape, data.dtype
+            if extra and (_clashes(path, (*_TED_PATHS, "next/info")) or not shape
+                          or shape[0] != steps):
+                left_out.append(path)
+                continue
             rows = shape[0] if shape else len(data)  # a scalar: h5py's own error
             if field in expected and rows not in expected[field]:
                 wanted = " or ".join(map(str, expected[field]))
@@ -352,9 +444,9 @@ def _minari_facts(group, where: str) -> tuple[int, dict[str, tuple], int]:
                     f" (rewards: {steps})" if field != "infos" else ""))
             text = h5py.check_string_dtype(dtype) is not None
             layout[path] = (shape[1:], "text" if text else dtype)
-            if text and field in ("observations", "actions", "infos"):
+            if text and field not in ("rewards", "terminations", "truncations"):
                 longest = max(longest, _longest_text(data))
-    return steps, layout, longest
+    return steps, layout, longest, left_out
 
 
 def _require_same_layout(layouts: dict[str, dict[str, tuple]], where: str) -> None:
@@ -378,8 +470,9 @@ def _shown(layout: dict[str, tuple], paths: list[str]) -> dict[str, Any]:
             for path in paths}
 
 
-def _minari_episode(group) -> TensorDict:
-    """One (checked) Minari episode group as ``T`` TED transitions."""
+def _minari_episode(group, extras: list[str]) -> TensorDict:
+    """One (checked) Minari episode group as ``T`` TED transitions; the arrays at the paths
+    ``extras`` (a row per step) at those key paths."""
     steps = len(group["rewards"])
     obs = _node(group["observations"], slice(None))
 
@@ -388,11 +481,14 @@ def _minari_episode(group) -> TensorDict:
             else value[lo:hi]
 
     batch = _ted(shift(obs, 0, steps), _node(group["actions"], slice(None)),
-                 shift(obs, 1, steps + 1), group["rewards"][:],
-                 _flag(group["terminations"][:]), _flag(group["truncations"][:]), steps)
+                 shift(obs, 1, steps + 1), _read(group["rewards"], slice(None)),
+                 _flag(_read(group["terminations"], slice(None))),
+                 _flag(_read(group["truncations"], slice(None))), steps)
     if "infos" in group:
         for name, node in _datasets(group["infos"]):
             batch[("next", "info", *name.split("/"))] = _column(node, slice(len(node) - steps, None))
+    for path in extras:
+        batch[tuple(path.split("/"))] = _column(group[path], slice(None))
     return batch
 
 
@@ -473,27 +569,40 @@ def import_minari(h5_path: str | os.PathLike, url: str | os.PathLike,
         names = _episode_names(f)
         where = f"Minari file {os.fspath(h5_path)}"
         if not names:
-            raise MissingKeyError(f"{where} has no episode_<id> groups (has {sorted(f.keys())})")
-        facts = {name: _minari_facts(f[name], f"{where}, {name}") for name in names}
+            hint = ("; it holds D4RL's flat arrays: import it with import_d4rl (`zstore import "
+                    "d4rl FILE URL`)") if "observations" in f else ""
+            raise MissingKeyError(f"{where} has no episode_<id> groups (has "
+                                  f"{sorted(f.keys())}){hint}")
+        facts = {name: _minari_facts(f[name], f"{where}, {name}")
+                 for name in progress_bar(names, "check minari", enabled=progress,
+                                          unit="episodes", leave=False)}
         steps = {name: fact[0] for name, fact in facts.items()}
         names = [name for name in names if steps[name]]  # a 0-step episode holds no transition
         _require_same_layout({name: facts[name][1] for name in names}, where)
         text_bytes = max((facts[name][2] for name in names), default=0)
+        extras = _minari_extras(facts[names[0]][1]) if names else []
+        left_out = sorted({path for name in names for path in facts[name][3]})
         source = _source("minari", h5_path, dict(f.attrs), _minari_metadata(h5_path))
         with _Writer(url, sum(steps.values()), storage_options, codec, chunks, "import minari",
                      progress, text_bytes, source) as sink:
             pending: list[TensorDict] = []
             rows, unflagged = 0, []
             for i, name in enumerate(names):
-                pending.append(_minari_episode(f[name]))
+                pending.append(_minari_episode(f[name], extras))
                 last = pending[-1][-1]["next"]
                 if not last["done"].any() and i < len(names) - 1:  # the group ends it: truncated
                     last["truncated"][:] = last["done"][:] = True
                     unflagged.append(name)
                 rows += pending[-1].shape[0]
+                sink.read(pending[-1].shape[0])
                 if rows >= BATCH_ROWS or i == len(names) - 1:
                     sink.write(torch.cat(pending))
                     pending, rows = [], 0
+    if left_out:
+        warnings.warn(
+            f"{where}: left out {left_out[:8]}{' ...' if len(left_out) > 8 else ''}, beside "
+            "the Minari fields of its episodes: such arrays are imported at their paths only "
+            "with one row per step and at a path no TED key takes", RuntimeWarning, stacklevel=2)
     if unflagged:
         warnings.warn(
             f"{where}: {len(unflagged)} episode(s) ({', '.join(unflagged[:5])}"
