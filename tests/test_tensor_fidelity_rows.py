@@ -207,3 +207,46 @@ def test_rb_setitem_of_a_batch_of_one_writes_the_row_as_torchrl(location, kind, 
     else:
         assert theirs.keys() == ours.keys()
         assert all(torch.equal(theirs[k], ours[k]) for k in theirs.keys())
+
+
+@pytest.mark.parametrize("index", ["slice, lane tensor", "slice, lane list", "rows, lane tensor",
+                                   "stepped rows, int lane"])
+def test_lanes_picked_by_a_tensor_or_list_are_written_as_torchrl_writes_them(location, index):
+    """On an ``ndim=2`` memmap storage, ``storage[:, lanes] = td`` (what ``rb[lanes] = td``
+    calls) raised "Attempting to broadcast a dimension": the rows of a slice were indexed
+    by a tensor, which torch pairs with the lanes' tensor instead of crossing them."""
+    def batch(rows: int, lanes: int, first: int) -> TensorDict:
+        return TensorDict(obs=torch.arange(first, first + rows * lanes).float().view(rows, lanes),
+                          batch_size=[rows, lanes])
+
+    cursor, value = {"slice, lane tensor": ((slice(None), torch.tensor([1, 0])), batch(10, 2, 700)),
+                     "slice, lane list": ((slice(None), [1]), batch(10, 1, 700)),
+                     "rows, lane tensor": ((slice(2, 5), torch.tensor([1])), batch(3, 1, 700)),
+                     "stepped rows, int lane": ((slice(2, 8, 2), 0), batch(3, 1, 700)[:, 0])}[index]
+    results = []
+    for storage in (T.LazyMemmapStorage(20, ndim=2), memmap2(location)):
+        storage.set(torch.arange(10), batch(10, 2, 0))
+        storage[cursor] = value
+        results.append(storage[:]["obs"].clone())
+    assert torch.equal(results[1], results[0])
+    assert (results[1] >= 700).sum() == value.numel()
+
+
+def test_rb_setitem_of_lanes_on_an_ndim_2_buffer_matches_torchrl(location):
+    def lanes(n: int, steps: int, first: int) -> TensorDict:
+        return TensorDict(obs=torch.arange(first, first + n * steps).float().view(n, steps),
+                          batch_size=[n, steps])
+
+    results = []
+    for storage in (T.LazyMemmapStorage(20, ndim=2), memmap2(location)):
+        rb = T.ReplayBuffer(storage=storage)
+        rb.extend(lanes(2, 10, 0))
+        rb[torch.tensor([0, 1])] = lanes(2, 10, 700)
+        results.append(rb[:]["obs"].clone())
+    assert torch.equal(results[1], results[0]) and bool((results[1] >= 700).all())
+
+
+def memmap2(location) -> zt.LazyMemmapStorage:
+    """zstore's ``ndim=2`` LazyMemmapStorage of 20 cells at ``location``."""
+    return zt.LazyMemmapStorage(20, ndim=2, scratch_dir=location.new(),
+                                storage_options=location.options)

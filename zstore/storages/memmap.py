@@ -687,12 +687,17 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             return self._schema.columns(current, lead)
 
     def _write_cells(self, cursor: tuple, data: Any) -> None:
+        """Write the cells a tuple index (rows, then lanes) names: their rows are read,
+        updated as torch indexes (the block indexed as the storage would be) and written."""
         first = cursor[0]
         rows, lead, squeeze = rows_of(first, self._meta.rows)
-        urows = torch.unique(rows)
+        if isinstance(first, (slice, range)):  # distinct rows: the block's own, as a slice
+            urows, local_index = rows, slice(None)  # (a tensor would pair with the lanes')
+        else:
+            urows = torch.unique(rows)
+            local = torch.searchsorted(urows, rows)
+            local_index = int(local[0]) if squeeze else local.reshape(lead if lead else (len(rows),))
         block = self._build(self.table.read(urows), (len(urows),), self._schema.lane_shape)
-        local = torch.searchsorted(urows, rows)
-        local_index = int(local[0]) if squeeze else local.reshape(lead if lead else (len(rows),))
         block[(local_index, *cursor[1:])] = data
         self._write(urows, block)
 
