@@ -190,3 +190,31 @@ def test_credentials_never_leak_into_reprs_errors_logs_or_the_store(faulty, capl
     root = url.removeprefix("s3://")
     for path in fs.find(root):
         assert SECRET.encode() not in fs.cat_file(path), path
+
+
+@pytest.mark.parametrize("lost", ["lease created", "lease renewed", "commit"])
+def test_a_conditional_write_whose_reply_is_lost_is_known_as_landed(faulty, lost):
+    """The server stores the write, the connection resets before its reply, the client
+    retries, and the retry is refused by the condition the first attempt changed. The lease
+    then read as "held by <this writer's own id>": the writer died for good, its unsaved
+    rows lost and the store refused to a reopen for the lease's ttl; a lost commit reply
+    raised "Nothing was committed" after the rows were committed (written again, they
+    would be duplicated)."""
+    proxy, options, direct, url = faulty
+    storage = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=options,
+                                       autocommit_seconds=float("inf"))
+    path = r"zarr\.json$" if lost == "commit" else r"zstore-lease"
+    rule = Rule("reset_after", path=path, method="PUT", count=1)
+    if lost == "lease created":
+        proxy.add(rule)
+    storage.set(torch.arange(4), rows(0, 4))
+    storage.flush()
+    if lost != "lease created":
+        proxy.add(rule)
+    storage.set(torch.arange(4, 12), rows(4, 8))
+    storage.flush()
+    assert proxy.injected["reset_after"] == 1
+    assert_rows(zstore.open(url, direct, mode="r"), 0, 12)
+    storage.set(torch.arange(12, 14), rows(12, 2))  # the writer goes on
+    storage.close()
+    assert_rows(zstore.open(url, direct, mode="r"), 0, 14)

@@ -263,7 +263,8 @@ class S3Objects(ConditionalObjects):
     def create(self, name: str, data: bytes) -> Token | None:
         if not self.atomic:
             return super().create(name, data)
-        return self._create(name, data)
+        token = self._create(name, data)
+        return token if token is not None else self._landed(name, data)
 
     def replace(self, name: str, data: bytes, token: Token) -> Token | None:
         if not self.atomic:
@@ -272,8 +273,17 @@ class S3Objects(ConditionalObjects):
             return self._call("put_object", name, Body=data, IfMatch=token)["ETag"]
         except OSError as exc:
             if _precondition_failed(exc) or isinstance(exc, FileNotFoundError):
-                return None
+                return self._landed(name, data)
             raise
+
+    def _landed(self, name: str, data: bytes) -> Token | None:
+        """After a refused conditional write of ``data``: the object's token if it holds
+        exactly ``data``, else None. A write whose reply was lost (a reset after the server
+        stored it) is retried by the client, and the retry is refused by the condition the
+        first attempt changed: this write landed. (Every lease record and commit names
+        its writer, so another writer's object is never equal.)"""
+        found = self.read(name)
+        return found[1] if found is not None and found[0] == data else None
 
     def delete(self, name: str, token: Token) -> bool:
         if not self.atomic:
