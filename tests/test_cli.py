@@ -708,3 +708,29 @@ def test_info_on_other_zarr_stores_says_what_is_there(capsys, tmp_path):
                        ("bad", "its zarr.json is not valid JSON")):
         _one_line(_run(capsys, "info", str(tmp_path / name), code=1),
                   f"{tmp_path / name} is not a zstore buffer: {said}")
+
+
+@pytest.mark.parametrize("damage", ["a length that is no count", "zarr.json not JSON"])
+def test_ls_names_a_malformed_buffer_and_lists_the_others(capsys, tmp_path, damage):
+    """One buffer's ``"length": "many"`` stopped the listing ("Cannot specify ',' with 's'",
+    exit 1, the buffers after it never listed); a zarr.json that is no JSON hid its buffer."""
+    urls = [str(tmp_path / name) for name in ("a", "b", "c")]
+    for url in urls:
+        storage = zstore.LazyMemmapStorage(10, scratch_dir=url)
+        storage.set(torch.arange(2), TensorDict(obs=torch.ones(2, 3), batch_size=[2]))
+        storage.close()
+    node = Path(urls[1]) / "zarr.json"
+    if damage == "zarr.json not JSON":
+        node.write_text("{ cut short")
+        why = "its zarr.json is not valid JSON"
+    else:
+        document = json.loads(node.read_text())
+        document["attributes"]["zstore"]["length"] = "many"
+        node.write_text(json.dumps(document))
+        why = "its zarr.json is malformed: length is 'many', not a count"
+    got = main(["ls", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert got == 1
+    assert captured.out == "".join(f"{url}\tLazyMemmapStorage\tbuffer\t2/10\n"
+                                   for url in (urls[0], urls[2]))
+    _one_line(captured.err, f"{urls[1]}: {why}; not listed (zstore info {urls[1]} says more)")

@@ -121,11 +121,14 @@ def _require_writable(url: str, options: dict[str, Any], action: str, fix: str):
 def _node(fs, path: str) -> tuple[str, dict[str, Any]] | None:
     """What the ``zarr.json`` at ``path`` holds, as ``(kind, block)``: ``("buffer", its zstore
     block)``, ``("checkpoint", its commit record)``, ``("incomplete", {})`` (a buffer whose
-    creation never finished), ``("array", {})`` or ``("group", {})``; ``None`` without one."""
+    creation never finished), ``("array", {})``, ``("group", {})`` or ``("malformed",
+    {"error": why})`` (not JSON); ``None`` without one."""
     try:
         node = json.loads(fs.cat_file(f"{path.rstrip('/')}/zarr.json"))
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError):
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
+    except ValueError:  # bytes that are not JSON (UnicodeDecodeError is a ValueError too)
+        return "malformed", {"error": "its zarr.json is not valid JSON"}
     if not isinstance(node, dict):
         return None
     if node.get("node_type") == "array":  # an array's own zstore attribute is its torch dtype
@@ -328,7 +331,8 @@ def ls_arguments(parser: argparse.ArgumentParser) -> None:
 
 def ls_run(args: argparse.Namespace) -> int:
     """Run `zstore ls URL` (every buffer below a prefix); the exit code: 1 when a folder below
-    it could not be read (named on stderr, as GNU ls does, after listing the others)."""
+    it could not be read or holds a malformed ``zarr.json`` (named on stderr, as GNU ls
+    does, after listing the others)."""
     from .store import StoreSpec
 
     spec = StoreSpec.parse(args.url, _options(args), read_only=True)
@@ -350,6 +354,13 @@ def ls_run(args: argparse.Namespace) -> int:
             print(f"{PROG}: error: cannot read {_child_url(spec, fs, root, path)}: {why}; its "
                   f"buffers, if any, are not listed ({fix})", file=sys.stderr)
             continue
+        why = block.get("error") if kind == "malformed" else _malformed(block)
+        if why:  # reported as a folder that cannot be read: the others are still listed
+            unreadable += 1
+            url = _child_url(spec, fs, root, path)
+            print(f"{PROG}: error: {url}: {why}; not listed ({PROG} info {url} says more)",
+                  file=sys.stderr)
+            continue
         found += 1
         name = block.get("checkpointer" if kind == "checkpoint" else "storage_class", "?")
         if kind == "buffer" and block.get("sealed"):
@@ -360,6 +371,22 @@ def ls_run(args: argparse.Namespace) -> int:
     if not found and not unreadable:
         print(f"no zstore buffer under {spec.redacted()}")
     return 1 if unreadable else 0
+
+
+def _malformed(block: dict[str, Any]) -> str | None:
+    """What makes a zstore block or checkpoint record unfit to list (a count that is no
+    integer), or None."""
+    extra = block.get("extra")
+    episodes = extra.get("episodes") if isinstance(extra, dict) else None
+    counts = {"length": block.get("length"), "max_size": block.get("max_size", 0),
+              "the episode count": episodes.get("count") if isinstance(episodes, dict) else None}
+    for name, value in counts.items():
+        if value is not None and (type(value) is not int or value < 0):
+            return f"its zarr.json is malformed: {name} is {value!r}, not a count"
+    if extra is not None and not isinstance(extra, dict) or \
+            episodes is not None and not isinstance(episodes, dict):
+        return "its zarr.json is malformed: its extra block is not an object"
+    return None
 
 
 def _buffers(fs, root: str, depth: int):
