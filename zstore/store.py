@@ -358,11 +358,16 @@ class StoreSpec:
                         pass
             return total
         fs, path = self.filesystem()
+        skip = {f"{path.rstrip('/')}/{name}" for name in ignore}
+        if self.is_memory:  # fsspec's du lists every folder by a scan of every object of the
+            # process (quadratic: 15 s for a summary of 4,000 chunks); one scan here
+            below = path.rstrip("/") + "/"
+            return sum(file.size for name, file in list(fs.store.items())
+                       if (name == path or name.startswith(below)) and name not in skip)
         try:
             sizes = fs.du(path, total=False)
         except FileNotFoundError:
             return 0
-        skip = {f"{path.rstrip('/')}/{name}" for name in ignore}
         return int(sum(size for name, size in sizes.items() if name not in skip))
 
     def is_empty(self, ignore: tuple[str, ...] = ()) -> bool:
