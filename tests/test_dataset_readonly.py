@@ -94,8 +94,8 @@ def test_every_write_path_is_refused_and_nothing_changes(location, codec):
             assert f"zstore convert {url} DST --no-seal" in str(info.value), name
     with pytest.raises(ValueError, match="read-only"):  # the Zarr store underneath refuses too
         ds._group.create_array("x", shape=(1,), dtype="f4")
-    assert "This dataset doesn't allow writing." in str(pytest.raises(
-        zstore.ReadOnlyError, ds.set, 0, ds[0]).value)
+    assert "This dataset doesn't allow writing. Cannot write rows: " in str(pytest.raises(
+        zstore.ReadOnlyError, ds.set, 0, ds[0]).value)  # two sentences, each capitalised
     with pytest.raises(RuntimeError, match="doesn't allow writing"):
         immutable = zstore.ImmutableDatasetWriter()
         immutable.register_storage(ds)

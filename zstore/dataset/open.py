@@ -64,7 +64,8 @@ class Dataset(LazyMemmapStorage):
         self._index: TensorDict | None = None
 
     def _refuse(self, action: str) -> None:
-        raise ReadOnlyError(f"{WRITING_ERR} {sealed_dataset(action, self.spec.redacted())}")
+        why = str(sealed_dataset(action, self.spec.redacted()))
+        raise ReadOnlyError(f"{WRITING_ERR} {why[:1].upper()}{why[1:]}")
 
     # -- every write path refuses ---------------------------------------------------------
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
