@@ -275,3 +275,33 @@ def test_edge_data_says_nothing_to_plot_or_leaves_non_finite_values_out():
     td = TensorDict({("next", "reward"): reward[:, None], ("next", "done"): done[:, None]},
                     batch_size=[4])
     assert "1 NaN or infinite left out" in plots.episode_return_hist(td).axes[0].get_title()
+
+
+def test_action_hist_edges_and_frame_grid_of_one_stack():
+    """An empty tensor drew an empty figure, complex actions were bars of their real parts'
+    integers, one action read "1 steps", 200 continuous dims drew 200 axes (16 s, a figure
+    130 inches high), an ensemble raised from inside ``get``, and ``frame_grid(index=3)`` of
+    frame stacks showed row 3's stack as "4 frames"."""
+    with pytest.raises(ValueError, match="nothing to plot: no actions"):
+        plots.action_hist(torch.zeros(0, dtype=torch.long))
+    with pytest.raises(TypeError, match=r"actions.real or actions.imag"):
+        plots.action_hist(torch.randn(20, dtype=torch.complex64))
+    assert plots.action_hist(torch.tensor([3])).axes[0].get_title() == "Actions (1 step)"
+    wide = torch.randn(50, 200)
+    fig = plots.action_hist(wide, bins=5)
+    assert len(fig.axes) == plots.MAX_ACTION_DIMS
+    assert fig._suptitle.get_text().startswith(f"the first {plots.MAX_ACTION_DIMS} of 200 action")
+    counts, _ = np.histogram(wide[:, 15].double().numpy(), bins=5)
+    assert [p.get_height() for p in fig.axes[15].patches] == counts.tolist()
+    member = zstore.LazyTensorStorage(10)
+    member.set(torch.arange(4), TensorDict(action=torch.zeros(4, dtype=torch.long), batch_size=[4]))
+    with pytest.raises(TypeError, match=r"pass one of them \(ensemble\[0\]\)"):
+        plots.action_hist(zstore.StorageEnsemble(member, zstore.LazyTensorStorage(10)))
+    stacks = zstore.LazyTensorStorage(10)
+    pixels = torch.randint(0, 256, (5, 4, 8, 8), dtype=torch.uint8)
+    stacks.set(torch.arange(5), TensorDict(pixels=pixels, batch_size=[5]))
+    for data in (stacks, pixels):
+        for index in (3, torch.tensor(3)):
+            fig = plots.frame_grid(data, index=index)
+            assert fig._suptitle.get_text() == "1 frame (stacks of 4)"
+            assert np.array_equal(np.asarray(fig.axes[2].images[0].get_array()), pixels[3, 2].numpy())

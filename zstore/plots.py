@@ -62,15 +62,19 @@ def time_ordered(data: Storage | TensorDictBase) -> TensorDictBase:
         if not data.batch_size.numel():
             raise ValueError("nothing to plot: this TensorDict holds no rows")
         return data
-    if not isinstance(data, Storage):
-        raise TypeError(f"expected a zstore storage or a TensorDict, got {type(data).__name__}")
     _require_rows(data)
     lanes = math.prod(data.shape[1:]) if data.ndim > 1 and len(data) else 1  # [T, B] storages
     return _read(data, ring_order(len(data), data.max_size, data._newest_row(), lanes=lanes))
 
 
 def _require_rows(storage: Storage) -> None:
-    """Raise the "nothing to plot" ``ValueError`` when ``storage`` holds no rows."""
+    """Raise the "nothing to plot" ``ValueError`` when ``storage`` holds no rows; a
+    ``TypeError`` for what is no storage, or an ensemble (whose rows are its members')."""
+    if not isinstance(storage, Storage):
+        raise TypeError(f"expected a zstore storage or a TensorDict, got {type(storage).__name__}")
+    if hasattr(storage, "_storages"):  # a StorageEnsemble: get() takes buffer ids and indices
+        raise TypeError(f"plots read one storage; a {type(storage).__name__} holds several: "
+                        "pass one of them (ensemble[0])")
     if not len(storage):
         raise ValueError(f"nothing to plot: this {type(storage).__name__} holds no rows yet "
                          "(write some first, or plot a TensorDict)")
@@ -277,6 +281,8 @@ def frame_grid(data: torch.Tensor | Storage | TensorDictBase, *, key: Any = "pix
     ``[N, S, ...]`` show one row per item with its ``S`` frames side by side;
     single frames fill ``ncols`` columns (default: up to 8).
     """
+    if isinstance(index, int) or isinstance(index, torch.Tensor) and index.ndim == 0:
+        index = [int(index)]  # one item: its frames (or stack), not the item as a batch
     if isinstance(data, Storage):
         _require_rows(data)
         rows = torch.arange(min(max_frames, len(data))) if index is None else torch.as_tensor(index)
@@ -323,6 +329,9 @@ def _discrete(actions: torch.Tensor) -> torch.Tensor | None:
 #: Integer actions spanning more values than this are drawn as a histogram of ``bins``
 #: bins, not a bar each (100,000 distinct ids took 61-96 s as bars, and as much memory).
 MAX_ACTION_BARS = 1024
+#: Continuous actions of more dimensions than this have only their first ones drawn (a
+#: histogram each: 200 took 16 s and a figure 130 inches high).
+MAX_ACTION_DIMS = 16
 
 
 def action_hist(data: Storage | TensorDictBase | torch.Tensor, *, key: Any = "action",
@@ -331,21 +340,28 @@ def action_hist(data: Storage | TensorDictBase | torch.Tensor, *, key: Any = "ac
     spanning fewer than :data:`MAX_ACTION_BARS` values), else one histogram per action
     dimension."""
     actions = data.cpu() if isinstance(data, torch.Tensor) else _get(time_ordered(data), key)
+    if actions.ndim == 0 or not actions.shape[0]:
+        raise ValueError("nothing to plot: no actions (expected a value or vector per step)")
+    if actions.is_complex():
+        raise TypeError("action_hist plots real values; for complex actions pass "
+                        "actions.real or actions.imag")
     index = _discrete(actions)
-    if index is not None and index.numel() and \
-            int(index.max()) - int(index.min()) >= MAX_ACTION_BARS:
+    if index is not None and int(index.max()) - int(index.min()) >= MAX_ACTION_BARS:
         actions, index = index, None  # too many for a bar each (an id): a histogram of them
     if index is not None:
         fig = _figure()
         ax = fig.add_subplot()
-        low = int(index.min()) if index.numel() else 0
-        counts = torch.bincount(index - low) if index.numel() else torch.zeros(0, dtype=torch.int64)
+        low = int(index.min())
+        counts = torch.bincount(index - low)
         ax.bar(torch.arange(low, low + len(counts)).numpy(), counts.numpy())
-        ax.set(title=f"Actions ({index.numel()} steps)", xlabel="action", ylabel="count")
+        steps = index.numel()
+        ax.set(title=f"Actions ({steps} step{'s' if steps != 1 else ''})", xlabel="action",
+               ylabel="count")
         return fig
     flat = actions.reshape(actions.shape[0], -1).to(torch.float64) if actions.ndim > 1 \
         else actions.reshape(-1, 1).to(torch.float64)
-    dims = flat.shape[1]
+    total = flat.shape[1]
+    dims = min(total, MAX_ACTION_DIMS)
     ncols = min(dims, 4)
     fig = _figure(3.2 * ncols, 2.6 * -(-dims // ncols))
     for d in range(dims):
@@ -353,4 +369,7 @@ def action_hist(data: Storage | TensorDictBase | torch.Tensor, *, key: Any = "ac
         values, note = _finite(flat[:, d], f"action[{d}] values")
         ax.hist(values.numpy(), bins=bins)
         ax.set(title=f"action[{d}]{note}", xlabel="value", ylabel="count" if d % ncols == 0 else None)
+    if total > dims:
+        fig.suptitle(f"the first {dims} of {total} action dimensions (slice the actions to "
+                     "see others)")
     return fig
