@@ -8,6 +8,7 @@ checksum turns it into a :class:`~zstore.CorruptChunkError` naming the key and c
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -169,3 +170,22 @@ def test_json_without_a_checksum_field_means_none():
 def test_a_bad_preset_names_the_opt_out():
     with pytest.raises(ValueError, match=r"unknown codec preset 'zstd\+crc'.*'\+nocrc'"):
         CodecSpec.parse("zstd+crc")
+
+
+@pytest.mark.parametrize(("preset", "bounds"), [("zstd:25", "from -131072 to 22"),
+                                                ("lz4:10", "from 0 to 9"),
+                                                ("blosc-zstd:-1+crc32c", "from 0 to 9")])
+def test_a_level_the_compressor_refuses_is_refused_when_named(tmp_path, capsys, preset, bounds):
+    """``zstore convert --codec zstd:25`` passed argument parsing, then failed at run time
+    (exit 1, "Value must be less than or equal to 22") leaving an empty DST folder."""
+    from zstore.cli import main
+
+    with pytest.raises(ValueError, match=f"codec level in '{re.escape(preset)}' must be {bounds}"):
+        CodecSpec.parse(preset)
+    src = str(tmp_path / "src")
+    storage = zstore.LazyMemmapStorage(4, scratch_dir=src)
+    storage.set(torch.arange(2), TensorDict(obs=torch.ones(2, 3), batch_size=[2]))
+    storage.close()
+    assert main(["convert", src, str(tmp_path / "dst"), "--codec", preset]) == 2
+    assert f"must be {bounds}" in capsys.readouterr().err
+    assert not (tmp_path / "dst").exists()

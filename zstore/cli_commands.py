@@ -54,7 +54,9 @@ def codec_name(text: str) -> str | None:
 
     try:
         CodecSpec.parse(text)
-    except ValueError:
+    except ValueError as exc:
+        if "level" in str(exc):  # a known codec, a level it does not take
+            raise argparse.ArgumentTypeError(str(exc)) from None
         raise argparse.ArgumentTypeError(
             f"unknown codec {text!r}: choose none, zstd, lz4 or blosc-zstd, optionally "
             "NAME:LEVEL (e.g. zstd:3)") from None

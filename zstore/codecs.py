@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from .store import StoreSpec
 
 _DEFAULT_LEVELS = {"zstd": 1, "lz4": 5, "blosc-zstd": 3}
+#: The levels each preset's compressor takes (zstd's negative levels are its fast ones).
+_LEVEL_RANGES = {"zstd": (-131072, 22), "lz4": (0, 9), "blosc-zstd": (0, 9)}
 #: Preset-name suffixes and the checksum they choose.
 _SUFFIXES = {"+crc32c": True, "+nocrc": False}
 
@@ -83,6 +85,9 @@ class CodecSpec:
             lvl = int(level) if level else _DEFAULT_LEVELS[name]
         except ValueError:
             raise ValueError(f"codec level in {value!r} must be an integer") from None
+        low, high = _LEVEL_RANGES[name]
+        if not low <= lvl <= high:
+            raise ValueError(f"codec level in {value!r} must be from {low} to {high}")
         return cls(name, lvl, checksum)
 
     @property
