@@ -173,14 +173,25 @@ def test_open_dataset_names_the_store_and_the_fix_on_transport_errors(s3_bucket,
 
 
 @pytest.mark.s3
-def test_open_dataset_in_a_missing_bucket_says_the_bucket_is_missing(s3_bucket, s3_options):
-    """It said "no zarr.json there", as for a wrong path in a bucket that exists."""
+def test_a_missing_bucket_or_none_is_named(s3_bucket, s3_options):
+    """A URL in a bucket that does not exist read "no zarr.json there" (open_dataset) or
+    "the location does not exist" (zstore.open), as a wrong path in a bucket that exists
+    does; ``s3://`` alone read "no zstore buffer at s3:"."""
     missing = f"s3://{s3_bucket}-absent/published"
     with pytest.raises(zstore.StoreNotFoundError,
                        match=f"no dataset at {missing} .*: its bucket does not exist; check"):
         open_dataset(missing, s3_options)
+    with pytest.raises(zstore.StoreNotFoundError,
+                       match=f"no zstore buffer at {missing} .*: its bucket does not exist; check"):
+        zstore.open(missing, s3_options, mode="r")
     with pytest.raises(zstore.StoreNotFoundError, match="no zarr.json there"):
         open_dataset(f"s3://{s3_bucket}/never-written", s3_options)
+    with pytest.raises(zstore.StoreNotFoundError, match="the location does not exist"):
+        zstore.open(f"s3://{s3_bucket}/never-written", s3_options, mode="r")
+    for url in ("s3://", "s3:///"):
+        with pytest.raises(zstore.InvalidURLError, match=f"'{url}' names no bucket: write it as "
+                                                         "s3://BUCKET/PATH"):
+            zstore.open(url, s3_options, mode="r")
 
 
 def test_the_ignored_range_warning_comes_once_per_store(http_server):

@@ -135,6 +135,9 @@ def store_io_error(what: str, exc: Exception, where: str) -> OSError:
 
 
 def _not_found(spec: StoreSpec) -> StoreNotFoundError:
+    if spec.missing_bucket() is not None:
+        return StoreNotFoundError(f"no zstore buffer at {spec.redacted()}: its bucket does not "
+                                  "exist; check the URL")
     return StoreNotFoundError(
         f"no zstore buffer at {spec.redacted()}: the location does not exist"
         + (" (memory:// stores live inside one process)" if spec.is_memory else ""))

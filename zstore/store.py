@@ -140,6 +140,10 @@ class StoreSpec:
             text = text[len("file://"):]
         if "://" not in text:
             text = str(Path(text).expanduser().absolute())
+        scheme, _, path = text.partition("://")
+        if not path.strip("/") and "object_store" in CAPABILITIES.get(scheme, ()):
+            raise InvalidURLError(f"{text!r} names no bucket: write it as "
+                                  f"{scheme}://BUCKET/PATH")
         spec = cls(text.rstrip("/") or "/", dict(storage_options or {}), read_only)
         spec._refuse_ambiguous(text)
         return spec
@@ -386,19 +390,22 @@ class StoreSpec:
 
     def check_parent(self) -> None:
         """Raise :class:`StoreNotFoundError` when the bucket (or root) to write in is missing."""
-        if self.is_local:
-            return
+        bucket = self.missing_bucket()
+        if bucket is not None:
+            raise StoreNotFoundError(
+                f"bucket {bucket!r} of {self.redacted()} does not exist; create it first")
+
+    def missing_bucket(self) -> str | None:
+        """The name of this object-store URL's bucket when it does not exist (one request),
+        else None (it exists, it may not be listed, or the store has no buckets)."""
+        if not self.is_object_store:
+            return None
         fs, path = self.filesystem()
-        if self.is_object_store:
-            bucket = path.split("/", 1)[0]
-            try:
-                found = fs.exists(bucket)
-            except PermissionError:
-                found = True  # cannot list, but may still write
-            if not found:
-                raise StoreNotFoundError(
-                    f"bucket {bucket!r} of {self.redacted()} does not exist; create it first"
-                )
+        bucket = path.split("/", 1)[0]
+        try:
+            return None if fs.exists(bucket) else bucket
+        except PermissionError:
+            return None  # cannot list, but may still write
 
     def refuse_a_file(self, fix: str = "") -> None:
         """:class:`NotAZStoreError` when this local path is a file: a store is a directory

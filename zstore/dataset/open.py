@@ -262,11 +262,9 @@ def _open_consolidated(spec: StoreSpec) -> zarr.Group:
     except Exception as exc:  # the network after the client's retries, a refused request
         raise store_io_error("cannot read", exc, where) from exc
     if raw is None:
-        try:
-            spec.check_parent()
-        except StoreNotFoundError:
+        if spec.missing_bucket() is not None:
             raise StoreNotFoundError(f"no dataset at {where}: its bucket does not exist; "
-                                     "check the URL") from None
+                                     "check the URL")
         raise StoreNotFoundError(f"no dataset at {where}: no zarr.json there")
     try:
         with warnings.catch_warnings():
