@@ -734,3 +734,21 @@ def test_ls_names_a_malformed_buffer_and_lists_the_others(capsys, tmp_path, dama
     assert captured.out == "".join(f"{url}\tLazyMemmapStorage\tbuffer\t2/10\n"
                                    for url in (urls[0], urls[2]))
     _one_line(captured.err, f"{urls[1]}: {why}; not listed (zstore info {urls[1]} says more)")
+
+
+def test_info_names_a_raw_chunk_cut_short(capsys, tmp_path):
+    """`info` printed its table with exit 0 for a raw buffer one of whose chunk files was cut
+    to 5 bytes; reading it raises CorruptChunkError."""
+    url = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(40, scratch_dir=url, chunks=10)
+    storage.set(torch.arange(30), TensorDict(obs=torch.randn(30, 3), batch_size=[30]))
+    storage.close()
+    assert "raw+nocrc" in _run(capsys, "info", url)  # every chunk whole: exit 0
+    os.truncate(Path(url) / "obs" / "c" / "2" / "0", 5)
+    got = main(["info", url])
+    captured = capsys.readouterr()
+    assert got == 1 and "obs" in captured.out  # the table, then what is damaged
+    _one_line(captured.err, f"{url}: key 'obs': its chunk c/2/0 holds 5 bytes, not 120: it is "
+                            "damaged", "restore the store from a copy or a checkpoint")
+    with pytest.raises(zstore.CorruptChunkError):
+        zstore.open(url, mode="r")[:]

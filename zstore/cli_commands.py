@@ -212,21 +212,23 @@ def info_run(args: argparse.Namespace) -> int:
     check_format_version(block, where)
     print(where)
     try:
-        _print_block(spec, group, block)
+        damaged = _print_block(spec, group, block)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise NotAZStoreError(f"{where}: malformed metadata ({exc!r})") from None
-    return 0
+    for problem in damaged:  # after the table, as `ls` names what it could not read
+        print(f"{PROG}: error: {where}: {problem}", file=sys.stderr)
+    return 1 if damaged else 0
 
 
-def _print_block(spec, group, block: dict[str, Any]) -> None:
-    """What the ``zstore`` block of a storage says (read as JSON: no torch, so ``info`` starts fast)."""
+def _print_block(spec, group, block: dict[str, Any]) -> list[str]:
+    """What the ``zstore`` block of a storage says (read as JSON: no torch, so ``info`` starts
+    fast); returns the damage seen on the way (:func:`_print_buffer`)."""
     from .display import format_bytes
     from .lease import LEASE_NAME
 
     name = block["storage_class"]
     if name == "LazyMemmapStorage":
-        _print_buffer(spec, group, block)
-        return
+        return _print_buffer(spec, group, block)
     stored = format_bytes(spec.stored_bytes(ignore=(LEASE_NAME,)))
     if name == "StorageEnsemble":
         members = block["members"]
@@ -234,10 +236,12 @@ def _print_block(spec, group, block: dict[str, Any]) -> None:
               f"{block['max_size']:,}, {stored} stored")
     else:
         print(f"  {name}: {block['length']:,} items of {block['max_size']:,}, {stored} stored")
+    return []
 
 
-def _print_buffer(spec, group, block: dict[str, Any]) -> None:
-    """The schema table and counters of a LazyMemmapStorage."""
+def _print_buffer(spec, group, block: dict[str, Any]) -> list[str]:
+    """The schema table and counters of a LazyMemmapStorage; returns the raw chunks whose
+    size is not a chunk's (cut short or grown: a read of them raises), one line each."""
     from .codecs import CodecSpec
     from .display import format_bytes, text_dtype
     from .tail import group_id, record_from_json
@@ -267,6 +271,7 @@ def _print_buffer(spec, group, block: dict[str, Any]) -> None:
     print("\n" + header)
     codecs = block.get("codecs") or {}
     total_raw = total_stored = 0
+    damaged = []
     for leaf in schema["leaves"]:
         path, shape = leaf["path"], leaf["shape"]
         chunk, shard = block["chunks"][path]
@@ -276,6 +281,13 @@ def _print_buffer(spec, group, block: dict[str, Any]) -> None:
         stored = _du(fs, f"{root}/{path}") + logged.get(group_id(chunk, shard or chunk), 0) * row_bytes
         total_raw, total_stored = total_raw + raw, total_stored + stored
         codec = CodecSpec.parse(codecs.get(path, block["codec"]))
+        if codec.is_raw and not shard and spec.is_local:  # memory-mapped chunk files: each
+            # holds exactly a chunk's bytes (a read of another raises)
+            damaged += [f"key {path!r}: its chunk {name} holds {size:,} bytes, not "
+                        f"{chunk * row_bytes:,}: it is damaged (cut short or overwritten); "
+                        "restore the store from a copy or a checkpoint"
+                        for name, size in _chunk_files(os.path.join(spec.url, path))
+                        if size != chunk * row_bytes]
         ratio = f"{raw / stored:.1f}" if stored else "-"
         cells = shape[len(lanes):-1] if path in texts else shape[len(lanes):]  # a string each
         print(f"  {path:<{width}}{dtypes[path]:<{dtype_width}}{str(cells):<12}{codec!s:<16}"
@@ -292,6 +304,7 @@ def _print_buffer(spec, group, block: dict[str, Any]) -> None:
         named = f", dataset_id {fields['dataset_id']}" if "dataset_id" in fields else ""
         print(f"  imported from the {source.get('layout')} file {source.get('file')}: "
               f"{len(fields)} metadata fields{named} (all in `zstore info --json`)")
+    return damaged
 
 
 def _episodes_line(group, block: dict[str, Any], lanes: int) -> str:
@@ -319,6 +332,16 @@ def _du(fs, path: str) -> int:
         return int(fs.du(path, total=True))
     except (FileNotFoundError, NotImplementedError):
         return 0
+
+
+def _chunk_files(folder: str) -> list[tuple[str, int]]:
+    """``(name relative to folder, bytes)`` of a local array's chunk files (``c/...``)."""
+    found = []
+    for where, _, names in os.walk(os.path.join(folder, "c")):
+        for name in names:
+            path = os.path.join(where, name)
+            found.append((os.path.relpath(path, folder), os.path.getsize(path)))
+    return sorted(found)
 
 
 # -- zstore ls ------------------------------------------------------------------------------
