@@ -25,10 +25,10 @@ from typing import Any
 from zstore.credentials import store_errors_named
 from zstore.errors import StoreNotFoundError, ZStoreError
 from zstore.progress import progress
-from zstore.group import refuse_inside_a_dataset
+from zstore.group import CHECKPOINT_ATTR, refuse_inside_a_dataset
 from zstore.store import StoreSpec
 
-COMMIT_ATTR = "zstore_checkpoint"
+COMMIT_ATTR = CHECKPOINT_ATTR
 COMMIT_FILE = "zarr.json"
 GEN_PREFIX = "gen-"
 TRASH = ".trash-"

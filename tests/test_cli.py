@@ -497,10 +497,12 @@ def test_ls_and_info_recognise_a_checkpoint(capsys, tmp_path):
     assert "length 3 of capacity 10" in _run(capsys, "info", f"{dest}/{generation}")
     from checkpoint._dest import COMMIT_ATTR  # what `ls` reads without importing torch
 
-    from zstore import cli_commands
-    from zstore.dataset import open as dataset_open
+    from zstore import cli_commands, group
 
-    assert cli_commands._CHECKPOINT_ATTR == dataset_open._CHECKPOINT_ATTR == COMMIT_ATTR
+    assert cli_commands._CHECKPOINT_ATTR == group.CHECKPOINT_ATTR == COMMIT_ATTR
+    for argv in (["seal", dest], ["convert", dest, str(tmp_path / "copy")]):  # no "no block"
+        _one_line(_run(capsys, *argv, code=1), f"{dest} holds a zstore checkpoint "
+                  "(TensorStorageCheckpointer), not a buffer: load it", "storage.loads(url)")
 
 
 def test_ls_over_http_prints_urls_that_info_opens(capsys, http_root):

@@ -52,11 +52,23 @@ def _tensordict_attrs(batch_size: list[int]) -> dict[str, Any]:
     return {"batch_size": batch_size, "version": 1}
 
 
+#: The root attribute of a checkpoint's commit record (``checkpoint._dest.COMMIT_ATTR``).
+CHECKPOINT_ATTR = "zstore_checkpoint"
+
+
 def read_meta(group: zarr.Group, where: str) -> StoreMeta:
-    """The validated ``zstore`` block of ``group``."""
+    """The validated ``zstore`` block of ``group`` (a checkpoint's commit record instead is
+    refused naming the way to load it)."""
     from .layout import StoreMeta
 
-    return StoreMeta.from_json(group.attrs.get(ZSTORE_ATTR), where)
+    block = group.attrs.get(ZSTORE_ATTR)
+    record = group.attrs.get(CHECKPOINT_ATTR)
+    if block is None and isinstance(record, Mapping):
+        raise NotAZStoreError(
+            f"{where} holds a zstore checkpoint ({record.get('checkpointer', '?')}), not a "
+            "buffer: load it into a storage of the kind that dumped it with "
+            "storage.loads(url) (docs/checkpoints.md)")
+    return StoreMeta.from_json(block, where)
 
 
 def listed_segments(group: zarr.Group, group_name: str) -> list:

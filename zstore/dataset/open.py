@@ -31,7 +31,8 @@ from zarr.storage import StorePath
 from ..cache import DEFAULT_CACHE_BYTES
 from ..errors import (NotAZStoreError, ReadOnlyError, StoreNotFoundError, ZStoreError,
                       sealed_dataset)
-from ..group import ZSTORE_ATTR, open_plain_group, read_meta, store_io_error
+from ..group import (CHECKPOINT_ATTR, ZSTORE_ATTR, open_plain_group, read_meta,
+                     store_io_error)
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
 from ..writers import ImmutableDatasetWriter
@@ -193,8 +194,6 @@ class Dataset(LazyMemmapStorage):
 #: The key of a dataset's ``extra`` recording what it was imported from (:attr:`Dataset.source`).
 SOURCE = "source"
 
-#: The root attribute of a checkpoint's commit record (``checkpoint._dest.COMMIT_ATTR``).
-_CHECKPOINT_ATTR = "zstore_checkpoint"
 
 
 def _sealed_block(root_json: bytes) -> bool:
@@ -220,7 +219,7 @@ def _not_a_dataset(where: str, root_json: bytes) -> NotAZStoreError:
     if node.get("node_type") == "array":
         return NotAZStoreError(f"{where} is one array (a key's column) of a store, not a "
                                "dataset: open the dataset's folder, above it")
-    if isinstance(attributes.get(_CHECKPOINT_ATTR), dict):
+    if isinstance(attributes.get(CHECKPOINT_ATTR), dict):
         return NotAZStoreError(f"{where} holds a zstore checkpoint, not a dataset: load it "
                                "into a storage with storage.loads(url)")
     if isinstance(block, dict) and block.get("storage_class"):
