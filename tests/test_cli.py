@@ -754,3 +754,20 @@ def test_info_names_a_raw_chunk_cut_short(capsys, tmp_path):
                             "damaged", "restore the store from a copy or a checkpoint")
     with pytest.raises(zstore.CorruptChunkError):
         zstore.open(url, mode="r")[:]
+
+
+def test_info_names_a_key_whose_array_is_gone_before_printing_its_table(capsys, tmp_path):
+    """It printed half the table, then "malformed metadata (KeyError('obs'))"."""
+    import shutil
+
+    url = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(8, scratch_dir=url)
+    storage.set(torch.arange(2), TensorDict(obs=torch.ones(2, 3), act=torch.ones(2),
+                                            batch_size=[2]))
+    storage.close()
+    shutil.rmtree(Path(url) / "obs")
+    got = main(["info", url])
+    captured = capsys.readouterr()
+    assert got == 1 and captured.out == f"{url}\n"  # no table
+    _one_line(captured.err, f"{url}: key 'obs' is in its metadata but has no array",
+              "restore the store from a copy or a checkpoint")

@@ -235,7 +235,9 @@ def _print_block(spec, group, block: dict[str, Any]) -> list[str]:
         print(f"  StorageEnsemble of {len(members):,} storages ({', '.join(members)}), capacity "
               f"{block['max_size']:,}, {stored} stored")
     else:
-        print(f"  {name}: {block['length']:,} items of {block['max_size']:,}, {stored} stored")
+        items = block["length"]
+        print(f"  {name}: {items:,} item{'s' if items != 1 else ''} of {block['max_size']:,}, "
+              f"{stored} stored")
     return []
 
 
@@ -255,6 +257,15 @@ def _print_buffer(spec, group, block: dict[str, Any]) -> list[str]:
     kind = "sealed dataset" if block.get("sealed") else \
         "read-only buffer" if block.get("read_only") else "buffer"
     created = block.get("created") or {}
+    itemsizes = {}  # of every key's array, before a line is printed
+    for leaf in schema["leaves"]:
+        try:
+            itemsizes[leaf["path"]] = group[leaf["path"]].dtype.itemsize
+        except KeyError:
+            raise NotAZStoreError(
+                f"{spec.redacted()}: key {leaf['path']!r} is in its metadata but has no array "
+                "(its folder or zarr.json is missing): restore the store from a copy or a "
+                "checkpoint") from None
     print(f"  {block['storage_class']} ({kind}), format v{block['format_version']}, created "
           f"{created.get('time', '?')} by zstore {created.get('zstore_version', '?')}")
     print(f"  length {length:,} of capacity {block['max_size']:,} (rows {block['rows']:,}, "
@@ -275,7 +286,7 @@ def _print_buffer(spec, group, block: dict[str, Any]) -> list[str]:
     for leaf in schema["leaves"]:
         path, shape = leaf["path"], leaf["shape"]
         chunk, shard = block["chunks"][path]
-        row_bytes = math.prod(shape) * group[path].dtype.itemsize
+        row_bytes = math.prod(shape) * itemsizes[path]
         raw = filled * row_bytes
         # its chunks, and its rows in the log's segments (stored raw, beside every key's)
         stored = _du(fs, f"{root}/{path}") + logged.get(group_id(chunk, shard or chunk), 0) * row_bytes
