@@ -250,3 +250,15 @@ def memmap2(location) -> zt.LazyMemmapStorage:
     """zstore's ``ndim=2`` LazyMemmapStorage of 20 cells at ``location``."""
     return zt.LazyMemmapStorage(20, ndim=2, scratch_dir=location.new(),
                                 storage_options=location.options)
+
+
+def test_a_filled_two_dim_tensor_storage_counts_its_cells():
+    """A documented difference (docs/torchrl.md, section 4): TorchRL's counts the rows of
+    the container (6), and its writes then land in rows [0, 1, 0, 1]."""
+    data = TensorDict(obs=torch.arange(18.).reshape(6, 3), batch_size=[6, 3])
+    theirs, ours = T.TensorStorage(data.clone(), ndim=2), zt.TensorStorage(data.clone(), ndim=2)
+    assert (len(theirs), theirs.max_size) == (6, 6)
+    assert (len(ours), ours.max_size) == (18, 18)
+    rb = T.TensorDictReplayBuffer(storage=zt.TensorStorage(data.clone().zero_(), ndim=2))
+    rb.extend(TensorDict(obs=torch.ones(3, 4), batch_size=[3, 4]))
+    assert int(rb.storage._storage["obs"].sum()) == 12  # every one of the 12 cells written
