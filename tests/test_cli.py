@@ -771,3 +771,8 @@ def test_info_names_a_key_whose_array_is_gone_before_printing_its_table(capsys, 
     assert got == 1 and captured.out == f"{url}\n"  # no table
     _one_line(captured.err, f"{url}: key 'obs' is in its metadata but has no array",
               "restore the store from a copy or a checkpoint")
+
+
+def test_ls_of_a_memory_url_says_where_memory_stores_live(capsys):
+    _one_line(_run(capsys, "ls", "memory://nothing-here", code=1),
+              "no such location: memory://nothing-here (memory:// stores live inside one process")

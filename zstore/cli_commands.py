@@ -379,7 +379,9 @@ def ls_run(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         if isinstance(exc.__cause__, OSError) and not isinstance(exc.__cause__, FileNotFoundError):
             raise  # fsspec's HTTP: an unreachable server, said as "not found"
-        raise StoreNotFoundError(f"no such location: {spec.redacted()}") from None
+        raise StoreNotFoundError(f"no such location: {spec.redacted()}" + (
+            " (memory:// stores live inside one process: list them from it)" if spec.is_memory
+            else "")) from None
     found = unreadable = 0
     for path, kind, block in _buffers(fs, root, args.depth):
         if kind == "unreadable":
