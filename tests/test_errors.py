@@ -515,3 +515,18 @@ def test_a_file_given_as_a_new_buffer_s_location_is_named(tmp_path):
     with pytest.raises(NotAZStoreError, match="is a file"):
         zstore.CompressedListStorage(10, scratch_dir=str(file))
     assert file.read_text() == "mine"
+
+
+@pytest.mark.s3
+def test_an_https_endpoint_on_a_plain_http_server_is_named_with_the_fix(s3_options):
+    """Through s3fs it raised a bare ``OSError`` ("wrong version number") naming no fix.
+    (obstore's error says only "error sending request": it reads as an unreachable server,
+    whose message names the endpoint to check.)"""
+    url = "s3://zstore-tests/tls"
+    options = dict(s3_options, transport="fsspec",
+                   endpoint_url=s3_options["endpoint_url"].replace("http://", "https://"),
+                   config_kwargs={"retries": {"max_attempts": 1}})
+    with pytest.raises(ConnectionError) as info:
+        zstore.open(url, options, mode="r")
+    message = str(info.value)
+    assert url in message and "speaks plain HTTP fails so (write http://)" in message, message

@@ -54,17 +54,30 @@ CHECK_ENDPOINT = ("check the server's address (for S3, storage_options endpoint_
 #: Errors of clients that never reached the server: ``(module prefix, class name)``.
 _UNREACHABLE = {("botocore", "EndpointConnectionError"), ("botocore", "ConnectTimeoutError"),
                 ("aiohttp", "ClientConnectorError"), ("builtins", "ConnectionRefusedError")}
+#: Errors of a TLS handshake that failed (an https:// endpoint on a plain HTTP server).
+_TLS_FAILED = {("botocore", "SSLError"), ("ssl", "SSLError"), ("ssl", "SSLCertVerificationError"),
+               ("aiohttp", "ClientConnectorSSLError"), ("aiohttp", "ClientSSLError"),
+               ("aiohttp", "ClientConnectorCertificateError")}
 
 
 def unreachable_error(exc: BaseException, where: str) -> ConnectionError | None:
     """A ``ConnectionError`` naming the store at ``where`` and what to check when ``exc`` (or
     an error it comes from) says its server could not be reached; ``None`` otherwise."""
-    error: BaseException | None = exc
+    chain, error = [], exc
     while error is not None and not isinstance(error, ZStoreError):
-        if (type(error).__module__.split(".")[0], type(error).__name__) in _UNREACHABLE:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    kinds = [(type(error).__module__.split(".")[0], type(error).__name__) for error in chain]
+    for error, kind in zip(chain, kinds):  # a failed handshake first: it is wrapped as unreachable
+        if kind in _TLS_FAILED:
+            return ConnectionError(
+                f"{where}: the TLS handshake with its server failed ({type(error).__name__}: "
+                f"{error}); an https:// endpoint_url naming a server that speaks plain HTTP "
+                "fails so (write http://), as does a certificate this machine does not trust")
+    for error, kind in zip(chain, kinds):
+        if kind in _UNREACHABLE:
             return ConnectionError(f"{where}: its server cannot be reached "
                                    f"({type(error).__name__}: {error}); {CHECK_ENDPOINT}")
-        error = error.__cause__ or error.__context__
     return None
 
 
