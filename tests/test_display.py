@@ -208,7 +208,7 @@ def test_local_raw_buffer_is_memory_mapped(tmp_path):
     s = zstore.LazyMemmapStorage(CAPACITY, scratch_dir=tmp_path / "rb")
     s.set(torch.arange(N), ted())
     check_keys(s, N, codec="raw+nocrc")
-    assert "memory-mapped, no cache" in repr(s)
+    assert "cache=host (memory-mapped, no cache)" in repr(s)  # not a budget no cache uses
 
 
 def test_compressed_list_storage(location):

@@ -200,12 +200,12 @@ def _capacity_text(capacity: int | None) -> str:
 def _cache_text(s: Summary) -> str | None:
     if s.cache_tier is None:
         return None
+    stats = s.cache_stats
+    if stats is None:  # no budget to show: nothing is cached
+        return f"{s.cache_tier} (memory-mapped, no cache)"
     text = s.cache_tier
     if s.cache_budget is not None:
         text += f", budget {format_bytes(s.cache_budget)}"
-    stats = s.cache_stats
-    if stats is None:
-        return text + " (memory-mapped, no cache)"
     text += f", {format_bytes(stats.resident_bytes)} resident"
     lookups = stats.hits + stats.misses
     if lookups:
