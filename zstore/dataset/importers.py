@@ -346,16 +346,23 @@ def _d4rl_extras(f, steps: int, infos: list[str], where: str) -> list[tuple[str,
             path = f"{name}/{sub}".rstrip("/")
             if _clashes(path, taken):
                 clashing.append(path)
-            elif not data.shape or len(data) != steps:
+            elif not data.shape or len(data) != steps or not _storable(data):
                 uneven.append(path)
             else:
                 kept.append((path, data))
-    for paths, why in ((uneven, f"they do not hold one row per step ({steps})"),
+    for paths, why in ((uneven, f"they do not hold one value per step ({steps}) of a type "
+                                "zstore stores (numbers, or one string per row)"),
                        (clashing, "a key the import writes takes their path; rename them")):
         if paths:
             warnings.warn(f"{where}: left out {paths[:8]}{' ...' if len(paths) > 8 else ''}, "
                           f"beside the D4RL fields: {why}", RuntimeWarning, stacklevel=3)
     return kept
+
+
+def _storable(data) -> bool:
+    """Whether an HDF5 dataset's values are ones an import stores: numbers or booleans, or
+    one string per row."""
+    return data.ndim == 1 if _is_text(data) else data.dtype.kind in "biufc"
 
 
 def _clashes(path: str, taken: tuple[str, ...]) -> bool:
@@ -408,10 +415,13 @@ def _layout(node) -> dict[str, tuple]:
 _MINARI_FIELDS = ("observations", "actions", "rewards", "terminations", "truncations", "infos")
 
 
-def _minari_extras(layout: dict[str, tuple]) -> list[str]:
-    """The paths of ``layout`` (an episode's, from :func:`_minari_facts`) outside Minari's
-    fields: arrays of a row per step an export wrote for keys it had no field for."""
-    return [path for path in layout if path.split("/")[0] not in _MINARI_FIELDS]
+def _split_extras(layout: dict[str, tuple]) -> tuple[dict[str, tuple], dict[str, tuple]]:
+    """``layout`` (an episode's, from :func:`_minari_facts`) as the layout of Minari's fields
+    and that of the arrays beside them (a row per step: what an export wrote for keys it had
+    no field for)."""
+    fields = {path: form for path, form in layout.items()
+              if path.split("/")[0] in _MINARI_FIELDS}
+    return fields, {path: form for path, form in layout.items() if path not in fields}
 
 
 def _minari_facts(group, where: str) -> tuple[int, dict[str, tuple], int, list[str]]:
@@ -419,8 +429,9 @@ def _minari_facts(group, where: str) -> tuple[int, dict[str, tuple], int, list[s
     of it: its steps (the fields checked: present, with the rows they need), the layout of
     its arrays (``{field/path: (per-row shape, dtype or "text")}``: what every episode of a
     file must share to be stored as one dataset; arrays beside the fields with a row per step
-    included, :func:`_minari_extras`), the UTF-8 bytes of its longest string, and the paths
-    of the arrays left out (beside the fields, not a row per step or at a TED key's path)."""
+    included, :func:`_split_extras`), the UTF-8 bytes of its longest string, and the paths
+    of the arrays left out (beside the fields: not a value per step of a type stored, or at a
+    TED key's path)."""
     import h5py
 
     _require(group, ("observations", "actions", "rewards", "terminations", "truncations"), where)
@@ -434,7 +445,7 @@ def _minari_facts(group, where: str) -> tuple[int, dict[str, tuple], int, list[s
             path = f"{field}/{name}".rstrip("/")
             shape, dtype = data.shape, data.dtype
             if extra and (_clashes(path, (*_TED_PATHS, "next/info")) or not shape
-                          or shape[0] != steps):
+                          or shape[0] != steps or not _storable(data)):
                 left_out.append(path)
                 continue
             rows = shape[0] if shape else len(data)  # a scalar: h5py's own error
@@ -578,10 +589,15 @@ def import_minari(h5_path: str | os.PathLike, url: str | os.PathLike,
                                           unit="episodes", leave=False)}
         steps = {name: fact[0] for name, fact in facts.items()}
         names = [name for name in names if steps[name]]  # a 0-step episode holds no transition
-        _require_same_layout({name: facts[name][1] for name in names}, where)
+        split = {name: _split_extras(facts[name][1]) for name in names}
+        _require_same_layout({name: fields for name, (fields, _) in split.items()}, where)
         text_bytes = max((facts[name][2] for name in names), default=0)
-        extras = _minari_extras(facts[names[0]][1]) if names else []
-        left_out = sorted({path for name in names for path in facts[name][3]})
+        # arrays beside the fields are imported where every episode holds them alike
+        first = split[names[0]][1] if names else {}
+        extras = [path for path, form in first.items()
+                  if all(split[name][1].get(path) == form for name in names)]
+        left_out = sorted({path for name in names for path in facts[name][3]}
+                          | {path for name in names for path in split[name][1]} - set(extras))
         source = _source("minari", h5_path, dict(f.attrs), _minari_metadata(h5_path))
         with _Writer(url, sum(steps.values()), storage_options, codec, chunks, "import minari",
                      progress, text_bytes, source) as sink:
@@ -602,7 +618,8 @@ def import_minari(h5_path: str | os.PathLike, url: str | os.PathLike,
         warnings.warn(
             f"{where}: left out {left_out[:8]}{' ...' if len(left_out) > 8 else ''}, beside "
             "the Minari fields of its episodes: such arrays are imported at their paths only "
-            "with one row per step and at a path no TED key takes", RuntimeWarning, stacklevel=2)
+            "with one value per step of a type zstore stores, alike in every episode, and at a "
+            "path no TED key takes", RuntimeWarning, stacklevel=2)
     if unflagged:
         warnings.warn(
             f"{where}: {len(unflagged)} episode(s) ({', '.join(unflagged[:5])}"
