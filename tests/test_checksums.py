@@ -189,3 +189,5 @@ def test_a_level_the_compressor_refuses_is_refused_when_named(tmp_path, capsys, 
     assert main(["convert", src, str(tmp_path / "dst"), "--codec", preset]) == 2
     assert f"must be {bounds}" in capsys.readouterr().err
     assert not (tmp_path / "dst").exists()
+    assert main(["convert", src, str(tmp_path / "dst"), "--codec", "foo"]) == 2  # not a level
+    assert "unknown codec 'foo': choose none, zstd, lz4" in capsys.readouterr().err

@@ -55,7 +55,7 @@ def codec_name(text: str) -> str | None:
     try:
         CodecSpec.parse(text)
     except ValueError as exc:
-        if "level" in str(exc):  # a known codec, a level it does not take
+        if str(exc).startswith("codec level"):  # a known codec, a level it does not take
             raise argparse.ArgumentTypeError(str(exc)) from None
         raise argparse.ArgumentTypeError(
             f"unknown codec {text!r}: choose none, zstd, lz4 or blosc-zstd, optionally "
@@ -213,6 +213,8 @@ def info_run(args: argparse.Namespace) -> int:
     print(where)
     try:
         damaged = _print_block(spec, group, block)
+    except ZStoreError:
+        raise  # already says what is wrong (a key without its array)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise NotAZStoreError(f"{where}: malformed metadata ({exc!r})") from None
     for problem in damaged:  # after the table, as `ls` names what it could not read
@@ -346,12 +348,16 @@ def _du(fs, path: str) -> int:
 
 
 def _chunk_files(folder: str) -> list[tuple[str, int]]:
-    """``(name relative to folder, bytes)`` of a local array's chunk files (``c/...``)."""
+    """``(name relative to folder, bytes)`` of a local array's chunk files (``c/...``, or
+    ``c.0.0`` with the ``.`` key separator), not the files a write in flight (or killed)
+    leaves before its rename (``*.partial``)."""
     found = []
-    for where, _, names in os.walk(os.path.join(folder, "c")):
+    for where, _, names in os.walk(folder):
         for name in names:
             path = os.path.join(where, name)
-            found.append((os.path.relpath(path, folder), os.path.getsize(path)))
+            relative = os.path.relpath(path, folder)
+            if relative[:2] in ("c/", "c.") and not name.endswith(".partial"):
+                found.append((relative, os.path.getsize(path)))
     return sorted(found)
 
 
