@@ -232,3 +232,27 @@ def test_a_server_gone_after_the_open_is_a_connection_error_not_damage(tmp_path)
         ds.get(torch.tensor([550, 599]))
     assert not isinstance(info.value, zstore.CorruptChunkError)
     assert base in str(info.value)
+
+
+@pytest.mark.s3
+def test_a_bucket_the_principal_may_not_list_is_not_called_missing(s3_bucket, s3_options,
+                                                                    monkeypatch):
+    """AWS answers HeadBucket with 403 to a principal without s3:ListBucket (object-only
+    grants); moto grants everything, so that answer is made here. s3fs's ``exists`` reads
+    a refusal as absence: a wrong path then read "its bucket does not exist"."""
+    import botocore.exceptions
+    import s3fs
+
+    real = s3fs.S3FileSystem._call_s3
+
+    async def refusing(self, method, *args, **kwargs):
+        if method in ("head_bucket", "get_bucket_location", "list_objects_v2"):
+            raise botocore.exceptions.ClientError(
+                {"Error": {"Code": "403", "Message": "Forbidden"}}, method)
+        return await real(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", refusing)
+    url = f"s3://{s3_bucket}/typo-{os.getpid()}"
+    with pytest.raises(zstore.StoreNotFoundError) as info:
+        open_dataset(url, s3_options)
+    assert "no zarr.json there" in str(info.value) and "bucket" not in str(info.value)

@@ -140,7 +140,9 @@ def test_stale_lease_is_taken_over_and_the_old_holder_is_fenced(location, clock)
     record = lease_record(url, location.options)
     assert record["owner"] != old.owner and record["ttl"] == 5
     # the old holder wakes up: neither its renewal nor its commit goes through
-    stale_commit = objects_for(spec).read(METADATA_NAME)[0]
+    stale = json.loads(objects_for(spec).read(METADATA_NAME)[0])  # the holder's commit names
+    stale["attributes"][WRITER_ATTR] = old.owner  # its writer: never another writer's bytes
+    stale_commit = json.dumps(stale).encode()
     with pytest.raises(LeaseError, match="changed by another writer"):
         old.write_metadata(stale_commit)
     with pytest.raises(LeaseError, match="lost the write lease"):

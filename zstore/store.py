@@ -402,10 +402,18 @@ class StoreSpec:
             return None
         fs, path = self.filesystem()
         bucket = path.split("/", 1)[0]
-        try:
-            return None if fs.exists(bucket) else bucket
-        except PermissionError:
-            return None  # cannot list, but may still write
+        if not hasattr(fs, "call_s3"):  # gs://, az:// ...: their filesystem's word
+            try:
+                return None if fs.exists(bucket) else bucket
+            except PermissionError:
+                return None
+        try:  # s3fs's exists() answers False to a refusal too: ask the server itself
+            fs.call_s3("head_bucket", Bucket=bucket)
+        except FileNotFoundError:
+            return bucket  # 404: no such bucket
+        except Exception:  # noqa: BLE001 - 403 (a principal that may not list it), the network
+            return None
+        return None
 
     def refuse_a_file(self, fix: str = "") -> None:
         """:class:`NotAZStoreError` when this local path is a file: a store is a directory
