@@ -192,6 +192,10 @@ def test_a_missing_bucket_or_none_is_named(s3_bucket, s3_options):
         with pytest.raises(zstore.InvalidURLError, match=f"'{url}' names no bucket: write it as "
                                                          "s3://BUCKET/PATH"):
             zstore.open(url, s3_options, mode="r")
+    # memory:// alone was the local folder "memory:", created in the working directory
+    with pytest.raises(zstore.InvalidURLError, match="'memory://' names no location: write it "
+                                                     "as memory://NAME/PATH"):
+        zstore.LazyMemmapStorage(4, scratch_dir="memory://")
 
 
 def test_the_ignored_range_warning_comes_once_per_store(http_server):

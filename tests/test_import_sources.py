@@ -80,6 +80,12 @@ def test_an_export_failing_part_way_leaves_the_file_that_was_there(tmp_path, mon
     assert sorted(os.listdir(tmp_path)) == ["ds", "out.h5"]  # no partial file beside it
 
 
+def test_an_export_into_a_missing_folder_names_the_folder(tmp_path):
+    ds = _sealed(str(tmp_path / "ds"), _transitions())
+    with pytest.raises(FileNotFoundError, match="no such folder .*absent$"):  # not a .partial
+        export_h5(ds, tmp_path / "absent" / "out.h5", progress=False)
+
+
 def test_an_export_into_a_sealed_dataset_is_refused(tmp_path):
     ds = _sealed(str(tmp_path / "ds"), _transitions())
     before = sorted(os.listdir(tmp_path / "ds"))

@@ -282,8 +282,13 @@ def test_action_hist_edges_and_frame_grid_of_one_stack():
     integers, one action read "1 steps", 200 continuous dims drew 200 axes (16 s, a figure
     130 inches high), an ensemble raised from inside ``get``, and ``frame_grid(index=3)`` of
     frame stacks showed row 3's stack as "4 frames"."""
-    with pytest.raises(ValueError, match="nothing to plot: no actions"):
-        plots.action_hist(torch.zeros(0, dtype=torch.long))
+    for empty in (torch.zeros(0, dtype=torch.long), torch.zeros(5, 0)):  # (ZeroDivisionError)
+        with pytest.raises(ValueError, match="nothing to plot: no actions"):
+            plots.action_hist(empty)
+    flags = torch.tensor([[True], [True], [False]])  # all True read as one-hot: "action 0"
+    assert [p.get_height() for p in plots.action_hist(flags).axes[0].patches] == [1, 2]
+    assert [p.get_height() for p in plots.action_hist(flags[:2]).axes[0].patches] == [2]
+    assert plots.action_hist(flags[:2]).axes[0].patches[0].get_x() == pytest.approx(0.6)
     with pytest.raises(TypeError, match=r"actions.real or actions.imag"):
         plots.action_hist(torch.randn(20, dtype=torch.complex64))
     assert plots.action_hist(torch.tensor([3])).axes[0].get_title() == "Actions (1 step)"

@@ -320,7 +320,7 @@ def _discrete(actions: torch.Tensor) -> torch.Tensor | None:
     if actions.is_floating_point():
         return None
     per_step = actions.reshape(actions.shape[0], -1) if actions.ndim > 1 else actions.reshape(-1, 1)
-    if per_step.shape[1] == 1 and actions.dtype != torch.bool:
+    if per_step.shape[1] == 1:  # an index per step (a flag: 0 or 1)
         return per_step[:, 0].to(torch.int64)
     one_hot = ((per_step == 0) | (per_step == 1)).all() and (per_step.sum(-1) == 1).all()
     return per_step.to(torch.int64).argmax(-1) if bool(one_hot) else None
@@ -340,7 +340,7 @@ def action_hist(data: Storage | TensorDictBase | torch.Tensor, *, key: Any = "ac
     spanning fewer than :data:`MAX_ACTION_BARS` values), else one histogram per action
     dimension."""
     actions = data.cpu() if isinstance(data, torch.Tensor) else _get(time_ordered(data), key)
-    if actions.ndim == 0 or not actions.shape[0]:
+    if actions.ndim == 0 or not actions.numel():
         raise ValueError("nothing to plot: no actions (expected a value or vector per step)")
     if actions.is_complex():
         raise TypeError("action_hist plots real values; for complex actions pass "

@@ -140,10 +140,12 @@ class StoreSpec:
             text = text[len("file://"):]
         if "://" not in text:
             text = str(Path(text).expanduser().absolute())
-        scheme, _, path = text.partition("://")
-        if not path.strip("/") and "object_store" in CAPABILITIES.get(scheme, ()):
-            raise InvalidURLError(f"{text!r} names no bucket: write it as "
-                                  f"{scheme}://BUCKET/PATH")
+        scheme, sep, path = text.partition("://")
+        if sep and not path.strip("/"):  # (stripped, "memory://" was the local path "memory:")
+            bucket = "object_store" in CAPABILITIES.get(scheme, ())
+            first = "BUCKET" if bucket else "NAME" if scheme == "memory" else "HOST"
+            raise InvalidURLError(f"{text!r} names no {'bucket' if bucket else 'location'}: "
+                                  f"write it as {scheme}://{first}/PATH")
         spec = cls(text.rstrip("/") or "/", dict(storage_options or {}), read_only)
         spec._refuse_ambiguous(text)
         return spec

@@ -10,7 +10,7 @@ importers read them. ``("info", k)`` (D4RL) and ``("next", "info", k)``
 (Minari) go to ``infos/k``, and so does the other of the two where the dataset
 lacks the layout's own; any other key is written at its path
 (``collector/traj_ids``; ``next/info/k`` beside a D4RL ``infos/k``), which the
-importers read back at that path, so nothing is dropped.
+importers read back at that path. Text leaves are left out (tensors only).
 """
 
 from __future__ import annotations
@@ -96,6 +96,9 @@ def export_h5(dataset, path: str | os.PathLike, *, layout: str = "d4rl",
     """
     if layout not in ("d4rl", "minari"):
         raise ValueError(f"layout must be 'd4rl' or 'minari', got {layout!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):  # (the error would name the partial file)
+        raise FileNotFoundError(f"cannot export to {os.fspath(path)}: no such folder {folder}")
     refuse_inside_a_dataset(StoreSpec.parse(path), "export")
     rows, lanes, lengths = _cells_of(dataset)
     partial = f"{os.fspath(path)}.{os.getpid()}.partial"
