@@ -439,9 +439,10 @@ def _minari_facts(group, where: str) -> tuple[int, dict[str, tuple], int, list[s
     expected = {"observations": (steps + 1,), "actions": (steps,), "terminations": (steps,),
                 "truncations": (steps,), "infos": (steps, steps + 1)}
     layout, longest, left_out = {}, 0, []
-    for field in (*_MINARI_FIELDS, *(name for name in group if name not in _MINARI_FIELDS)):
+    held = set(group)  # one listing: h5py's cost per lookup dominates short episodes
+    for field in (*_MINARI_FIELDS, *sorted(held - set(_MINARI_FIELDS))):
         extra = field not in _MINARI_FIELDS
-        for name, data in _members(group[field]) if field in group else []:
+        for name, data in _members(group[field]) if field in held else []:
             path = f"{field}/{name}".rstrip("/")
             shape, dtype = data.shape, data.dtype
             if extra and (_clashes(path, (*_TED_PATHS, "next/info")) or not shape
