@@ -346,7 +346,7 @@ def _d4rl_extras(f, steps: int, infos: list[str], where: str) -> list[tuple[str,
             path = f"{name}/{sub}".rstrip("/")
             if _clashes(path, taken):
                 clashing.append(path)
-            elif not data.shape or len(data) != steps or not _storable(data):
+            elif not _per_step(data, steps):
                 uneven.append(path)
             else:
                 kept.append((path, data))
@@ -359,9 +359,11 @@ def _d4rl_extras(f, steps: int, infos: list[str], where: str) -> list[tuple[str,
     return kept
 
 
-def _storable(data) -> bool:
-    """Whether an HDF5 dataset's values are ones an import stores: numbers or booleans, or
-    one string per row."""
+def _per_step(data, steps: int) -> bool:
+    """Whether an HDF5 dataset beside the fields holds one value per step (``steps`` rows)
+    of a kind an import stores: numbers or booleans, or one string per row."""
+    if not data.shape or data.shape[0] != steps:
+        return False
     return data.ndim == 1 if _is_text(data) else data.dtype.kind in "biufc"
 
 
@@ -445,8 +447,7 @@ def _minari_facts(group, where: str) -> tuple[int, dict[str, tuple], int, list[s
         for name, data in _members(group[field]) if field in held else []:
             path = f"{field}/{name}".rstrip("/")
             shape, dtype = data.shape, data.dtype
-            if extra and (_clashes(path, (*_TED_PATHS, "next/info")) or not shape
-                          or shape[0] != steps or not _storable(data)):
+            if extra and (_clashes(path, (*_TED_PATHS, "next/info")) or not _per_step(data, steps)):
                 left_out.append(path)
                 continue
             rows = shape[0] if shape else len(data)  # a scalar: h5py's own error
