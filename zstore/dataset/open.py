@@ -195,7 +195,6 @@ class Dataset(LazyMemmapStorage):
 SOURCE = "source"
 
 
-
 def _sealed_block(root_json: bytes) -> bool:
     """Whether the root ``zarr.json`` ``root_json`` holds a sealed ``zstore`` block."""
     try:
