@@ -146,12 +146,15 @@ def store_io_error(what: str, exc: Exception, where: str) -> OSError:
         return OSError(f"{what} {where}: {type(exc).__name__}: {why}")
 
 
-def _not_found(spec: StoreSpec) -> StoreNotFoundError:
+def not_found(spec: StoreSpec, what: str = "zstore buffer",
+              absent: str = "the location does not exist") -> StoreNotFoundError:
+    """The error for no ``what`` at ``spec``: its bucket does not exist (one request asks),
+    else ``absent``, the caller's words for what it did not find there."""
     if spec.missing_bucket() is not None:
-        return StoreNotFoundError(f"no zstore buffer at {spec.redacted()}: its bucket does not "
-                                  "exist; check the URL")
+        return StoreNotFoundError(f"no {what} at {spec.redacted()}: its bucket does not exist; "
+                                  "check the URL")
     return StoreNotFoundError(
-        f"no zstore buffer at {spec.redacted()}: the location does not exist"
+        f"no {what} at {spec.redacted()}: {absent}"
         + (" (memory:// stores live inside one process)" if spec.is_memory else ""))
 
 
@@ -197,14 +200,14 @@ def open_zarr_group(spec: StoreSpec) -> zarr.Group:
     no group (the error then says which).
     """
     if spec.is_local and not spec.exists():  # zarr would create the directory
-        raise _not_found(spec)
+        raise not_found(spec)
     store = spec.open()
     try:
         group = open_plain_group(store, "r" if spec.read_only else "r+",
                                  None if spec.read_only else False)
     except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError) as exc:
         if not spec.exists():
-            raise _not_found(spec) from None
+            raise not_found(spec) from None
         raise _no_group(spec) from exc
     except (ValueError, TypeError, KeyError) as exc:
         raise _not_a_group(spec, exc) from exc

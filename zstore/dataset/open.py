@@ -29,9 +29,8 @@ from zarr.errors import GroupNotFoundError, NodeNotFoundError
 from zarr.storage import StorePath
 
 from ..cache import DEFAULT_CACHE_BYTES
-from ..errors import (NotAZStoreError, ReadOnlyError, StoreNotFoundError, ZStoreError,
-                      sealed_dataset)
-from ..group import (CHECKPOINT_ATTR, ZSTORE_ATTR, open_plain_group, read_meta,
+from ..errors import NotAZStoreError, ReadOnlyError, ZStoreError, sealed_dataset
+from ..group import (CHECKPOINT_ATTR, ZSTORE_ATTR, not_found, open_plain_group, read_meta,
                      store_io_error)
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
@@ -260,10 +259,7 @@ def _open_consolidated(spec: StoreSpec) -> zarr.Group:
     except Exception as exc:  # the network after the client's retries, a refused request
         raise store_io_error("cannot read", exc, where) from exc
     if raw is None:
-        if spec.missing_bucket() is not None:
-            raise StoreNotFoundError(f"no dataset at {where}: its bucket does not exist; "
-                                     "check the URL")
-        raise StoreNotFoundError(f"no dataset at {where}: no zarr.json there")
+        raise not_found(spec, "dataset", "no zarr.json there")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
