@@ -491,8 +491,8 @@ def test_ls_and_info_recognise_a_checkpoint(capsys, tmp_path):
     assert _run(capsys, "ls", str(tmp_path)) == \
         f"{dest}\tTensorStorageCheckpointer\tcheckpoint\t3/10\n"
     err = _run(capsys, "info", dest, code=1)
-    _one_line(err, f"{dest} is a zstore checkpoint (TensorStorageCheckpointer, length 3/10), not a "
-                   "buffer: load it with storage.loads(URL)", "docs/checkpoints.md",
+    _one_line(err, f"{dest} holds a zstore checkpoint (TensorStorageCheckpointer, length 3/10), not "
+                   "a buffer: load it with storage.loads(url)", "docs/checkpoints.md",
               f"zstore info {dest}/{generation}")
     assert "length 3 of capacity 10" in _run(capsys, "info", f"{dest}/{generation}")
     from checkpoint._dest import COMMIT_ATTR  # what `ls` reads without importing torch
@@ -502,7 +502,8 @@ def test_ls_and_info_recognise_a_checkpoint(capsys, tmp_path):
     assert cli_commands._CHECKPOINT_ATTR == group.CHECKPOINT_ATTR == COMMIT_ATTR
     for argv in (["seal", dest], ["convert", dest, str(tmp_path / "copy")]):  # no "no block"
         _one_line(_run(capsys, *argv, code=1), f"{dest} holds a zstore checkpoint "
-                  "(TensorStorageCheckpointer), not a buffer: load it", "storage.loads(url)")
+                  "(TensorStorageCheckpointer, length 3/10), not a buffer: load it",
+                  "storage.loads(url)")
 
 
 def test_ls_over_http_prints_urls_that_info_opens(capsys, http_root):

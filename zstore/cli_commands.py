@@ -16,7 +16,8 @@ import os
 import sys
 from typing import Any
 
-from .errors import NotAZStoreError, ReadOnlyError, StoreNotFoundError, ZStoreError
+from .errors import (NotAZStoreError, ReadOnlyError, StoreNotFoundError, ZStoreError,
+                     checkpoint_not_a, filled)
 from .format_version import check_format_version
 
 PROG = "zstore"
@@ -155,17 +156,8 @@ def _not_a_buffer(spec, kind: str, block: dict[str, Any]) -> NotAZStoreError | N
         generation = block.get("generation") if block.get("form") == "buffer" else None
         inspect = (f", or inspect its current generation, a buffer: {PROG} info "
                    f"{spec.url}/{generation}" if generation else "")
-        return NotAZStoreError(
-            f"{where} is a zstore checkpoint ({block.get('checkpointer', '?')}, length "
-            f"{_size(block)}), not a buffer: load it with storage.loads(URL) into a storage "
-            f"of the kind that dumped it (docs/checkpoints.md){inspect}")
+        return checkpoint_not_a("buffer", where, block, inspect)
     return None
-
-
-def _size(block: dict[str, Any]) -> str:
-    """``length/max_size`` of a zstore block or checkpoint record, ``?`` when it has none."""
-    length = block.get("length")
-    return f"{length:,}/{block.get('max_size', 0):,}" if length is not None else "?"
 
 
 def _codec_and_chunks(parser: argparse.ArgumentParser, default: str) -> None:
@@ -411,7 +403,7 @@ def ls_run(args: argparse.Namespace) -> int:
             kind = "dataset"
         episodes = (block.get("extra") or {}).get("episodes", {}).get("count")
         note = f", {episodes:,} episodes" if episodes is not None else ""
-        print(f"{_child_url(spec, fs, root, path)}\t{name}\t{kind}\t{_size(block)}{note}")
+        print(f"{_child_url(spec, fs, root, path)}\t{name}\t{kind}\t{filled(block)}{note}")
     if not found and not unreadable:
         print(f"no zstore buffer under {spec.redacted()}")
     return 1 if unreadable else 0

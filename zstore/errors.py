@@ -87,6 +87,22 @@ def sealed_dataset(action: str, where: str) -> ReadOnlyError:
                          f"with `zstore convert {where} DST --no-seal` to get a writable buffer)")
 
 
+def filled(record: dict) -> str:
+    """``length/max_size`` of a zstore block or checkpoint record, ``?`` when it has none."""
+    length = record.get("length")
+    return f"{length:,}/{record.get('max_size', 0):,}" if length is not None else "?"
+
+
+def checkpoint_not_a(what: str, where: str, record: dict, then: str = "") -> NotAZStoreError:
+    """The error for the checkpoint at ``where`` (its commit ``record``) opened as a ``what``
+    (a buffer, a dataset): what it is, and the way to load it (``then``: a further way on)."""
+    return NotAZStoreError(
+        f"{where} holds a zstore checkpoint ({record.get('checkpointer', '?')}, length "
+        f"{filled(record)}), not a "
+        f"{what}: load it with storage.loads(url) into a storage of the kind that dumped it "
+        f"(docs/checkpoints.md){then}")
+
+
 #: The second way on that :func:`folder_not_writable` offers (a Python caller's).
 OPEN_READ_ONLY = " or open the store read-only (mode='r')"
 

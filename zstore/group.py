@@ -36,7 +36,7 @@ from zarr.storage import LocalStore, MemoryStore, StorePath
 from . import _faults
 from .credentials import credentials_error, unreachable_error
 from .errors import (NoCredentialsError, NotAZStoreError, ReadOnlyError, StoreNotFoundError,
-                     ZStoreError)
+                     ZStoreError, checkpoint_not_a)
 from .store import StoreSpec
 
 if TYPE_CHECKING:  # layout and dtypes import torch: opening a group (zstore info) needs none
@@ -64,10 +64,7 @@ def read_meta(group: zarr.Group, where: str) -> StoreMeta:
     block = group.attrs.get(ZSTORE_ATTR)
     record = group.attrs.get(CHECKPOINT_ATTR)
     if block is None and isinstance(record, Mapping):
-        raise NotAZStoreError(
-            f"{where} holds a zstore checkpoint ({record.get('checkpointer', '?')}), not a "
-            "buffer: load it into a storage of the kind that dumped it with "
-            "storage.loads(url) (docs/checkpoints.md)")
+        raise checkpoint_not_a("buffer", where, dict(record))
     return StoreMeta.from_json(block, where)
 
 

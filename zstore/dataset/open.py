@@ -29,7 +29,8 @@ from zarr.errors import GroupNotFoundError, NodeNotFoundError
 from zarr.storage import StorePath
 
 from ..cache import DEFAULT_CACHE_BYTES
-from ..errors import NotAZStoreError, ReadOnlyError, ZStoreError, sealed_dataset
+from ..errors import (NotAZStoreError, ReadOnlyError, ZStoreError, checkpoint_not_a,
+                      sealed_dataset)
 from ..group import (CHECKPOINT_ATTR, ZSTORE_ATTR, not_found, open_plain_group, read_meta,
                      store_io_error)
 from ..storages import LazyMemmapStorage
@@ -218,8 +219,7 @@ def _not_a_dataset(where: str, root_json: bytes) -> NotAZStoreError:
         return NotAZStoreError(f"{where} is one array (a key's column) of a store, not a "
                                "dataset: open the dataset's folder, above it")
     if isinstance(attributes.get(CHECKPOINT_ATTR), dict):
-        return NotAZStoreError(f"{where} holds a zstore checkpoint, not a dataset: load it "
-                               "into a storage with storage.loads(url)")
+        return checkpoint_not_a("dataset", where, attributes[CHECKPOINT_ATTR])
     if isinstance(block, dict) and block.get("storage_class"):
         try:
             _refuse_unsealed(where, block.get("storage_class"), block.get("length"))
