@@ -29,6 +29,7 @@ from tensordict import TensorDict, TensorDictBase
 from .episodes import DONE_KEY, REWARD_KEY, episode_bounds, flags_of, ring_order, segment_sums
 from .errors import MissingKeyError
 from .storages.base import Storage
+from .storages.ensemble import StorageEnsemble
 
 #: Keys holding a trajectory id in TorchRL data, tried in this order.
 TRAJ_KEYS: tuple[Any, ...] = (("collector", "traj_ids"), "episode")
@@ -72,7 +73,7 @@ def _require_rows(storage: Storage) -> None:
     ``TypeError`` for what is no storage, or an ensemble (whose rows are its members')."""
     if not isinstance(storage, Storage):
         raise TypeError(f"expected a zstore storage or a TensorDict, got {type(storage).__name__}")
-    if hasattr(storage, "_storages"):  # a StorageEnsemble: get() takes buffer ids and indices
+    if isinstance(storage, StorageEnsemble):  # get() takes buffer ids and indices
         raise TypeError(f"plots read one storage; a {type(storage).__name__} holds several: "
                         "pass one of them (ensemble[0])")
     if not len(storage):
