@@ -28,7 +28,6 @@ from zstore.progress import progress
 from zstore.group import CHECKPOINT_ATTR, refuse_inside_a_dataset
 from zstore.store import StoreSpec
 
-COMMIT_ATTR = CHECKPOINT_ATTR
 COMMIT_FILE = "zarr.json"
 GEN_PREFIX = "gen-"
 TRASH = ".trash-"
@@ -127,7 +126,7 @@ class Destination:
         data = self.read_json(COMMIT_FILE)
         if not isinstance(data, Mapping):
             return None
-        record = (data.get("attributes") or {}).get(COMMIT_ATTR)
+        record = (data.get("attributes") or {}).get(CHECKPOINT_ATTR)
         if not isinstance(record, Mapping):
             return None
         version = record.get("format_version")
@@ -171,7 +170,7 @@ class Destination:
         """Make ``record`` (naming the new generation) the current checkpoint."""
         fault_point("commit")
         body = {"zarr_format": 3, "node_type": "group",
-                "attributes": {COMMIT_ATTR: {"format_version": FORMAT_VERSION, **record}}}
+                "attributes": {CHECKPOINT_ATTR: {"format_version": FORMAT_VERSION, **record}}}
         self.write_json(COMMIT_FILE, body)
         fault_point("committed")
 

@@ -25,7 +25,7 @@ PROG = "zstore"
 #: Root attributes that tell what a Zarr group is, read as JSON by ``ls`` and ``info`` without
 #: importing their modules (``zstore.group`` imports zarr, the ``checkpoint`` package torch);
 #: tests/test_cli.py checks they match ``group.ZSTORE_ATTR``, ``group._INCOMPLETE_ATTR`` and
-#: ``checkpoint._dest.COMMIT_ATTR``.
+#: ``group.CHECKPOINT_ATTR`` (which the checkpointers write).
 _BUFFER_ATTR, _INCOMPLETE_ATTR = "zstore", "zstore_incomplete"
 _CHECKPOINT_ATTR = "zstore_checkpoint"
 

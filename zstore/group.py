@@ -52,7 +52,7 @@ def _tensordict_attrs(batch_size: list[int]) -> dict[str, Any]:
     return {"batch_size": batch_size, "version": 1}
 
 
-#: The root attribute of a checkpoint's commit record (``checkpoint._dest.COMMIT_ATTR``).
+#: The root attribute of a checkpoint's commit record (written by ``checkpoint._dest``).
 CHECKPOINT_ATTR = "zstore_checkpoint"
 
 
