@@ -7,6 +7,7 @@ The reference is the list of rows written; the store is read back by a fresh
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import multiprocessing as mp
@@ -17,6 +18,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -81,6 +83,28 @@ def test_a_buffer_left_idle_after_a_burst_is_committed_without_another_write(loc
     writer.extend(burst(BURSTS))  # writing goes on after a background commit
     storage.flush()
     assert_rows(url, location.options, ROWS * (BURSTS + 1))
+
+
+@pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
+def test_a_storage_dropped_after_its_background_commit_releases_its_lease(location):
+    """A program that writes a storage and drops it without ``close()`` (a Ray task returning)
+    gets its rows committed in the background, and then the storage collected and its lease
+    released. The background thread kept the last storage it committed in a loop variable
+    while it slept: the lease stayed, and the next writer of that store, in this process or
+    another, was refused (here forever; elsewhere for the lease's ttl)."""
+    url = location.new()
+    storage = zstore.LazyMemmapStorage(1000, scratch_dir=url, storage_options=location.options,
+                                       autocommit_seconds=0.5)
+    storage.set(torch.arange(ROWS), burst(0))
+    dropped = weakref.ref(storage)
+    del storage
+    assert wait_until(lambda: gc.collect() is not None and dropped() is None, 60), \
+        "the committed storage is still held"
+    again = zstore.open(url, location.options)
+    assert len(again) == ROWS  # committed, and writable again: no LeaseError
+    again.set(torch.arange(ROWS, 2 * ROWS), burst(1))
+    again.close()
+    assert_rows(url, location.options, 2 * ROWS)
 
 
 def test_no_background_commit_with_an_infinite_window(location):

@@ -179,8 +179,8 @@ def _run() -> None:
             if not due:
                 _wake.wait(timeout=delay)
                 continue
-        for storage in due:
-            _commit(storage)
+        while due:  # no name keeps the last one while the thread sleeps: a storage its
+            _commit(due.pop(0))  # program dropped is collected, its lease released, once committed
 
 
 def _sweep(now: float) -> "tuple[list[Committable], float | None]":
