@@ -428,3 +428,39 @@ def test_a_long_write_renews_the_lease_as_its_stores_start(location, clock, monk
     assert lease_record(url, location.options)["renewed"] > clock.now - 1  # ... and renewed it
     assert torch.equal(zstore.open(url, location.options, mode="r")[:]["x"], data["x"])
     writer.close()
+
+
+def test_a_holder_in_another_pid_namespace_is_not_judged_dead(location, clock):
+    """A lease whose holder has this machine's host name and boot id but another pid
+    namespace (another container of the host, under ``--network host``) is refused while
+    fresh, even where its pid names no process here: that pid is another process's. Without
+    the namespace compared, a live writer in the other container was taken for dead and lost
+    its lease at once, and its next extend wrote over the taker's rows. In this namespace,
+    the same record with a pid that no longer runs is taken over at once."""
+    import socket
+
+    from zstore.processes import boot_id, pid_namespace, runs_here
+
+    url = location.new()
+    first = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options)
+    first.set(torch.arange(4), rows(0, 4))
+    first.close()
+    gone = next(pid for pid in range(2**22 - 1, 1, -1) if not runs_here(pid))
+    objects = objects_for(StoreSpec.parse(url, location.options))
+    for namespace, refused in ((f"{pid_namespace()}1", True), (pid_namespace(), False)):
+        record = {"version": 1, "owner": f"box/{gone}/abc", "host": socket.gethostname(),
+                  "pid": gone, "boot_id": boot_id(), "pid_ns": namespace,
+                  "acquired": clock.now, "renewed": clock.now, "ttl": 600.0}
+        found = objects.read(LEASE_NAME)
+        assert (objects.create(LEASE_NAME, json.dumps(record).encode()) if found is None else
+                objects.replace(LEASE_NAME, json.dumps(record).encode(), found[1])) is not None
+        again = zstore.open(url, location.options)
+        if refused:
+            with pytest.raises(LeaseError, match=f"box/{gone}/abc"):
+                again.set(torch.arange(4, 8), rows(4, 4))
+            assert lease_record(url, location.options)["pid_ns"] == namespace  # not taken
+        else:
+            with pytest.warns(UserWarning, match="took over the write lease .*no longer runs"):
+                again.set(torch.arange(4, 8), rows(4, 4))
+            again.close()
+    assert committed(url, location.options) == list(range(8))

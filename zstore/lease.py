@@ -4,7 +4,7 @@ A writable persistent storage takes a **lease** before its first write: a small
 JSON object ``zstore-lease.json`` next to the group's ``zarr.json``::
 
     {"version": 1, "owner": "host/pid/uuid", "host": ..., "pid": ..., "boot_id": ...,
-     "acquired": <unix s>, "renewed": <unix s>, "ttl": <s>}
+     "pid_ns": ..., "acquired": <unix s>, "renewed": <unix s>, "ttl": <s>}
 
 * It is created with an exclusive create, so of two writers only one wins; the
   other gets :class:`~zstore.errors.LeaseError` naming the URL and the holder.
@@ -14,8 +14,10 @@ JSON object ``zstore-lease.json`` next to the group's ``zarr.json``::
 * A lease not renewed for ``ttl`` seconds (by the clock of whoever looks) is
   **stale**: the next writer takes it over automatically, with a warning. So
   is, at once, a lease whose holder was a process of the same machine (same
-  host name and boot id) that no longer runs: a job restarted after a crash
-  on the same machine does not wait for the ttl. The
+  host name and boot id) and pid namespace that no longer runs: a job restarted
+  after a crash on the same machine does not wait for the ttl. A holder in
+  another container of the machine (another pid namespace, whose pids mean
+  other processes) is never judged gone: its lease is taken only once stale. The
   taker then rewrites ``zarr.json`` (naming itself), so a former holder that
   wakes up cannot commit any more: its conditional commit fails.
 * Readers (``mode="r"``) never look at the lease.
@@ -43,7 +45,7 @@ from typing import Any
 
 from .conditional import Token, objects_for
 from .errors import LeaseError
-from .processes import boot_id, gone_here
+from .processes import boot_id, gone_here, pid_namespace
 from .sigterm import shielded
 from .store import StoreSpec, defer_memory_work, run_deferred
 
@@ -104,7 +106,7 @@ class Lease:
 
     def _record(self, now: float, acquired: float) -> bytes:
         return json.dumps({"version": 1, "owner": self.owner, "host": socket.gethostname(),
-                           "pid": os.getpid(), "boot_id": boot_id(),
+                           "pid": os.getpid(), "boot_id": boot_id(), "pid_ns": pid_namespace(),
                            "acquired": acquired, "renewed": now, "ttl": self.ttl}).encode()
 
     def ensure(self) -> bool:
@@ -152,7 +154,8 @@ class Lease:
             renewed, ttl = float(holder["renewed"]), float(holder["ttl"])
         except (ValueError, KeyError, TypeError):
             holder, renewed, ttl = {"owner": "<unreadable lease>"}, float("-inf"), 0.0
-        dead = gone_here(holder.get("host"), holder.get("boot_id"), holder.get("pid"))
+        dead = gone_here(holder.get("host"), holder.get("boot_id"), holder.get("pid"),
+                         holder.get("pid_ns"))
         if now <= renewed + ttl and not dead:
             raise LeaseError(
                 f"{self.spec.redacted()} is being written by {_describe(holder, now)}: one writer "

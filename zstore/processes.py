@@ -1,10 +1,12 @@
 """Which process of which machine wrote something, and whether it still runs.
 
 A lease (:mod:`zstore.lease`) and a checkpoint's temporary file (:mod:`checkpoint._h5`)
-record the process that made them: its host name, the machine's boot id and its pid. A
-later process of the same machine (same host name and boot id, so a host name shared by two
-machines is not enough) can then tell that the maker is gone, and take over or clean up at
-once instead of waiting out a timeout.
+record the process that made them: its host name, the machine's boot id, its pid and its pid
+namespace. A later process of the same machine and namespace (same host name and boot id, so
+a host name shared by two machines is not enough; same namespace, since two containers of one
+host, ``--network host`` giving both its host name, number their processes apart) can then
+tell that the maker is gone, and take over or clean up at once instead of waiting out a
+timeout.
 """
 
 from __future__ import annotations
@@ -24,11 +26,24 @@ def boot_id() -> str | None:
         return None
 
 
-def gone_here(host: object, boot: object, pid: object) -> bool:
-    """Whether ``pid`` was a process of this machine (``host`` and ``boot`` its host name and
-    boot id) that no longer runs; ``False`` when that cannot be told."""
+def pid_namespace() -> str | None:
+    """The inode number of this process's pid namespace (Linux; ``None`` where it cannot be
+    read): a pid names a process only within its namespace. Read on each call (one system
+    call), as a process may move to another."""
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return None
+    return link.partition("[")[2].rstrip("]") or None
+
+
+def gone_here(host: object, boot: object, pid: object, namespace: object) -> bool:
+    """Whether ``pid`` was a process of this machine and pid namespace (``host``, ``boot``
+    and ``namespace`` its host name, boot id and :func:`pid_namespace`) that no longer runs;
+    ``False`` when that cannot be told."""
     here = boot_id()
-    if here is None or boot != here or host != socket.gethostname():
+    if (here is None or boot != here or host != socket.gethostname()
+            or namespace is None or namespace != pid_namespace()):
         return False
     try:
         pid = int(pid)  # type: ignore[arg-type]
@@ -54,11 +69,11 @@ def runs_here(pid: int) -> bool:
 
 
 def process_tag() -> str:
-    """``pid@host@boot id``: this process, in a form a file name can carry."""
-    return f"{os.getpid()}@{socket.gethostname()}@{boot_id()}"
+    """``pid@host@boot id@pid namespace``: this process, in a form a file name can carry."""
+    return f"{os.getpid()}@{socket.gethostname()}@{boot_id()}@{pid_namespace()}"
 
 
 def tag_gone_here(tag: str) -> bool:
     """Whether the process of :func:`process_tag` ``tag`` ran on this machine and is gone."""
     parts = tag.split("@")
-    return len(parts) == 3 and gone_here(parts[1], parts[2], parts[0])
+    return len(parts) == 4 and gone_here(parts[1], parts[2], parts[0], parts[3])
