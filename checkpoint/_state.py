@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zstore.layout import Schema
+from zstore.layout import SINGLE_TENSOR_KEY, Schema
 from zstore.storages.checkpoint_contract import TensorCheckpointable
 from zstore.storages.tensor import lead_shape, map_leaves
 from zstore.text import widest
@@ -118,9 +118,25 @@ def prepare(storage: TensorCheckpointable, example: Any, schema: Schema | None, 
         # TensorDictReplayBuffer adds "index" to a TensorStorage built with the data's keys)
         joins = missing and not extra and not changed and export.columns is not None
         if mine != theirs and not joins:
+            differences = ([f"only in the checkpoint: {_named(p)}" for p in missing]
+                           + [f"only in this storage: {_named(p)}" for p in extra]
+                           + [f"{_named(p)} is {_column(theirs[p])} in the checkpoint, "
+                              f"{_column(mine[p])} in this storage" for p in changed])
             raise CheckpointError(
-                f"{where}: the checkpoint's keys do not match the storage's (only in the "
-                f"checkpoint: {missing}; only in the storage: {extra}; other dtype/shape: {changed})")
+                f"{where}: the checkpoint's keys do not match this storage's ("
+                + "; ".join(differences) + "): load it into a new storage of the same "
+                "max_size, which takes the checkpoint's keys")
+
+
+def _named(path: str) -> str:
+    """A column as a user names it: its key, or what a storage of plain tensors holds."""
+    return "the tensors (a storage of plain tensors)" if path == SINGLE_TENSOR_KEY else repr(path)
+
+
+def _column(column: tuple) -> str:
+    """A column of :func:`_columns_of` in words: ``float32 of shape (3,)``."""
+    dtype, shape, text = column
+    return "text" if text else f"{str(dtype).removeprefix('torch.')} of shape {tuple(shape)}"
 
 
 def _columns_of(schema: Schema) -> dict[str, tuple]:

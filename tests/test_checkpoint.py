@@ -468,9 +468,36 @@ def test_errors_name_the_location(tmp_path):
         zstore.ListStorage(4).dumps(tmp_path / "list")
     for wrong in (LazyMemmapStorage(10, scratch_dir=str(tmp_path / "wrong")), LazyTensorStorage(10)):
         wrong.set(0, TensorDict(other=torch.zeros(1), batch_size=[]))
-        with pytest.raises(CheckpointError, match=r"only in the storage: \['other'\]"):
+        with pytest.raises(CheckpointError, match="only in this storage: 'other'.*: load it into "
+                                                  "a new storage of the same max_size"):
             wrong.loads(tmp_path / "ck")
         assert len(wrong) == 1 and wrong.get(0)["other"].item() == 0  # unchanged
+
+
+def test_a_load_into_other_columns_names_each_difference(tmp_path):
+    """A checkpoint whose column has another dtype or shape than the storage's named the
+    key but neither side's dtype and shape, nor the way on; a storage of plain tensors was
+    named by its internal array name."""
+    source = LazyTensorStorage(10)
+    source.set(torch.arange(6), TensorDict(obs=torch.randn(6, 3), batch_size=[6]))
+    where = tmp_path / "ck"
+    source.dumps(where)
+    for data, difference in (
+            (TensorDict(obs=torch.zeros(2, 3, dtype=torch.float64), batch_size=[2]),
+             r"'obs' is float32 of shape \(3,\) in the checkpoint, float64 of shape \(3,\) in "
+             "this storage"),
+            (TensorDict(obs=torch.zeros(2, 4), batch_size=[2]),
+             r"'obs' is float32 of shape \(3,\) in the checkpoint, float32 of shape \(4,\)"),
+            (torch.zeros(2, 3), r"only in the checkpoint: 'obs'; only in this storage: the "
+                                r"tensors \(a storage of plain tensors\)")):
+        wrong = LazyTensorStorage(10)
+        wrong.set(torch.arange(2), data)
+        with pytest.raises(CheckpointError, match=difference + ".*new storage of the same max_size"):
+            wrong.loads(where)
+        assert len(wrong) == 2  # unchanged
+    fresh = LazyTensorStorage(10)  # the way on the error names
+    fresh.loads(where)
+    assert torch.equal(fresh.get(torch.arange(6))["obs"], source.get(torch.arange(6))["obs"])
 
 
 def test_compressed_checkpoint(location):
