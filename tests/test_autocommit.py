@@ -107,6 +107,18 @@ def test_a_storage_dropped_after_its_background_commit_releases_its_lease(locati
     assert_rows(url, location.options, 2 * ROWS)
 
 
+def test_the_window_is_five_seconds_unless_told(tmp_path):
+    """The README's default: rows are committed at most 5 s after they are written, by every
+    persistent storage and by a reopened one."""
+    url = str(tmp_path / "rb")
+    built = [zstore.LazyMemmapStorage(10, scratch_dir=url),
+             zstore.CompressedListStorage(10, scratch_dir=str(tmp_path / "cls"))]
+    built[0].set(torch.arange(2), burst(0)[:2])
+    built[0].close()
+    for storage in [*built, zstore.open(url)]:
+        assert storage.autocommit_seconds == 5.0
+
+
 def test_no_background_commit_with_an_infinite_window(location):
     storage = zstore.LazyMemmapStorage(100, scratch_dir=location.new(),
                                        storage_options=location.options,

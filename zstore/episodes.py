@@ -1,7 +1,7 @@
 """Ring order, done keys and episode boundaries: the one place they are computed.
 
 Plots (:mod:`zstore.plots`), the slice sampler (:mod:`zstore.samplers`) and the
-dataset's episode index (:mod:`zstore.dataset.episodes`) all read a buffer the
+dataset's episode index (:mod:`zstore.storages.episode_index`) all read a buffer the
 same way. This module needs only torch; it imports nothing from the storages,
 the dataset package or the plots.
 

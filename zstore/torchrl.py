@@ -583,15 +583,20 @@ class _Resuming:
     """
 
     def register_storage(self, storage: Any) -> None:
+        """Write into ``storage``; a fresh writer continues after its stored cursor."""
         super().register_storage(storage)
         if self._cursor == 0 and self._write_count == 0:
             resume_at(self, resume_point(storage))
 
     def add(self, data: Any) -> Any:
+        """Write one item at the cursor (after rows another writer committed meanwhile);
+        returns its index."""
         resume_at(self, resume_point_if_moved(self._storage))
         return super().add(data)
 
     def extend(self, data: Any) -> Any:
+        """Write a batch from the cursor on (after rows another writer committed
+        meanwhile); returns their indices."""
         resume_at(self, resume_point_if_moved(self._storage))
         return super().extend(data)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from .._lazy import lazy_exports
 
 #: Public name -> the submodule that defines it. Imported on first use, so that importing
-#: one submodule (``zstore.storages.sealing`` imports :mod:`zstore.dataset.episodes`) does
-#: not import the others, which sit above the storages.
+#: one submodule (the CLI's ``convert`` imports :mod:`zstore.dataset.convert`) does not
+#: import the others.
 _SOURCES = {"Dataset": "open", "open_dataset": "open", "export_h5": "export",
             "import_d4rl": "importers", "import_minari": "importers", "seal": "sealing"}
 
