@@ -440,3 +440,23 @@ def test_a_new_storage_refuses_a_location_holding_anything_else(location, kind):
     after = sorted((path, fs.cat_file(path)) for path in fs.find(root)
                    if not path.endswith(".json") or "zstore-lease" not in path)
     assert after == before
+
+
+def test_a_second_storage_at_a_location_not_committed_yet_is_refused(location):
+    """A second CompressedListStorage at the URL of one still writing before its first commit
+    (a notebook cell run again within ``autocommit_seconds``) took the location over, as
+    if the first had been killed: the first's items were then lost at its flush. Now the
+    second is refused naming the live writer, and the first's items are kept."""
+    url = location.new()
+    first = location.compressed(10, scratch_dir=url)
+    items = [TensorDict(a=torch.tensor(float(i))) for i in range(3)]
+    first.set([0, 1, 2], items)
+    with pytest.raises(zstore.LeaseError, match="another storage of this process: write "
+                                                "through that one, or close it first"):
+        location.compressed(10, scratch_dir=url)
+    first.flush()
+    reader = zstore.open(url, location.options, mode="r")
+    assert [reader.get(i)["a"].item() for i in range(len(reader))] == [0., 1., 2.]
+    first.close()
+    with pytest.raises(zstore.StoreExistsError, match="zstore.open"):  # committed: reopen it
+        location.compressed(10, scratch_dir=url)

@@ -88,6 +88,46 @@ def test_a_refused_item_leaves_the_items_before_it_unwritten(location):
     assert [t.tolist() for t in items_of(rb)] == [[0.] * 3, [1.] * 3]
 
 
+@pytest.mark.parametrize("bad", [{"a": torch.tensor(9.)}, None, "text"], ids=["dict", "None", "str"])
+def test_a_write_refused_at_a_non_tensor_item_writes_none_of_it(location, bad):
+    """A write whose later item is no tensor (a dict, None, a string) stored the items ahead
+    of it, then raised: the storage held an item no writer counted, which samplers drew and
+    the next extend overwrote. A state dict with such an item emptied the storage first."""
+    rb = ReplayBuffer(storage=compressed(location, 10), writer=zt.RoundRobinWriter())
+    first = [TensorDict(a=torch.tensor(0.)), TensorDict(a=torch.tensor(1.))]
+    rb.extend(first)
+    with pytest.raises(TypeError, match="item 1 of this write: .*nothing was written"):
+        rb.extend([TensorDict(a=torch.tensor(10.)), bad])
+    assert len(rb) == 2 and rb.writer._cursor == 2
+    with pytest.raises(TypeError, match="item 1 of this write"):
+        rb.storage.set([2, 3], [TensorDict(a=torch.tensor(10.)), bad])
+    if not isinstance(bad, dict):  # a state dict's dict items are TensorDicts to it
+        with pytest.raises(TypeError, match="item 1 of this write"):
+            rb.storage.load_state_dict({"_storage": [TensorDict(a=torch.tensor(5.)), bad]})
+    assert_items_equal(items_of(rb), first)
+    rb.extend([TensorDict(a=torch.tensor(2.))])  # the next write lands at the cursor
+    assert [item["a"].item() for item in items_of(rb)] == [0., 1., 2.]
+
+
+@pytest.mark.parametrize("item", [TensorDict(a=torch.tensor(9.)), torch.tensor(9.)],
+                         ids=["TensorDict", "0-d tensor"])
+def test_a_slice_set_to_one_item_is_refused_not_dropped(location, item):
+    """``set(slice(1, 3), one item)`` wrote nothing and raised nothing where the item was a
+    TensorDict without a batch dim (its length, 0, took no position); TorchRL raises
+    ("generator raised StopIteration"). Now refused, naming the way: an int index."""
+    storage = compressed(location, 5)
+    like = [TensorDict(a=torch.tensor(float(i))) if isinstance(item, TensorDict)
+            else torch.tensor(float(i)) for i in range(4)]
+    storage.set([0, 1, 2, 3], like)
+    with pytest.raises(TypeError, match=r"writes 2 item\(s\).*index it with an int"):
+        storage.set(slice(1, 3), item)
+    stored = [storage.get(i) for i in range(4)]
+    assert [(x["a"] if isinstance(x, TensorDict) else x).item() for x in stored] == [0., 1., 2., 3.]
+    storage.set(1, item)
+    got = storage.get(1)
+    assert (got["a"] if isinstance(item, TensorDict) else got).item() == 9.
+
+
 @pytest.mark.parametrize("index", [torch.tensor([1.7, 2.9]), torch.tensor([[0, 1], [2, 3]])],
                          ids=["float", "2-D"])
 def test_float_and_2d_indexes_are_refused(location, index):

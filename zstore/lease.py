@@ -74,6 +74,43 @@ def _describe(holder: dict[str, Any], now: float) -> str:
             f"ttl {float(holder.get('ttl', 0.0)):g} s)")
 
 
+def _judge(data: bytes, now: float) -> tuple[dict[str, Any], float, bool]:
+    """The holder a lease record names, the seconds left before it may be taken over (below
+    0: stale), and whether it was a process of this machine that no longer runs."""
+    try:
+        holder = json.loads(data)
+        left = float(holder["renewed"]) + float(holder["ttl"]) - now
+    except (ValueError, KeyError, TypeError):
+        holder, left = {"owner": "<unreadable lease>"}, float("-inf")
+    dead = gone_here(holder.get("host"), holder.get("boot_id"), holder.get("pid"),
+                     holder.get("pid_ns"))
+    return holder, left, dead
+
+
+def _held(spec: StoreSpec, holder: dict[str, Any], left: float, now: float) -> LeaseError:
+    """The refusal of a write where the live ``holder`` holds the lease."""
+    mine = holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
+    return LeaseError(
+        f"{spec.redacted()} is being written by {_describe(holder, now)}"
+        + (", another storage of this process: write through that one, or close it first"
+           if mine else "")
+        + ": one writer per store. Open it with mode='r' to read; a lease not renewed for its "
+        "ttl is taken over automatically by the next writer (this one: in "
+        f"{left:.1f} s, if its holder renews it no more).")
+
+
+def refuse_while_held(spec: StoreSpec) -> None:
+    """:class:`LeaseError` when a live writer (one of this process's storages included)
+    holds the lease at ``spec``: what a creation asks before it takes over what a creation
+    killed before its first commit left there. One read."""
+    found = objects_for(spec).read(LEASE_NAME)
+    if found is not None:
+        now = clock()
+        holder, left, dead = _judge(found[0], now)
+        if left >= 0 and not dead:
+            raise _held(spec, holder, left, now)
+
+
 class Lease:
     """The write lease of one store, held by one owner (``host/pid/uuid``).
 
@@ -149,19 +186,9 @@ class Lease:
 
     def _take_over(self, found: tuple[bytes, Token], now: float) -> Token | None:
         data, token = found
-        try:
-            holder = json.loads(data)
-            renewed, ttl = float(holder["renewed"]), float(holder["ttl"])
-        except (ValueError, KeyError, TypeError):
-            holder, renewed, ttl = {"owner": "<unreadable lease>"}, float("-inf"), 0.0
-        dead = gone_here(holder.get("host"), holder.get("boot_id"), holder.get("pid"),
-                         holder.get("pid_ns"))
-        if now <= renewed + ttl and not dead:
-            raise LeaseError(
-                f"{self.spec.redacted()} is being written by {_describe(holder, now)}: one writer "
-                "per store. Open it with mode='r' to read; a lease not renewed for its ttl "
-                "is taken over automatically by the next writer (this one: in "
-                f"{renewed + ttl - now:.1f} s, if its holder renews it no more).")
+        holder, left, dead = _judge(data, now)
+        if left >= 0 and not dead:
+            raise _held(self.spec, holder, left, now)
         taken = self.objects.replace(LEASE_NAME, self._record(now, now), token)
         if taken is not None and dead:
             warnings.warn(f"took over the write lease on {self.spec.redacted()} from "

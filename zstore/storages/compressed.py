@@ -57,7 +57,7 @@ from ..dtypes import torch_dtype_from_name, torch_dtype_name
 from ..errors import (MissingKeyError, NotAZStoreError, SchemaError,
                       StoreExistsError, ZStoreError)
 from ..group import ZSTORE_ATTR, open_group, open_plain_group, put_attrs
-from ..lease import DEFAULT_TTL, LEASE_NAME
+from ..lease import DEFAULT_TTL, LEASE_NAME, refuse_while_held
 from ..layout import FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, check_format_version, key_to_path
 from ..store import StoreSpec, run_deferred
 from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
@@ -232,8 +232,9 @@ _NO_GROUP = object()
 
 def _refuse_taken_location(spec: StoreSpec) -> None:
     """Refuse to create a storage where something else lives: a committed store of any
-    kind, a Zarr group of another tool, or other files. What a creation killed before its
-    first commit leaves (inner tables, the lease) is taken over."""
+    kind, a Zarr group of another tool, or other files, or a creation whose live writer (in
+    this process too) has not committed yet. What a creation killed before its first
+    commit leaves (inner tables, the lease) is taken over."""
     from ..conditional import PROBE_PREFIX
 
     where = spec.redacted()
@@ -258,6 +259,8 @@ def _refuse_taken_location(spec: StoreSpec) -> None:
         raise NotAZStoreError(
             f"{where} is not empty and holds no zstore buffer (it holds {sorted(foreign)[:3]}); "
             "choose an empty location (zstore never writes among other files)")
+    if LEASE_NAME in names:  # a live writer's creation, its first commit not yet come
+        refuse_while_held(spec)
 
 
 class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, ListStorage):
@@ -736,6 +739,12 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             self._write_positions([index], data, single=True, update=update)
         elif isinstance(cursor, slice):
             positions = list(range(*cursor.indices(self._len)))
+            if (isinstance(data, torch.Tensor) and not data.ndim
+                    or is_tensor_collection(data) and not data.batch_size):
+                raise TypeError(
+                    f"set({cursor}) writes {len(positions)} item(s): pass a list of them, or a "
+                    f"batch whose first dim holds them; got one item ({type(data).__name__} "
+                    "without a batch dim). To write one item, index it with an int")
             items = data if isinstance(data, (list, tuple)) else \
                 [data[i] for i in range(min(len(positions), len(data)))]
             items = list(items)[:len(positions)]
@@ -777,9 +786,13 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         half-way through an extend left the items before it written)."""
         first = None
         for position, item in enumerate(items):
-            if not (isinstance(item, torch.Tensor) or is_tensor_collection(item)):
-                continue  # refused by its own write (the first such is item 0's or after)
-            leaves, nodes = self._flatten(item, 0)
+            try:
+                leaves, nodes = self._flatten(item, 0)
+            except (TypeError, SchemaError) as exc:  # not tensors: refused here, not at its turn
+                if position == 0:
+                    raise
+                raise type(exc)(f"item {position} of this write: {exc} (nothing was "
+                                "written)") from None
             layout = ({p: v.dtype for p, v in leaves.items()},
                       {p: v.ndim for p, v in leaves.items()} if not self.custom else {},
                       {n: len(b) for n, b in nodes.items()})
