@@ -436,6 +436,18 @@ def test_close_flushes_and_cleanup_deletes(location):
     assert again.cleanup() is False
     with pytest.raises(zstore.StoreNotFoundError):
         zstore.open(url, location.options)
+    # the storage is ended, as TorchRL's: it kept its length (a sampler drew from it), said
+    # "non-initialized" to a read and, to a write, that a creation was under way there,
+    # leaving a lease object in the deleted store
+    assert len(again) == 0
+    for act in (lambda: again.get(torch.arange(2)), lambda: again.set(0, td_rows(0, 1)[0])):
+        with pytest.raises(RuntimeError, match="was deleted by cleanup\\(\\); build a new storage"):
+            act()
+    assert not zstore.StoreSpec.parse(url, location.options).exists()
+    fresh = location.memmap(8, scratch_dir=url)  # the way on the error names
+    fresh.set(0, td_rows(0, 1)[0])
+    fresh.close()
+    assert len(zstore.open(url, location.options, mode="r")) == 1
 
 
 def test_empty_slice_reads_zero_rows(location):

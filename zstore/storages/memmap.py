@@ -284,6 +284,9 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         return self._table
 
     def _closed_error(self) -> RuntimeError:
+        if self._cleaned:
+            return RuntimeError(f"this storage of {self.spec.redacted()} was deleted by "
+                                "cleanup(); build a new storage to write there again")
         return RuntimeError(f"this storage of {self.spec.redacted()} was closed; reopen it "
                             "with zstore.open(url)")
 
@@ -606,6 +609,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
 
     def get(self, index: Any) -> Any:
         with self._commit_lock:  # a background commit and a read do not share the table
+            if self._cleaned:  # not "non-initialized": say what ended it
+                raise self._closed_error()
             return super().get(index)
 
     def _write(self, cursor: Any, data: Any) -> None:
@@ -927,11 +932,14 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
             self.flush()
 
     def cleanup(self) -> bool:
-        """Delete the store and everything in it; ``False`` if already done. Idempotent."""
+        """Delete the store and everything in it; ``False`` if already done. Idempotent.
+        The storage is then ended, as TorchRL's is: it holds no rows, and a read or write
+        raises naming the way on (a new storage at the URL)."""
         if self._cleaned:
             return False
         self.spec.require_writable("delete the store")
-        self._cleaned = True
+        self._cleaned = self._closed = True
+        self._len_value = 0
         self._release_lease()
         if self._table is not None:
             self._table.close()
