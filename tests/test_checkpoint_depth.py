@@ -104,18 +104,20 @@ def test_an_h5_dump_to_a_store_deletes_the_temporary_files_of_killed_ones(locati
                           check=True).stdout.strip()
     scratch = Path(tempfile.gettempdir())
     left = scratch / f".checkpoint.h5.{gone}.a1b2c3.partial"
+    earlier = scratch / f".checkpoint.h5.{gone.rsplit('@', 1)[0]}.b2c3d4.partial"  # no namespace
     running = scratch / f".checkpoint.h5.{process_tag()}.d4e5f6.partial"
     left.write_bytes(b"\0" * 1024)
+    earlier.write_bytes(b"\0" * 1024)
     running.touch()
     try:
         storage = LazyTensorStorage(12)
         storage.checkpointer = H5StorageCheckpointer()
         fill(storage, "full", TEDStream())
         storage.dumps(spec(location, "h5"))
-        assert not left.exists() and running.exists()
+        assert not left.exists() and not earlier.exists() and running.exists()
     finally:
-        left.unlink(missing_ok=True)
-        running.unlink(missing_ok=True)
+        for path in (left, earlier, running):
+            path.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("name", CHUNKED)

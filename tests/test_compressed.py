@@ -451,8 +451,8 @@ def test_a_second_storage_at_a_location_not_committed_yet_is_refused(location):
     first = location.compressed(10, scratch_dir=url)
     items = [TensorDict(a=torch.tensor(float(i))) for i in range(3)]
     first.set([0, 1, 2], items)
-    with pytest.raises(zstore.LeaseError, match="another storage of this process: write "
-                                                "through that one, or close it first"):
+    with pytest.raises(zstore.LeaseError, match=r"another storage of this process: write "
+                                                r"through that one, or close\(\) it"):
         location.compressed(10, scratch_dir=url)
     first.flush()
     reader = zstore.open(url, location.options, mode="r")
@@ -460,3 +460,18 @@ def test_a_second_storage_at_a_location_not_committed_yet_is_refused(location):
     first.close()
     with pytest.raises(zstore.StoreExistsError, match="zstore.open"):  # committed: reopen it
         location.compressed(10, scratch_dir=url)
+    # a live writer whose only write was refused stored nothing: nothing to lose, so a new
+    # storage there is built (the notebook cell run again with the data fixed)
+    other = location.new()
+    refused = location.compressed(10, scratch_dir=other)
+    with pytest.raises(TypeError):
+        refused.set(0, "text")
+    again = location.compressed(10, scratch_dir=other)
+    again.set(0, items[0])
+    again.close()
+    # a storage built to take no lease (lease_ttl=None) is not refused by another's
+    third = location.new()
+    holder = location.compressed(10, scratch_dir=third)
+    holder.set(0, items[0])
+    location.compressed(10, scratch_dir=third, lease_ttl=None)
+    holder.close()

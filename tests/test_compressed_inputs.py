@@ -123,6 +123,7 @@ def test_a_slice_set_to_one_item_is_refused_not_dropped(location, item):
         storage.set(slice(1, 3), item)
     stored = [storage.get(i) for i in range(4)]
     assert [(x["a"] if isinstance(x, TensorDict) else x).item() for x in stored] == [0., 1., 2., 3.]
+    storage.set(slice(2, 2), item)  # no position: nothing to write, as TorchRL
     storage.set(1, item)
     got = storage.get(1)
     assert (got["a"] if isinstance(item, TensorDict) else got).item() == 9.

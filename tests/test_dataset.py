@@ -285,6 +285,12 @@ def test_open_dataset_refuses_what_is_not_a_sealed_dataset(tmp_path):
                                                  "dataset: load it with storage.loads")):
         with pytest.raises(zstore.NotAZStoreError, match=what):
             open_dataset(where)
+    (tmp_path / "bad").mkdir()  # a malformed checkpoint record: still named
+    (tmp_path / "bad" / "zarr.json").write_text(json.dumps(
+        {"zarr_format": 3, "node_type": "group",
+         "attributes": {"zstore_checkpoint": {"length": "3", "max_size": None}}}))
+    with pytest.raises(zstore.NotAZStoreError, match=r"checkpoint \(\?, length \?\)"):
+        open_dataset(str(tmp_path / "bad"))
     for attributes in ([1], "x"):  # malformed attributes: still named, not an AttributeError
         (tmp_path / "plain" / "zarr.json").write_text(json.dumps(
             {"zarr_format": 3, "node_type": "group", "attributes": attributes}))

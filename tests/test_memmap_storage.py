@@ -436,7 +436,7 @@ def test_close_flushes_and_cleanup_deletes(location):
     assert again.cleanup() is False
     with pytest.raises(zstore.StoreNotFoundError):
         zstore.open(url, location.options)
-    # the storage is ended, as TorchRL's: it kept its length (a sampler drew from it), said
+    # the storage is ended (TorchRL's is "no longer usable"): it kept its length (a sampler drew from it), said
     # "non-initialized" to a read and, to a write, that a creation was under way there,
     # leaving a lease object in the deleted store
     assert len(again) == 0

@@ -89,8 +89,9 @@ def sealed_dataset(action: str, where: str) -> ReadOnlyError:
 
 def filled(record: dict) -> str:
     """``length/max_size`` of a zstore block or checkpoint record, ``?`` when it has none."""
-    length = record.get("length")
-    return f"{length:,}/{record.get('max_size', 0):,}" if length is not None else "?"
+    length, max_size = record.get("length"), record.get("max_size", 0)
+    return f"{length:,}/{max_size:,}" if isinstance(length, int) and isinstance(max_size, int) \
+        else "?"
 
 
 def checkpoint_not_a(what: str, where: str, record: dict, then: str = "") -> NotAZStoreError:

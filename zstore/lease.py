@@ -89,10 +89,12 @@ def _judge(data: bytes, now: float) -> tuple[dict[str, Any], float, bool]:
 
 def _held(spec: StoreSpec, holder: dict[str, Any], left: float, now: float) -> LeaseError:
     """The refusal of a write where the live ``holder`` holds the lease."""
-    mine = holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
+    mine = (holder.get("pid"), holder.get("host"), holder.get("boot_id"), holder.get("pid_ns")) \
+        == (os.getpid(), socket.gethostname(), boot_id(), pid_namespace())
     return LeaseError(
         f"{spec.redacted()} is being written by {_describe(holder, now)}"
-        + (", another storage of this process: write through that one, or close it first"
+        + (", another storage of this process: write through that one, or close() it (one "
+           "dropped unclosed commits at exit, or now: zstore.autocommit.commit_pending())"
            if mine else "")
         + ": one writer per store. Open it with mode='r' to read; a lease not renewed for its "
         "ttl is taken over automatically by the next writer (this one: in "

@@ -40,10 +40,11 @@ def pid_namespace() -> str | None:
 def gone_here(host: object, boot: object, pid: object, namespace: object) -> bool:
     """Whether ``pid`` was a process of this machine and pid namespace (``host``, ``boot``
     and ``namespace`` its host name, boot id and :func:`pid_namespace`) that no longer runs;
-    ``False`` when that cannot be told."""
+    ``False`` when that cannot be told. ``namespace`` ``None`` (a record of an earlier
+    zstore, or of a system that did not tell) is not compared."""
     here = boot_id()
     if (here is None or boot != here or host != socket.gethostname()
-            or namespace is None or namespace != pid_namespace()):
+            or namespace not in (None, "None", pid_namespace())):
         return False
     try:
         pid = int(pid)  # type: ignore[arg-type]
@@ -75,5 +76,5 @@ def process_tag() -> str:
 
 def tag_gone_here(tag: str) -> bool:
     """Whether the process of :func:`process_tag` ``tag`` ran on this machine and is gone."""
-    parts = tag.split("@")
-    return len(parts) == 4 and gone_here(parts[1], parts[2], parts[0], parts[3])
+    parts = tag.split("@")  # three: a tag of an earlier zstore, without the namespace
+    return len(parts) in (3, 4) and gone_here(parts[1], parts[2], parts[0], (parts + [None])[3])

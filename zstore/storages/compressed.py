@@ -230,11 +230,12 @@ def _any_root_block(spec: StoreSpec) -> Any:
 _NO_GROUP = object()
 
 
-def _refuse_taken_location(spec: StoreSpec) -> None:
+def _refuse_taken_location(spec: StoreSpec, leased: bool) -> None:
     """Refuse to create a storage where something else lives: a committed store of any
-    kind, a Zarr group of another tool, or other files, or a creation whose live writer (in
-    this process too) has not committed yet. What a creation killed before its first
-    commit leaves (inner tables, the lease) is taken over."""
+    kind, a Zarr group of another tool, or other files, or (``leased``: for a storage that
+    takes the write lease) items whose live writer, in this process too, has not committed
+    them yet. What a creation killed before its first commit leaves (inner tables, the
+    lease) is taken over."""
     from ..conditional import PROBE_PREFIX
 
     where = spec.redacted()
@@ -259,7 +260,8 @@ def _refuse_taken_location(spec: StoreSpec) -> None:
         raise NotAZStoreError(
             f"{where} is not empty and holds no zstore buffer (it holds {sorted(foreign)[:3]}); "
             "choose an empty location (zstore never writes among other files)")
-    if LEASE_NAME in names:  # a live writer's creation, its first commit not yet come
+    written = [name for name in names if _ITEMS_TABLE.fullmatch(name) or name == "ragged"]
+    if leased and written and LEASE_NAME in names:  # a live writer's items, not committed yet
         refuse_while_held(spec)
 
 
@@ -321,7 +323,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                         decompression_fn, compression_level, codec, chunks, cache_bytes, lease_ttl,
                         autocommit_seconds)
         if not owned:
-            _refuse_taken_location(self.spec)
+            _refuse_taken_location(self.spec, leased=lease_ttl is not None)
         self._reset()
 
     def _configure(self, spec: StoreSpec, owned: bool, compression_fn: Callable | None,
@@ -739,13 +741,13 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             self._write_positions([index], data, single=True, update=update)
         elif isinstance(cursor, slice):
             positions = list(range(*cursor.indices(self._len)))
-            if (isinstance(data, torch.Tensor) and not data.ndim
-                    or is_tensor_collection(data) and not data.batch_size):
+            if positions and (isinstance(data, torch.Tensor) and not data.ndim
+                              or is_tensor_collection(data) and not data.batch_size):
                 raise TypeError(
                     f"set({cursor}) writes {len(positions)} item(s): pass a list of them, or a "
                     f"batch whose first dim holds them; got one item ({type(data).__name__} "
                     "without a batch dim). To write one item, index it with an int")
-            items = data if isinstance(data, (list, tuple)) else \
+            items = [] if not positions else data if isinstance(data, (list, tuple)) else \
                 [data[i] for i in range(min(len(positions), len(data)))]
             items = list(items)[:len(positions)]
             self._refuse_mixed(items)

@@ -933,8 +933,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
 
     def cleanup(self) -> bool:
         """Delete the store and everything in it; ``False`` if already done. Idempotent.
-        The storage is then ended, as TorchRL's is: it holds no rows, and a read or write
-        raises naming the way on (a new storage at the URL)."""
+        The storage is then ended (TorchRL's is "no longer usable"): it holds no rows, and
+        a read or write raises naming the way on (a new storage at the URL)."""
         if self._cleaned:
             return False
         self.spec.require_writable("delete the store")
