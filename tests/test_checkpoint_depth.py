@@ -96,7 +96,8 @@ def test_a_corrupt_compressed_chunk_names_the_checkpoint_and_the_key(location):
 def test_an_h5_dump_to_a_store_deletes_the_temporary_files_of_killed_ones(location):
     """An H5 dump to a remote store writes its file in the temporary directory first; one
     killed there left it (as large as the checkpoint) for good. The next dump of that file
-    deletes those of processes that are gone, and keeps a running dump's."""
+    deletes those of processes that are gone (a tag of an earlier zstore, without the pid
+    namespace, or with it left empty, included), and keeps a running dump's."""
     if location.kind == "local":
         pytest.skip("a local dump's temporary file is in its directory (test_checkpoint_crash)")
     gone = subprocess.run([sys.executable, "-c", "from zstore.processes import process_tag; "
@@ -105,18 +106,21 @@ def test_an_h5_dump_to_a_store_deletes_the_temporary_files_of_killed_ones(locati
     scratch = Path(tempfile.gettempdir())
     left = scratch / f".checkpoint.h5.{gone}.a1b2c3.partial"
     earlier = scratch / f".checkpoint.h5.{gone.rsplit('@', 1)[0]}.b2c3d4.partial"  # no namespace
+    untold = scratch / f".checkpoint.h5.{gone.rsplit('@', 1)[0]}@.c3d4e5.partial"  # not told
     running = scratch / f".checkpoint.h5.{process_tag()}.d4e5f6.partial"
     left.write_bytes(b"\0" * 1024)
     earlier.write_bytes(b"\0" * 1024)
+    untold.write_bytes(b"\0" * 1024)
     running.touch()
     try:
         storage = LazyTensorStorage(12)
         storage.checkpointer = H5StorageCheckpointer()
         fill(storage, "full", TEDStream())
         storage.dumps(spec(location, "h5"))
-        assert not left.exists() and not earlier.exists() and running.exists()
+        assert not left.exists() and not earlier.exists() and not untold.exists()
+        assert running.exists()
     finally:
-        for path in (left, earlier, running):
+        for path in (left, earlier, untold, running):
             path.unlink(missing_ok=True)
 
 

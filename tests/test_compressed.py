@@ -452,7 +452,7 @@ def test_a_second_storage_at_a_location_not_committed_yet_is_refused(location):
     items = [TensorDict(a=torch.tensor(float(i))) for i in range(3)]
     first.set([0, 1, 2], items)
     with pytest.raises(zstore.LeaseError, match=r"another storage of this process: write "
-                                                r"through that one, or close\(\) it"):
+                       r"through that one, or close\(\) it .*zstore.autocommit.commit_pending"):
         location.compressed(10, scratch_dir=url)
     first.flush()
     reader = zstore.open(url, location.options, mode="r")

@@ -45,7 +45,7 @@ from typing import Any
 
 from .conditional import Token, objects_for
 from .errors import LeaseError
-from .processes import boot_id, gone_here, pid_namespace
+from .processes import boot_id, gone_here, here, pid_namespace
 from .sigterm import shielded
 from .store import StoreSpec, defer_memory_work, run_deferred
 
@@ -89,8 +89,8 @@ def _judge(data: bytes, now: float) -> tuple[dict[str, Any], float, bool]:
 
 def _held(spec: StoreSpec, holder: dict[str, Any], left: float, now: float) -> LeaseError:
     """The refusal of a write where the live ``holder`` holds the lease."""
-    mine = (holder.get("pid"), holder.get("host"), holder.get("boot_id"), holder.get("pid_ns")) \
-        == (os.getpid(), socket.gethostname(), boot_id(), pid_namespace())
+    mine = holder.get("pid") == os.getpid() and here(holder.get("host"), holder.get("boot_id"),
+                                                     holder.get("pid_ns"))
     return LeaseError(
         f"{spec.redacted()} is being written by {_describe(holder, now)}"
         + (", another storage of this process: write through that one, or close() it (one "

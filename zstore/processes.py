@@ -37,14 +37,20 @@ def pid_namespace() -> str | None:
     return link.partition("[")[2].rstrip("]") or None
 
 
+def here(host: object, boot: object, namespace: object) -> bool:
+    """Whether ``host``, ``boot`` and ``namespace`` (a host name, boot id and
+    :func:`pid_namespace`) name this machine and pid namespace: where a recorded pid means a
+    process of ours. ``namespace`` ``None`` (a record of an earlier zstore, or of a system
+    that did not tell) is not compared; a machine without a boot id is never here."""
+    this_boot = boot_id()
+    return (this_boot is not None and boot == this_boot and host == socket.gethostname()
+            and namespace in (None, pid_namespace()))
+
+
 def gone_here(host: object, boot: object, pid: object, namespace: object) -> bool:
-    """Whether ``pid`` was a process of this machine and pid namespace (``host``, ``boot``
-    and ``namespace`` its host name, boot id and :func:`pid_namespace`) that no longer runs;
-    ``False`` when that cannot be told. ``namespace`` ``None`` (a record of an earlier
-    zstore, or of a system that did not tell) is not compared."""
-    here = boot_id()
-    if (here is None or boot != here or host != socket.gethostname()
-            or namespace not in (None, "None", pid_namespace())):
+    """Whether ``pid`` was a process of this machine and pid namespace (:func:`here`) that no
+    longer runs; ``False`` when that cannot be told."""
+    if not here(host, boot, namespace):
         return False
     try:
         pid = int(pid)  # type: ignore[arg-type]
@@ -70,11 +76,16 @@ def runs_here(pid: int) -> bool:
 
 
 def process_tag() -> str:
-    """``pid@host@boot id@pid namespace``: this process, in a form a file name can carry."""
-    return f"{os.getpid()}@{socket.gethostname()}@{boot_id()}@{pid_namespace()}"
+    """``pid@host@boot id@pid namespace``: this process, in a form a file name can carry (a
+    field that cannot be told is left empty)."""
+    return "@".join(str(part or "") for part in
+                    (os.getpid(), socket.gethostname(), boot_id(), pid_namespace()))
 
 
 def tag_gone_here(tag: str) -> bool:
     """Whether the process of :func:`process_tag` ``tag`` ran on this machine and is gone."""
     parts = tag.split("@")  # three: a tag of an earlier zstore, without the namespace
-    return len(parts) in (3, 4) and gone_here(parts[1], parts[2], parts[0], (parts + [None])[3])
+    if len(parts) not in (3, 4):
+        return False
+    pid, host, boot, namespace = (parts + [""])[:4]
+    return gone_here(host, boot or None, pid, namespace or None)
