@@ -328,6 +328,12 @@ def test_minari_text_observations_are_imported_not_dropped(location, tmp_path, w
     key = "observation" if whole else ("observation", "text")
     assert rows.get(key).tolist() == words[:3]
     assert rows.get(("next", *((key,) if whole else key))).tolist() == words[1:]
+    for layout, importer in (("minari", import_minari), ("d4rl", import_d4rl)):
+        export_h5(ds, tmp_path / f"{layout}.hdf5", layout=layout, progress=False)
+        again = importer(tmp_path / f"{layout}.hdf5", str(tmp_path / layout), progress=False)
+        assert again[:].get(key).tolist() == words[:3]  # text was left out of an export
+        assert again[:].get(("next", *((key,) if whole else key))).tolist() == words[1:]
+        again.close()
     ds.close()
 
 
@@ -394,7 +400,8 @@ def test_reimporting_into_a_taken_url_names_the_importers_fix(tmp_path):
 
 def test_string_fields_import_as_text(tmp_path):
     """h5py strings (variable-length UTF-8, fixed-length ASCII) come back one per row, in
-    D4RL infos and in Minari infos (reset row dropped), and survive the seal."""
+    D4RL infos and in Minari infos (reset row dropped), survive the seal, and an export to
+    either layout (which left them out)."""
     names = [f"stép {i}" if i % 3 else "" for i in range(200)]
     path = _write_d4rl(tmp_path / "d.hdf5")
     with h5py.File(path, "a") as f:
@@ -404,6 +411,14 @@ def test_string_fields_import_as_text(tmp_path):
     assert list(ds.get(torch.arange(200))["info", "name"]) == names
     assert list(ds.get(torch.arange(200))["info", "tag", "code"]) == [f"x{i}" for i in range(200)]
     assert list(zstore.open(str(tmp_path / "d"), mode="r")[5:8]["info", "name"]) == names[5:8]
+    steps = torch.cat([entry["start"] + torch.arange(int(entry["length"]))
+                       for entry in ds.episodes])  # an export's order: episode after episode
+    for layout, importer, key in (("d4rl", import_d4rl, ("info", "name")),
+                                  ("minari", import_minari, ("next", "info", "name"))):
+        export_h5(ds, tmp_path / f"{layout}.hdf5", layout=layout, progress=False)
+        again = importer(tmp_path / f"{layout}.hdf5", str(tmp_path / layout), progress=False)
+        assert list(again.get(torch.arange(200))[key]) == [names[i] for i in steps.tolist()]
+        again.close()
     ds.close()
     path = _write_minari(tmp_path / "m.hdf5", lengths=(3, 2))
     with h5py.File(path, "a") as f:

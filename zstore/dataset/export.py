@@ -10,7 +10,8 @@ importers read them. ``("info", k)`` (D4RL) and ``("next", "info", k)``
 (Minari) go to ``infos/k``, and so does the other of the two where the dataset
 lacks the layout's own; any other key is written at its path
 (``collector/traj_ids``; ``next/info/k`` beside a D4RL ``infos/k``), which the
-importers read back at that path. Text leaves are left out (tensors only).
+importers read back at that path. Text leaves (``zstore.text``) are written as HDF5
+UTF-8 strings, one per step, which the importers read back as text.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import os
 
 import numpy as np
 import torch
+from tensordict import NonTensorData
 
 from ..group import refuse_inside_a_dataset
 from ..progress import progress as progress_bar
 from ..store import StoreSpec
+from ..text import is_text, non_tensor_leaves, values_of
 from .importers import ACTION, OBS
 
 #: Steps read from the dataset per batch.
@@ -65,8 +68,7 @@ def _names(layout: dict[str, str | None], paths: set[str]) -> dict[str, str | No
     return {**layout, "next/done": layout["next/terminated"]}
 
 
-def _h5_value(path: str, value: torch.Tensor) -> np.ndarray:
-    array = value.numpy()
+def _h5_value(path: str, array: np.ndarray) -> np.ndarray:
     if path in ("next/reward", "next/terminated", "next/truncated", "next/done") \
             and array.ndim == 2 and array.shape[1] == 1:
         array = array[:, 0]  # TED's [N, 1] back to the HDF5 layouts' [N]
@@ -134,9 +136,22 @@ def _write_h5(dataset, path, layout: str, rows: torch.Tensor, lanes: torch.Tenso
     bar.close()
 
 
-def _leaves(batch) -> list[tuple[str, torch.Tensor]]:
-    return [("/".join((key,) if isinstance(key, str) else key), value)
-            for key, value in batch.items(include_nested=True, leaves_only=True)]
+def _leaves(batch) -> list[tuple[str, np.ndarray]]:
+    """``(path, values)`` of every leaf of the steps ``batch``: a tensor's as an array, a
+    text leaf's as an array of HDF5 UTF-8 strings (``None`` as the empty string, as a
+    buffer stores it)."""
+    import h5py
+
+    found = [(key, value.numpy())
+             for key, value in batch.items(include_nested=True, leaves_only=True)]
+    for key, value in non_tensor_leaves(batch):
+        if is_text(value):
+            strings = values_of(value)
+            if isinstance(value, NonTensorData):  # one string for every step
+                strings = strings * batch.shape[0]
+            found.append((key, np.array([text or "" for text in strings],
+                                        dtype=h5py.string_dtype())))
+    return [("/".join((key,) if isinstance(key, str) else key), array) for key, array in found]
 
 
 def _write_d4rl(f, batch, start: int, total: int) -> None:
@@ -155,17 +170,16 @@ def _write_d4rl(f, batch, start: int, total: int) -> None:
 
 def _write_minari(group, steps) -> None:
     leaves = _leaves(steps)
-    paths = {path for path, _ in leaves}
-    names = _names(_MINARI, paths)
+    arrays = dict(leaves)
+    names = _names(_MINARI, set(arrays))
     for path, value in leaves:
         if path == OBS or path.startswith(OBS + "/"):
-            last = steps["next"][tuple(path.split("/"))][-1:]
-            array = torch.cat([value, last]).numpy()
+            array = np.concatenate([value, arrays[f"next/{path}"][-1:]]).astype(value.dtype)
             group.create_dataset("observations" + path[len(OBS):], data=array)
             continue
         if path == f"next/{OBS}" or path.startswith(f"next/{OBS}/"):
             continue
-        name = _name(path, names, _INFOS["minari"], paths)
+        name = _name(path, names, _INFOS["minari"], set(arrays))
         if name is not None:
             group.create_dataset(name, data=_h5_value(path, value))
     if "truncations" not in group:  # the importer needs both flags: none was truncated
