@@ -213,6 +213,10 @@ BAD_BLOCKS = {
                                  "stack"),
     "texts-of-a-float-leaf": (lambda b: b["schema"].update(
         texts=[b["schema"]["leaves"][0]["path"]]), "texts"),
+    "empty-not-paths": (lambda b: b["schema"].update(empty="info"), "empty"),
+    "empty-naming-a-leaf": (lambda b: b["schema"].update(
+        empty=[b["schema"]["leaves"][0]["path"]]), "empty"),
+    "empty-escaping": (lambda b: b["schema"].update(empty=["../x"]), ".."),
 }
 
 

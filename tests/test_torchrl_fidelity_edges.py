@@ -4,6 +4,9 @@
   indices, as TorchRL's list storages;
 * a ``bool`` cursor is the int it stands for (``ListStorage.set(True, x)``);
 * a ``uint8`` index is a mask, and ``None`` / ``True`` add a leading dim, as torch indexes;
+  so does a ``None`` ahead of a tuple index, and ``...`` stands for the dims it spans, in
+  ``get`` and ``set`` of every tensor storage, ``ndim=2`` included;
+* an empty nested TensorDict of the items comes back from reads, a reopen included;
 * tensorclass items come back as their class after ``loads`` into a new buffer or a reopen
   (when the class's module is imported: nothing is imported for a name read from a store);
 * a boolean mask (NumPy, as TorchRL's buffer hands ``rb[mask] = td`` over) writes the masked
@@ -14,6 +17,8 @@
 """
 
 from __future__ import annotations
+
+import uuid
 
 import numpy as np
 import pytest
@@ -130,6 +135,79 @@ def test_uint8_none_and_bool_indices_read_as_torchrl(where, tmp_path):
     assert ours.storage.get(mask)["obs"].tolist() == [10, 30, 40]
     with pytest.raises(IndexError, match="boolean index of shape"):
         ours[mask[:4]]
+
+
+def _tensor_storages(tmp_path, ndim):
+    """zstore's tensor storages, in RAM and on memory:// and local stores, with TorchRL's
+    ``LazyTensorStorage`` (the reference) first."""
+    url = f"memory://zstore-tests/axes-{uuid.uuid4().hex}"
+    return [("torchrl", T.LazyTensorStorage(6, ndim=ndim)),
+            ("in RAM", zt.LazyTensorStorage(6, ndim=ndim)),
+            ("memory", zt.LazyMemmapStorage(6, ndim=ndim, scratch_dir=url)),
+            ("local", zt.LazyMemmapStorage(6, ndim=ndim, scratch_dir=str(tmp_path / f"rb{ndim}")))]
+
+
+@pytest.mark.parametrize("ndim,index,value", [
+    (2, (None, 1), [[100, 100, 100]]),
+    (2, (None, slice(0, 1)), [[[100, 100, 100]]]),
+    (2, (None, torch.tensor([0, 1])), [[[100, 101, 102], [103, 104, 105]]]),
+    (2, (..., 1), [100, 101]),
+    (2, (Ellipsis, torch.tensor([0, 2])), [[100, 101], [102, 103]]),
+    (2, (None, None, 0, ...), [[[100, 101, 102]]]),
+    (1, (None, 2), [100]),
+    (1, Ellipsis, [100, 101, 102, 103, 104, 105]),
+    (1, (None, ...), [[100, 101, 102, 103, 104, 105]]),
+], ids=str)
+def test_new_axes_and_ellipsis_index_as_torchrl(tmp_path, ndim, index, value):
+    """A ``None`` ahead of a tuple index was taken for "every row" by a memmap storage, so
+    ``get((None, 1))`` of an ``ndim=2`` buffer read lane 1 of every row, and a ``set`` wrote
+    there before it raised; a ``set`` at ``(..., 1)`` wrote its cells, then raised (the rows
+    it marked for checkpoints never marked). Now reads and writes are torch's and TorchRL's."""
+    rows = torch.arange(6).view(2, 3) if ndim == 2 else torch.arange(6)
+    data = TensorDict(a=rows, batch_size=rows.shape)
+    got = {}
+    for name, storage in _tensor_storages(tmp_path, ndim):
+        storage.set(slice(0, len(rows)), data)
+        read = storage.get(index)
+        read = (list(read.batch_size), read["a"].tolist())  # (TorchRL's is a view)
+        written = torch.as_tensor(value)
+        storage.set(index, TensorDict(a=written, batch_size=written.shape), set_cursor=False)
+        got[name] = (*read, storage.get(slice(None))["a"].tolist())
+        if name not in ("torchrl", "in RAM"):  # and as stored
+            storage.flush()
+            reopened = zt.open(storage.scratch_dir, mode="r")
+            assert reopened.get(index)["a"].tolist() == storage.get(index)["a"].tolist(), name
+    assert got["in RAM"] == got["memory"] == got["local"] == got["torchrl"]
+
+
+def test_a_uint8_mask_writes_as_torchrl(tmp_path):
+    """A uint8 mask is a mask to ``set`` too: the in-RAM storage refused it ("tensors used as
+    indices must be long, int, byte or bool")."""
+    mask = torch.tensor([1, 0, 1, 0, 0, 1], dtype=torch.uint8)
+    got = {}
+    for name, storage in _tensor_storages(tmp_path, 1):
+        storage.set(slice(0, 6), TensorDict(a=torch.arange(6), batch_size=[6]))
+        storage.set(mask, TensorDict(a=torch.tensor([7, 8, 9]), batch_size=[3]), set_cursor=False)
+        got[name] = storage.get(slice(None))["a"].tolist()
+    assert got["in RAM"] == got["memory"] == got["local"] == got["torchrl"] == [7, 1, 8, 3, 4, 9]
+
+
+def test_an_empty_nested_tensordict_comes_back_as_torchrl(tmp_path):
+    """A memmap storage dropped a nested TensorDict that holds nothing (no array stores it):
+    ``td["info"]`` of a read raised KeyError where TorchRL's storages give it back."""
+    td = TensorDict({"obs": torch.arange(4), "info": TensorDict(batch_size=[4]),
+                     "deep": {"er": TensorDict(batch_size=[4, 2])}}, batch_size=[4])
+    url = str(tmp_path / "rb")
+    theirs, ours = T.LazyMemmapStorage(4, scratch_dir=str(tmp_path / "t")), \
+        zt.LazyMemmapStorage(4, scratch_dir=url)
+    for storage in (theirs, ours):
+        storage.set(torch.arange(4), td)
+    ours.flush()
+    for read in (ours.get(torch.tensor([0, 1])), ours.get(2), zt.open(url, mode="r")[1:3]):
+        want = theirs.get(torch.tensor([0, 1])) if read.batch_size == (2,) else theirs.get(2)
+        assert sorted(map(str, read.keys(True))) == sorted(map(str, want.keys(True)))
+        assert read["deep", "er"].batch_size == want["deep", "er"].batch_size
+    ours.close()
 
 
 @tensorclass

@@ -206,7 +206,8 @@ class Schema:
     last dim is the cell width: :mod:`zstore.text`). ``stack`` is ``(dim, count)`` when an
     item is a lazy stack of ``count`` TensorDicts of different shapes along its item dim
     ``dim`` (an index of ``item_batch``): member ``i``'s leaves are under ``<i>/``, and
-    reads are lazy stacks again, as TorchRL's storages keep them.
+    reads are lazy stacks again, as TorchRL's storages keep them. ``empty`` holds the paths
+    of nested TensorDicts that hold nothing (no array stores them): reads give them back.
     """
 
     leaves: tuple[Leaf, ...]
@@ -222,6 +223,7 @@ class Schema:
     #: ``{node path: "module.QualName"}`` of the tensorclasses nested in an item: they come
     #: back as those classes where this process has imported them (as the root's class_name)
     classes: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)
+    empty: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         self.by_path = {leaf.path: leaf for leaf in self.leaves}
@@ -282,7 +284,7 @@ class Schema:
                 texts.append(key_to_path(key))
                 leaves.append(Leaf(key, torch.uint8,
                                    (*td.batch_size, width_for(value, text_bytes))))
-            classes = {}
+            classes, empty = {}, []
             for key in td.keys(include_nested=True):
                 key = (key,) if isinstance(key, str) else tuple(key)
                 sub = td.get(key)
@@ -290,15 +292,18 @@ class Schema:
                     groups[key_to_path(key)] = list(sub.batch_size)
                 if is_tensorclass(sub) and not is_non_tensor(sub):  # strings are leaves
                     classes[key_to_path(key)] = _class_name(type(sub))
+                if type(sub) is TensorDict and not sub.keys():  # (a tensorclass has fields)
+                    empty.append(key_to_path(key))
             if not leaves:
                 raise SchemaError("cannot store an item without any tensor")
             refuse_zstore_names(leaves)
             if is_tensorclass(example):
                 return cls(tuple(leaves), "tensorclass", lane_shape, groups,
                            class_name=_class_name(type(example)), item_batch=item_batch,
-                           texts=tuple(texts), tensorclass=type(example), classes=classes)
+                           texts=tuple(texts), tensorclass=type(example), classes=classes,
+                           empty=tuple(empty))
             return cls(tuple(leaves), "tensordict", lane_shape, groups, item_batch=item_batch,
-                       texts=tuple(texts), classes=classes)
+                       texts=tuple(texts), classes=classes, empty=tuple(empty))
         if isinstance(example, torch.Tensor):
             if example.ndim < lanes:
                 raise SchemaError(f"ndim={ndim} needs tensors with at least {lanes} dims")
@@ -465,6 +470,10 @@ class Schema:
                 node = node.setdefault(part, {})
             node[leaf.key[-1]] = (self._strings(leaf, columns[leaf.path]) if leaf.path in self.texts
                                   else columns[leaf.path])
+        for path in self.empty:
+            node = nested
+            for part in path_to_key(path):
+                node = node.setdefault(part, {})
         td = TensorDict._new_unsafe(nested, batch_size=torch.Size([*batch_shape, *self.array_batch]),
                                     device=device)
         for path in sorted(self.group_batch, key=lambda p: -p.count("/")):
@@ -514,6 +523,8 @@ class Schema:
             out["stack"] = {"dim": self.stack[0], "count": self.stack[1]}
         if self.classes:
             out["classes"] = dict(self.classes)
+        if self.empty:
+            out["empty"] = list(self.empty)
         return out
 
     @classmethod
@@ -535,7 +546,8 @@ class Schema:
                    data.get("treespec"), data.get("class_name"),
                    _item_batch(item_batch, leaves, lanes, None if stack is None else stack[0]),
                    _texts(data.get("texts", []), leaves, kind), stack,
-                   classes=_classes(data.get("classes"), leaves))
+                   classes=_classes(data.get("classes"), leaves),
+                   empty=_empty(data.get("empty", []), leaves, kind))
 
 
 def _stack(value: Any, item_batch: Any, leaves: tuple[Leaf, ...],
@@ -583,6 +595,20 @@ def _classes(value: Any, leaves: tuple[Leaf, ...]) -> dict[str, str]:
             path in nodes and isinstance(name, str) for path, name in value.items()):
         raise SchemaError(f"invalid 'classes' {value!r}: class names of nested nodes expected")
     return dict(value)
+
+
+def _empty(value: Any, leaves: tuple[Leaf, ...], kind: str) -> tuple[str, ...]:
+    """A stored ``empty``, validated: paths of nodes of a tensor collection that hold no leaf."""
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise SchemaError(f"invalid 'empty' {value!r}: expected a list of key paths")
+    for path in value:
+        key_to_path(path_to_key(path))  # a valid key: raises naming it
+        if kind not in ("tensordict", "tensorclass") or any(
+                leaf.path == path or leaf.path.startswith(path + "/")
+                or path.startswith(leaf.path + "/") for leaf in leaves):
+            raise SchemaError(f"'empty' names {path!r}, which is a leaf or holds or lies "
+                              f"under one in this {kind} buffer's schema")
+    return tuple(value)
 
 
 def _texts(value: Any, leaves: tuple[Leaf, ...], kind: str) -> tuple[str, ...]:

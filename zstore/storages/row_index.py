@@ -47,6 +47,27 @@ def as_index_tensor(index: Any) -> Any:
     return index
 
 
+def without_new_axes(index: Any, ndim: int) -> tuple[int, Any]:
+    """``(news, index)``: an index of a storage of ``ndim`` cell dims with its leading
+    ``None`` s (new dims of 1, as torch adds them) counted and taken off, its ``...`` spelled
+    as the slices it stands for, and a uint8 tensor taken as the mask torch takes it for.
+    ``news`` is how many dims of 1 the result of the rest gains in front."""
+    if isinstance(index, torch.Tensor) and index.dtype == torch.uint8:
+        return 0, index.bool()
+    if index is None or index is Ellipsis:
+        return int(index is None), slice(None)
+    if not isinstance(index, tuple) or not any(i is None or i is Ellipsis for i in index):
+        return 0, index
+    news = next((at for at, i in enumerate(index) if i is not None), len(index))
+    rest = index[news:]
+    at = next((at for at, i in enumerate(rest) if i is Ellipsis), None)
+    if at is not None:
+        taken = sum(i.ndim if isinstance(i, torch.Tensor) and i.dtype == torch.bool else 1
+                    for i in rest if i is not None and i is not Ellipsis)
+        rest = (*rest[:at], *(slice(None),) * max(0, ndim - taken), *rest[at + 1:])
+    return news, (rest if rest else slice(None))
+
+
 def is_key(index: Any) -> bool:
     """Whether ``index`` names a (nested) key rather than rows."""
     return isinstance(index, str) or (isinstance(index, tuple) and bool(index)

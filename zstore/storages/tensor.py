@@ -35,7 +35,7 @@ from ..sharing import InitRendezvous, count_rows, counter
 from ..text import TEXT_BYTES, holds_value, is_text, non_tensor_leaves, widest
 from .base import Storage, refuse_spawn_sharing
 from .checkpoint_contract import TensorExport
-from .row_index import is_int
+from .row_index import is_int, without_new_axes
 from .row_stamps import RowStamps
 from .shared_rows import create_shared_rows, open_shared_rows
 
@@ -250,6 +250,9 @@ class TensorStorage(Storage):
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         if isinstance(data, list):
             data = _stack(data)
+        news, cursor = without_new_axes(cursor, self.ndim)
+        if news:  # the new dims of 1 the cursor adds: data for them holds one element each
+            data = map_leaves(data, lambda x: _without_leading_ones(x, news))
         single = is_int(cursor)
         if not self.initialized:
             self._init(data if single else map_leaves(data, lambda x: x[0]), widest(data))
@@ -270,7 +273,9 @@ class TensorStorage(Storage):
             self._join_shared_init()
             if not self.initialized:
                 raise RuntimeError("Cannot get elements out of a non-initialized storage.")
-        return self._read(index)
+        news, index = without_new_axes(index, self.ndim)
+        found = self._read(index)
+        return map_leaves(found, lambda x: x[(None,) * news]) if news else found
 
     def _join_shared_init(self) -> None:
         """Before a read of a storage not initialised here: open the rows another process
@@ -660,6 +665,16 @@ def _meta_index(cursor: Any) -> Any:
 def _mask_parts(index: Any) -> tuple:
     """The parts one element of an index tuple stands for (a mask: one per dim it covers)."""
     return index if isinstance(index, tuple) else (index,)
+
+
+def _without_leading_ones(value: Any, count: int) -> Any:
+    """``value`` without its first ``count`` dims where they are dims of 1 (a tensor or a
+    tensor collection's batch dims); as it is otherwise (broadcast as torch's)."""
+    shape = getattr(value, "batch_size", None) if is_tensor_collection(value) else \
+        getattr(value, "shape", None)
+    if shape is None or len(shape) < count or any(size != 1 for size in shape[:count]):
+        return value
+    return value[(0,) * count]
 
 
 def map_leaves(container: Any, fn) -> Any:
