@@ -9,7 +9,9 @@ flipped bytes, truncated chunks and shards, missing or malformed metadata.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
@@ -233,6 +235,73 @@ def test_malformed_zstore_block_is_refused_naming_the_field(tmp_path, bad):
         with pytest.raises(zstore.ZStoreError) as info:
             zstore.open(url, mode=mode)
         assert field in str(info.value) and url in str(info.value)
+
+
+def _compressed_store(tmp_path):
+    """A closed local CompressedListStorage of 5 items, ``traj`` ragged; its URL."""
+    url = str(tmp_path / "cls")
+    storage = zstore.CompressedListStorage(8, scratch_dir=url)
+    for i in range(5):
+        storage.set(i, TensorDict(pix=torch.full((4, 4), i, dtype=torch.uint8),
+                                  traj=torch.full((2 + i % 3, 2), float(i))))
+    storage.close()
+    return url
+
+
+def _ragged_move(block):
+    block["ragged"]["../../victim"] = block["ragged"].pop("traj")
+    block["dtypes"]["../../victim"] = block["dtypes"].pop("traj")
+
+
+BAD_COMPRESSED_BLOCKS = {
+    "length-past-capacity": (lambda b: b.update(length=9), "length 9"),
+    "length-negative": (lambda b: b.update(length=-1), "length -1"),
+    "capacity-below-length": (lambda b: b.update(max_size=3), "length 5"),
+    "newest-past-capacity": (lambda b: b.update(newest=99), "newest 99"),
+    "a-ragged-key-escaping-the-store": (_ragged_move, "'..'"),
+    "items-null-with-dense-keys": (lambda b: b.update(items=None), "items is null"),
+    "a-node-above-no-key": (lambda b: b.update(nodes={"zz": 2}), "nodes names 'zz'"),
+    "a-key-in-no-table": (lambda b: b["fixed"].pop("pix"), "are not those of"),
+    "unit-not-sizes": (lambda b: b["ragged"]["traj"].update(unit=["2"]), "unit"),
+    "used-past-the-values": (lambda b: b["ragged"]["traj"].update(used=999), "used 999"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_COMPRESSED_BLOCKS))
+def test_a_malformed_compressed_block_is_refused_naming_the_field(tmp_path, bad):
+    """The root block of a CompressedListStorage was used as it was: a ragged key
+    ``../../victim`` read tables outside the store, a length past the capacity was the
+    storage's length, other edits raised bare KeyError / RuntimeError without the URL."""
+    url = _compressed_store(tmp_path)
+    change, field = BAD_COMPRESSED_BLOCKS[bad]
+    doc = json.loads((Path(url) / "zarr.json").read_text())
+    change(doc["attributes"]["zstore"])
+    (Path(url) / "zarr.json").write_text(json.dumps(doc))
+    for mode in ("r", "r+"):
+        with pytest.raises(zstore.NotAZStoreError) as info:
+            zstore.open(url, mode=mode)
+        assert field in str(info.value) and url in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("column,row,value", [("start", 1, 1000), ("start", 1, -3),
+                                              ("shape", 1, [2, 5]), ("shape", 1, [-1, 2]),
+                                              ("shape", 1, [99, 2])], ids=str)
+def test_a_ragged_index_row_no_write_makes_is_refused_not_misread(tmp_path, column, row, value):
+    """A row of a ragged key's index pointing outside its values, or with a shape of
+    another unit, came back as a wrong item (a negative start read the last units, a shape
+    [2, 5] reshaped another item's values) or as a bare IndexError / RuntimeError."""
+    import zarr
+
+    url = _compressed_store(tmp_path)
+    block = json.loads((Path(url) / "zarr.json").read_text())["attributes"]["zstore"]
+    index = zarr.open_array(f"{url}/ragged/traj/index-{block['ragged']['traj']['index']}/{column}",
+                            mode="r+")
+    index[row] = np.asarray(value)
+    reader = zstore.open(url, mode="r")
+    assert reader[0]["traj"].tolist() == [[0.0, 0.0]] * 2  # the other items still read
+    with pytest.raises(zstore.CorruptChunkError, match=rf"{url}: key 'traj': item {row} is "
+                                                       r"recorded .*restore a copy"):
+        reader[row]
 
 
 @pytest.mark.parametrize("codec", [{"name": "numcodecs.pickle"},

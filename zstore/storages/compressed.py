@@ -54,11 +54,12 @@ from ..cache import DEFAULT_CACHE_BYTES, CacheStats
 from ..codecs import CodecSpec, checked_rows_per, is_remote, parse_codecs
 from ..display import KeyRow, Summary, dtype_name
 from ..dtypes import torch_dtype_from_name, torch_dtype_name
-from ..errors import (MissingKeyError, NotAZStoreError, SchemaError,
+from ..errors import (InvalidKeyError, MissingKeyError, NotAZStoreError, SchemaError,
                       StoreExistsError, ZStoreError)
 from ..group import ZSTORE_ATTR, open_group, open_plain_group, put_attrs
 from ..lease import DEFAULT_TTL, LEASE_NAME, refuse_while_held
-from ..layout import FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, check_format_version, key_to_path
+from ..layout import (FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, check_format_version,
+                      key_to_path, path_to_key)
 from ..store import StoreSpec, run_deferred
 from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .leasing import LeasedWriter
@@ -78,6 +79,44 @@ _RAGGED_TABLE = re.compile(r"index|(index|values)-\d+")  # a ragged key's, below
 def _key_name(path: str) -> str:
     """How a refusal names key ``path``: ``key ('a', 'b')``, or ``the item tensor``."""
     return "the item tensor" if path == SINGLE_TENSOR_KEY else f"key {tuple(path.split('/'))!r}"
+
+
+def _count(value: Any, field: str, low: int, high: float = math.inf) -> int:
+    """``value``, a recorded count, checked to be an int in ``[low, high]``."""
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{field} {value!r} is not an int from {low} to {high}")
+    return value
+
+
+def _check_block(block: Mapping[str, Any], max_size: int) -> None:
+    """Refuse a root block whose counts or key paths no storage writes (``ValueError``
+    naming the field): a path that escapes the store, a length past the capacity..."""
+    _count(block["length"], "length", 0, max_size)
+    if block.get("newest") is not None:
+        _count(block["newest"], "newest", 0, max_size - 1)
+    if block["items"] is not None:
+        _count(block["items"], "items", 0)
+    for field in ("dtypes", "fixed", "nodes", "ragged"):
+        for path in block[field]:
+            try:
+                path_to_key(path)
+            except InvalidKeyError as exc:
+                raise ValueError(f"{field} names {path!r}: {exc}") from None
+    keys, fixed, ragged = set(block["dtypes"]), set(block["fixed"]), set(block["ragged"])
+    if keys != fixed | ragged or fixed & ragged:
+        raise ValueError(f"the keys of dtypes {sorted(keys)} are not those of fixed "
+                         f"{sorted(fixed)} and ragged {sorted(ragged)}, each in one")
+    if fixed and block["items"] is None and block["length"]:
+        raise ValueError(f"items is null while {block['length']} items have the keys {sorted(fixed)}")
+    for node in block["nodes"]:
+        if not any(path.startswith(node + "/") for path in keys):
+            raise ValueError(f"nodes names {node!r}, above none of the keys {sorted(keys)}")
+    for path, record in block["ragged"].items():
+        unit = record["unit"]
+        if not isinstance(unit, list) or not all(type(u) is int and u >= 0 for u in unit):
+            raise ValueError(f"ragged {path!r}: unit {unit!r} is not a list of sizes")
+        _count(record["ndim"], f"ragged {path!r}: ndim", len(unit))
+        _count(record["used"], f"ragged {path!r}: used", 0)
 
 
 def _batch_column(node: str) -> str:
@@ -999,6 +1038,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             self._named = set()
             if block["kind"] is None:
                 return
+            _check_block(block, self.max_size)
             self._len = int(block["length"])
             newest = block.get("newest")  # absent from stores written before it was recorded
             self._newest = None if newest is None else int(newest)
@@ -1012,9 +1052,10 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             self._ragged = {p: RaggedKey.reopen(self, p, r) for p, r in block["ragged"].items()}
             self._named = set(self.checkpoint_tables())
         except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, ZStoreError):
+            if isinstance(exc, ZStoreError) and where in str(exc):
                 raise
-            raise NotAZStoreError(f"{where}: malformed {type(self).__name__} block ({exc!r})") from None
+            detail = repr(exc) if isinstance(exc, KeyError) else str(exc)  # (a missing field)
+            raise NotAZStoreError(f"{where}: malformed {type(self).__name__} block ({detail})") from None
 
     @classmethod
     def _from_group(cls, spec: StoreSpec, group, block: Mapping[str, Any], *,

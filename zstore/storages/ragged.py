@@ -72,6 +72,9 @@ class RaggedKey:
         # values never written: the next write makes a generation of its own
         self.values = owner.reopened_inner_table(f"ragged/{path}/values-{self.gen}") \
             if data["written"] else None
+        if self.used > (self.values.max_size if self.values is not None else 0):
+            raise ValueError(f"ragged {path!r}: used {self.used} is more units than its values "
+                             "hold")
         return self
 
     @property
@@ -123,6 +126,7 @@ class RaggedKey:
         index = self._part_read(self.index, rows, "index")
         starts, shapes = index["start"], index["shape"][:, : self.ndim]
         lengths = shapes.prod(-1) // max(1, self.unit_numel)
+        self._refuse_misfits(rows, starts, shapes, lengths)
         if len(rows) and int(lengths.sum()):
             take = torch.repeat_interleave(starts - lengths.cumsum(0) + lengths, lengths) \
                 + torch.arange(int(lengths.sum()))
@@ -135,6 +139,26 @@ class RaggedKey:
         if self.item_ndim is not None:
             item_shapes = [tuple(s[: self.item_ndim]) for s in index["item_shape"].tolist()]
         return out, item_shapes
+
+    def _refuse_misfits(self, rows: torch.Tensor, starts: torch.Tensor, shapes: torch.Tensor,
+                        lengths: torch.Tensor) -> None:
+        """:class:`CorruptChunkError` for an item whose row of ``index`` no write makes: a
+        shape of other dims or trailing unit, or units outside the ``used`` ones of values
+        (a store edited by hand, or damaged where no checksum covers it)."""
+        unit = torch.tensor(self.unit, dtype=torch.int64)
+        fits = ((shapes >= 0).all(-1) & (starts >= 0) & (starts + lengths <= self.used)
+                & (shapes.prod(-1) == lengths * max(1, self.unit_numel)))
+        if shapes.shape[-1] != self.ndim and self.ndim:
+            fits &= False
+        elif self.unit:
+            fits &= (shapes[:, shapes.shape[-1] - len(self.unit):] == unit).all(-1)
+        if not bool(fits.all()):
+            at = int(torch.nonzero(~fits)[0])
+            raise CorruptChunkError(
+                f"{self.owner.spec.redacted()}: key {self.path!r}: item {int(rows[at])} is recorded "
+                f"at unit {int(starts[at])} with shape {shapes[at].tolist()}, which no write "
+                f"makes ({self.used} units of shape {list(self.unit)} used, items of "
+                f"{self.ndim} dims): the store was edited or damaged; restore a copy")
 
     def _part_read(self, part: LazyMemmapStorage, rows: torch.Tensor, name: str) -> dict:
         try:
