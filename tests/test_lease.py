@@ -12,6 +12,7 @@ import json
 import os
 import pickle
 import re
+import warnings
 
 import pytest
 import torch
@@ -163,6 +164,57 @@ def committed_two_rows(location) -> tuple[str, StoreSpec, zstore.LazyMemmapStora
     writer.set(torch.arange(2), rows(0, 2))
     writer.flush()
     return url, StoreSpec.parse(url, location.options), writer
+
+
+def test_an_attribute_set_with_zarr_while_a_writer_lives_is_kept(location, clock):
+    """format.md §5: other keys of the group's attributes are kept on every commit. One set
+    with plain Zarr while a writer lived made its next commit fail ("changed by another
+    writer", the lease still held), and the commit after that dropped it. Now the commit is
+    rebased on that version (zstore.rebase): the key stays, through close()."""
+    import zarr
+
+    url = location.new()
+    writer = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=location.options,
+                                      autocommit_seconds=1e9)
+    writer.set(torch.arange(4), rows(0, 4))
+    writer.flush()
+
+    def group():
+        return zarr.open_group(url, mode="r+", storage_options=location.options or None)
+
+    group().attrs["note"] = "hello"
+    writer.set(torch.arange(4, 6), rows(4, 2))
+    writer.flush()
+    assert group().attrs["note"] == "hello" and committed(url, location.options) == list(range(6))
+    group().attrs["note"] = "edited"  # again, between two commits, and consolidated as
+    with warnings.catch_warnings():  # (zarr's about zstore's objects and consolidation)
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(group().store)  # format.md §6 tells tools to
+    writer.set(torch.arange(6, 8), rows(6, 2))
+    writer.flush()
+    assert group().attrs["note"] == "edited" and committed(url, location.options) == list(range(8))
+    writer.close()
+    assert group().attrs["note"] == "edited" and committed(url, location.options) == list(range(8))
+
+
+def test_a_commit_refused_for_another_commit_stays_refused(location, clock):
+    """A ``zarr.json`` whose zstore block another hand replaced (the lease still held)
+    refused the writer's commit, and its next commit then replaced that block blindly. Now
+    every later commit is refused as the first was, until the store is reopened."""
+    url, spec, writer = committed_two_rows(location)
+    objects = objects_for(spec)
+    data, token = objects.read(METADATA_NAME)
+    other = json.loads(data)
+    other["attributes"]["zstore"]["length"] = 1  # another hand's commit
+    assert objects.replace(METADATA_NAME, json.dumps(other).encode(), token) is not None
+    writer.set(torch.arange(2, 4), rows(2, 2))
+    for _ in range(2):
+        with pytest.raises(LeaseError, match="changed by another writer"):
+            writer.flush()
+    assert json.loads(objects.read(METADATA_NAME)[0])["attributes"]["zstore"]["length"] == 1
+    with pytest.raises(LeaseError, match="changed by another writer"):
+        writer.close()
+    assert json.loads(objects.read(METADATA_NAME)[0])["attributes"]["zstore"]["length"] == 1
 
 
 def test_a_writer_that_lost_its_lease_cannot_commit(location, clock):

@@ -405,7 +405,7 @@ def checked_arrays(group: zarr.Group, leaves, rows: int,
 
 def _checked_array(node, leaf, rows: int, layout: tuple[int, int | None], where: str,
                    raw: bool) -> zarr.Array:
-    from .dtypes import storage_numpy_dtype
+    from .dtypes import storage_numpy_dtype, torch_dtype_name
     from .layout import KEY_SEPARATORS, key_separator
 
     if isinstance(node, (KeyError, NodeNotFoundError, FileNotFoundError)):
@@ -438,6 +438,10 @@ def _checked_array(node, leaf, rows: int, layout: tuple[int, int | None], where:
     if key_separator(metadata) is None:
         wrong.append(f"chunk key encoding {metadata.get('chunk_key_encoding')} (zstore writes "
                      f"Zarr v3's default, with a separator of {' or '.join(KEY_SEPARATORS)})")
+    recorded = (metadata.get("attributes") or {}).get(ZSTORE_ATTR)
+    recorded = recorded.get("torch_dtype") if isinstance(recorded, dict) else None
+    if recorded is not None and recorded != torch_dtype_name(leaf.dtype):
+        wrong.append(f"torch_dtype {recorded!r} (metadata says {torch_dtype_name(leaf.dtype)!r})")
     if raw and (array.compressors or array.filters):
         wrong.append(f"codecs {array.compressors} (metadata says raw)")
     if wrong:
@@ -511,6 +515,8 @@ def put_attrs(group: zarr.Group, attrs: dict[str, Any], lease: "Lease | None" = 
 
     attrs = {**attrs, WRITER_ATTR: lease.owner}
     metadata = dataclasses.replace(group.metadata, attributes=attrs)
-    lease.write_metadata(metadata.to_buffer_dict(default_buffer_prototype())[METADATA_NAME].to_bytes())
-    group.metadata.attributes.clear()
-    group.metadata.attributes.update(attrs)
+    stored = lease.write_metadata(
+        metadata.to_buffer_dict(default_buffer_prototype())[METADATA_NAME].to_bytes(),
+        owned=(ZSTORE_ATTR, _INCOMPLETE_ATTR))
+    group.metadata.attributes.clear()  # (a user's attribute set meanwhile, kept: zstore.rebase)
+    group.metadata.attributes.update(json.loads(stored).get("attributes") or {})

@@ -46,6 +46,7 @@ from typing import Any
 from .conditional import Token, objects_for
 from .errors import LeaseError
 from .processes import boot_id, gone_here, here, pid_namespace
+from .rebase import rebased
 from .sigterm import shielded
 from .store import StoreSpec, defer_memory_work, run_deferred
 
@@ -134,6 +135,7 @@ class Lease:
         self._renewed = self._acquired = 0.0
         self._lost = False  # a renewal found another holder: nothing more may be stored
         self._metadata_token: Token | None = None
+        self._metadata_base: bytes | None = None  # the version of that token
         self._lock = threading.RLock()
         self.users = 0  # storages of this process using it (see WriterLease)
         self.turn = 0  # bumped each time another storage of this process writes (WriterLease)
@@ -279,14 +281,18 @@ class Lease:
         """Read ``zarr.json`` and remember its token: the version later commits replace."""
         found = self.objects.read(METADATA_NAME)
         self._metadata_token = None if found is None else found[1]
+        self._metadata_base = None if found is None else found[0]
         return None if found is None else found[0]
 
-    def write_metadata(self, data: bytes) -> None:
-        """Replace ``zarr.json`` if it is still the version this writer last read or wrote.
+    def write_metadata(self, data: bytes, owned: tuple[str, ...] = ()) -> bytes:
+        """Replace ``zarr.json`` if it is still the version this writer last read or wrote,
+        or rebase ``data`` on the version that replaced it where that changed none of the
+        ``owned`` attributes (:mod:`zstore.rebase`: a user's attribute is kept); what was
+        stored.
 
         The caller renews the lease before storing the data it commits, so a
         writer that lost the lease fails before writing; the conditional
-        replace stops one that lost it in between.
+        replace stops one that lost it in between, and keeps refusing it.
         """
         with self._lock, shielded():
             if not self.held:
@@ -298,13 +304,27 @@ class Lease:
                 token = self.objects.create(METADATA_NAME, data)
             else:
                 token = self.objects.replace(METADATA_NAME, data, self._metadata_token)
+                if token is None:
+                    data, token = self._rebase(data, owned)
             if token is None:
-                self._metadata_token = None
                 raise LeaseError(
                     f"commit refused on {self.spec.redacted()}: its zarr.json was changed by "
                     "another writer since this one last committed (it lost the write lease). "
                     "Nothing was committed; reopen the store to continue.")
-            self._metadata_token = token
+            self._metadata_token, self._metadata_base = token, data
+            return data
+
+    def _rebase(self, data: bytes, owned: tuple[str, ...]) -> tuple[bytes, Token | None]:
+        """``data`` stored over the version that replaced this writer's, rebased on it:
+        what was stored and its token (``None``: refused, another writer committed)."""
+        found = self.objects.read(METADATA_NAME)
+        if found is None or self._metadata_base is None:
+            return data, None
+        current, token = found
+        merged = rebased(self._metadata_base, data, current, (*owned, WRITER_ATTR))
+        if merged is None:
+            return data, None
+        return merged, self.objects.replace(METADATA_NAME, merged, token)
 
 
 #: The process's lease of each store some storage object still uses (an entry goes with
