@@ -219,6 +219,22 @@ BAD_BLOCKS = {
     "empty-naming-a-leaf": (lambda b: b["schema"].update(
         empty=[b["schema"]["leaves"][0]["path"]]), "empty"),
     "empty-escaping": (lambda b: b["schema"].update(empty=["../x"]), ".."),
+    # until 2026-12-07: read as length 1, as 12, and as a sealed dataset
+    "length-true": (lambda b: b.update(length=True), "length"),
+    "length-a-string": (lambda b: b.update(length="12"), "length"),
+    "read-only-a-string": (lambda b: b.update(read_only="yes"), "read_only"),
+    "extra-a-list": (lambda b: b.update(extra=[]), "extra"),
+    # until 2026-12-07: every row misread, or a bare KeyError / TypeError / AttributeError
+    "lane-shape-not-ndim": (lambda b: b["schema"].update(lane_shape=[2]), "lane_shape"),
+    "tensor-kind-of-named-leaves": (lambda b: b["schema"].update(kind="tensor"), "one leaf"),
+    "pytree-without-treespec": (lambda b: b["schema"].update(kind="pytree"), "treespec"),
+    "group-batch-of-no-group": (lambda b: b["schema"].update(group_batch={"zz": [3]}),
+                                "group_batch"),
+    "a-leaf-twice": (lambda b: b["schema"]["leaves"].append(b["schema"]["leaves"][0]), "twice"),
+    "dtype-against-the-array": (lambda b: b["schema"]["leaves"][0].update(dtype="int32"),
+                                "torch_dtype 'float32'"),
+    "another-storage-class": (lambda b: b.update(storage_class="CompressedListStorage"),
+                              "malformed CompressedListStorage block"),
 }
 
 

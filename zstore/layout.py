@@ -538,6 +538,18 @@ class Schema:
         leaves = tuple(Leaf.from_json(leaf) for leaf in data["leaves"])
         if not leaves:
             raise SchemaError("a schema needs at least one leaf")
+        paths = [leaf.path for leaf in leaves]
+        if len(set(paths)) != len(paths):
+            raise SchemaError(f"the leaves name {sorted({p for p in paths if paths.count(p) > 1})} "
+                              "twice")
+        if kind == "tensor" and paths != [SINGLE_TENSOR_KEY]:
+            raise SchemaError(f"a tensor buffer has the one leaf {SINGLE_TENSOR_KEY!r}, not {paths}")
+        if kind == "pytree":
+            _check_treespec(data.get("treespec"), len(leaves))
+        nodes = {"/".join(leaf.key[:depth]) for leaf in leaves for depth in range(1, len(leaf.key))}
+        strays = sorted(set(data.get("group_batch") or {}) - nodes - set(data.get("empty") or []))
+        if strays:
+            raise SchemaError(f"group_batch names {strays}, which hold no leaf")
         lanes = len(data.get("lane_shape", []))
         item_batch = data.get("item_batch", [])
         stack = _stack(data.get("stack"), item_batch, leaves, kind)
@@ -597,12 +609,22 @@ def _classes(value: Any, leaves: tuple[Leaf, ...]) -> dict[str, str]:
     return dict(value)
 
 
+def _check_treespec(treespec: Any, leaves: int) -> None:
+    """A pytree schema's ``treespec``: torch's JSON of a tree of ``leaves`` leaves."""
+    try:
+        found = pytree.treespec_loads(treespec).num_leaves
+    except Exception as exc:  # (torch raises what its JSON parser meets)
+        raise SchemaError(f"invalid treespec {treespec!r:.80} ({type(exc).__name__})") from None
+    if found != leaves:
+        raise SchemaError(f"the treespec has {found} leaves, the schema {leaves}")
+
+
 def _empty(value: Any, leaves: tuple[Leaf, ...], kind: str) -> tuple[str, ...]:
     """A stored ``empty``, validated: paths of nodes of a tensor collection that hold no leaf."""
     if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
         raise SchemaError(f"invalid 'empty' {value!r}: expected a list of key paths")
     for path in value:
-        key_to_path(path_to_key(path))  # a valid key: raises naming it
+        path_to_key(path)  # a valid key: raises naming it
         if kind not in ("tensordict", "tensorclass") or any(
                 leaf.path == path or leaf.path.startswith(path + "/")
                 or path.startswith(leaf.path + "/") for leaf in leaves):
@@ -694,6 +716,13 @@ def _keypath(path: tuple) -> tuple[str, ...]:
     return tuple(parts)
 
 
+def _json_int(value: Any, name: str) -> int:
+    """``value``, a recorded JSON integer (``true`` or ``"12"`` is none)."""
+    if type(value) is not int:
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    return value
+
+
 @dataclasses.dataclass
 class StoreMeta:
     """The ``zstore`` block of a buffer's group attributes: everything needed to reopen it.
@@ -773,16 +802,20 @@ class StoreMeta:
             raise NotAZStoreError(f"{where} is not a zstore buffer: no 'zstore' block in its attributes")
         check_format_version(data, where)
         try:
-            ints = {name: int(data[name]) for name in
+            ints = {name: _json_int(data[name], name) for name in
                     ("max_size", "ndim", "rows", "length", "last_cursor", "high_water")}
+            flags = {name: data.get(name, False) for name in ("read_only", "sealed")}
+            if not all(isinstance(flag, bool) for flag in flags.values()):
+                raise TypeError(f"read_only and sealed must be true or false, got {flags}")
+            if not isinstance(data.get("extra", {}), (Mapping, type(None))):
+                raise TypeError(f"extra must be an object, got {data['extra']!r}")
             meta = cls(
                 storage_class=str(data["storage_class"]),
                 schema=Schema.from_json(data["schema"]),
                 codec=CodecSpec.parse(data["codec"]),
                 layout={str(path): (int(chunk), None if shard is None else int(shard))
                         for path, (chunk, shard) in data["chunks"].items()},
-                read_only=bool(data.get("read_only", False)),
-                sealed=bool(data.get("sealed", False)),
+                **flags,
                 extra=dict(data.get("extra") or {}),
                 created=dict(data.get("created") or {}),
                 key_codecs={str(path): CodecSpec.parse(dict(spec))
@@ -802,6 +835,9 @@ class StoreMeta:
         problems = []
         if not 1 <= self.ndim <= 8:
             problems.append(f"ndim={self.ndim}")
+        elif len(self.schema.lane_shape) != self.ndim - 1:
+            problems.append(f"ndim={self.ndim} with lane_shape={list(self.schema.lane_shape)} "
+                            f"(it has ndim - 1 sizes)")
         if not 0 < self.rows <= MAX_ELEMENTS or not 0 < self.max_size <= MAX_ELEMENTS:
             problems.append(f"rows={self.rows}, max_size={self.max_size}")
         if not 0 <= self.length <= self.max_size:

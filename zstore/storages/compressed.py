@@ -81,6 +81,12 @@ def _key_name(path: str) -> str:
     return "the item tensor" if path == SINGLE_TENSOR_KEY else f"key {tuple(path.split('/'))!r}"
 
 
+def _malformed(where: str, exc: Exception) -> NotAZStoreError:
+    """The refusal of a root block that fails ``exc`` (a missing field: its ``KeyError``)."""
+    detail = repr(exc) if isinstance(exc, KeyError) else str(exc)
+    return NotAZStoreError(f"{where}: malformed CompressedListStorage block ({detail})")
+
+
 def _count(value: Any, field: str, low: int, high: float = math.inf) -> int:
     """``value``, a recorded count, checked to be an int in ``[low, high]``."""
     if type(value) is not int or not low <= value <= high:
@@ -1054,8 +1060,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ZStoreError) and where in str(exc):
                 raise
-            detail = repr(exc) if isinstance(exc, KeyError) else str(exc)  # (a missing field)
-            raise NotAZStoreError(f"{where}: malformed {type(self).__name__} block ({detail})") from None
+            raise _malformed(where, exc) from None
 
     @classmethod
     def _from_group(cls, spec: StoreSpec, group, block: Mapping[str, Any], *,
@@ -1073,11 +1078,15 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                 f"{spec.redacted()} was written with a custom compression_fn / decompression_fn, "
                 "which are not stored; unpickle the storage object instead of zstore.open(url)")
         self = cls.__new__(cls)
-        ListStorage.__init__(self, int(block["max_size"]), device="cpu" if device is None else device)
-        codec = {"default": block["codec"], **block.get("codecs", {})}
-        self._configure(spec, False, compression_fn, decompression_fn,
-                        int(block.get("compression_level", 3)), codec, block.get("chunks"),
-                        cache_bytes, lease_ttl, autocommit_seconds)
+        try:  # (a block of another storage class, edited to name this one, fails here)
+            ListStorage.__init__(self, _count(block["max_size"], "max_size", 1),
+                                 device="cpu" if device is None else device)
+            codec = {"default": block["codec"], **block.get("codecs", {})}
+            self._configure(spec, False, compression_fn, decompression_fn,
+                            int(block.get("compression_level", 3)), codec, block.get("chunks"),
+                            cache_bytes, lease_ttl, autocommit_seconds)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _malformed(spec.redacted(), exc) from None
         self._root = group
         self._restore(block)
         return self
