@@ -144,6 +144,30 @@ def test_nothing_is_written_inside_a_dataset_folder(location, tmp_path):
     assert _object_hashes(url, location.options) == before
 
 
+def test_a_storage_created_at_a_dataset_is_refused_before_it_takes_a_lease(location,
+                                                                        monkeypatch):
+    """A LazyMemmapStorage created at a dataset's URL was refused at its first write only
+    after it had stored its lease inside the dataset (a PUT and a DELETE in a published
+    prefix; an object left there if the process died in between), and its refusal said to
+    pass existsok=True, which only led to a ReadOnlyError."""
+    from zstore.lease import Lease
+
+    url = _publish(location, "zstd")
+    before = _object_hashes(url, location.options)
+    taken = []
+    ensure = Lease.ensure
+    monkeypatch.setattr(Lease, "ensure", lambda lease: taken.append(lease.spec.url) or ensure(lease))
+    rows = open_dataset(url, location.options)[torch.arange(4)]
+    for existsok, refusal, said in ((False, zstore.StoreExistsError, "zstore.open_dataset"),
+                                    (True, zstore.ReadOnlyError, "sealed, read-only dataset")):
+        storage = zstore.LazyMemmapStorage(64, scratch_dir=url, storage_options=location.options,
+                                           existsok=existsok)
+        with pytest.raises(refusal, match=said) as info:
+            storage.set(torch.arange(4), rows)
+        assert "existsok=True" not in str(info.value)
+    assert taken == [] and _object_hashes(url, location.options) == before
+
+
 def test_a_dataset_whose_root_lost_its_consolidated_metadata_still_opens(location):
     """Regression: annotating a published dataset with zarr (which rewrites the root
     zarr.json without the consolidated metadata) left it unopenable, with contradicting

@@ -27,7 +27,7 @@ from .. import autocommit
 from ..cache import DEFAULT_CACHE_BYTES, CacheStats, cache_tier
 from ..codecs import checked_rows_per, choose_layout, is_remote, parse_codecs
 from ..errors import (LeaseError, MissingKeyError, SchemaError, StoreExistsError,
-                      ZStoreError)
+                      ZStoreError, sealed_dataset)
 from ..display import KeyRow, Summary, dtype_name, text_dtype
 from ..group import (carrying_nodes, commit, create_group, existing_buffer, nodes_metadata,
                      open_group)
@@ -384,18 +384,14 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
     def _allocate(self, example: Any, text_bytes: int = 0) -> None:
         self.spec.require_writable("create a buffer")
         self._refuse_non_tensors(example)
-        self._hold_lease()
+        self._refuse_taken(existing_buffer(self.spec))  # before the lease: a refusal writes
+        self._hold_lease()                              # nothing there (a sealed dataset)
         schema = Schema.from_example(example, self.ndim, max(self.text_bytes, text_bytes))
         if is_tensorclass(example):
             schema.tensorclass = type(example)
-        found = existing_buffer(self.spec)
+        found = existing_buffer(self.spec)  # (again: another creation may have come first)
         if found is not None:
-            if not self.existsok:
-                stored = found[1]
-                raise StoreExistsError(
-                    f"The file {self.spec.redacted()} already exists: it holds a zstore buffer "
-                    f"({stored.storage_class}, {stored.length} cells). Pass existsok=True to adopt "
-                    "it, or reopen it with zstore.open(url).")
+            self._refuse_taken(found)
             self._adopt(schema)
             return
         for name, given in (("chunks", self.chunks), ("shards", self.shards),
@@ -448,6 +444,23 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
     @property
     def _all_raw(self) -> bool:
         return self.codec.is_raw and all(spec.is_raw for spec in self.key_codecs.values())
+
+    def _refuse_taken(self, found: tuple[Any, StoreMeta] | None) -> None:
+        """Refuse creating a buffer where ``found`` (:func:`existing_buffer`) is one this
+        storage may not adopt: any without ``existsok``, a sealed dataset at all."""
+        if found is None:
+            return
+        stored, where = found[1], self.spec.redacted()
+        if self.existsok and stored.sealed:
+            raise sealed_dataset("write", where)
+        if not self.existsok:
+            raise StoreExistsError(
+                f"The file {where} already exists: it holds a "
+                + (f"sealed dataset, which no storage writes. Read it with zstore.open_dataset(url),"
+                   f" or copy it with `zstore convert {where} DST --no-seal` to write the copy."
+                   if stored.sealed else
+                   f"zstore buffer ({stored.storage_class}, {stored.length} cells). Pass "
+                   "existsok=True to adopt it, or reopen it with zstore.open(url)."))
 
     def _adopt(self, schema: Schema) -> None:
         if self._lease is not None:
