@@ -440,6 +440,7 @@ def test_close_flushes_and_cleanup_deletes(location):
     # "non-initialized" to a read and, to a write, that a creation was under way there,
     # leaving a lease object in the deleted store
     assert len(again) == 0
+    assert "state=deleted by cleanup()" in repr(again)  # (its repr said only <empty>)
     for act in (lambda: again.get(torch.arange(2)), lambda: again.set(0, td_rows(0, 1)[0])):
         with pytest.raises(RuntimeError, match="was deleted by cleanup\\(\\); build a new storage"):
             act()

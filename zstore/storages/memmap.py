@@ -1156,7 +1156,11 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         Stored bytes are listed only on local and ``memory://`` stores: sizing an
         object store means listing it (``nbytes`` does that on request).
         """
-        return dataclasses.replace(super().summary(), spec=self.spec)
+        found = dataclasses.replace(super().summary(), spec=self.spec)
+        if self._cleaned:  # (no rows: the base summary, which says nothing of it)
+            found = dataclasses.replace(found, facts=(*found.facts, (
+                "state", "deleted by cleanup() (build a new storage to write there again)")))
+        return found
 
     def _summary_details(self, base: Summary) -> dict[str, Any]:
         listed = sizes_listed(self.spec)
