@@ -286,9 +286,9 @@ class Lease:
 
     def write_metadata(self, data: bytes, owned: tuple[str, ...] = ()) -> bytes:
         """Replace ``zarr.json`` if it is still the version this writer last read or wrote,
-        or rebase ``data`` on the version that replaced it where that changed none of the
-        ``owned`` attributes (:mod:`zstore.rebase`: a user's attribute is kept); what was
-        stored.
+        or, while this writer holds the lease, rebase ``data`` on the version another hand
+        wrote (:mod:`zstore.rebase`: a user's attribute is kept, the ``owned`` ones are
+        ``data``'s); what was stored.
 
         The caller renews the lease before storing the data it commits, so a
         writer that lost the lease fails before writing; the conditional
@@ -315,10 +315,13 @@ class Lease:
             return data
 
     def _rebase(self, data: bytes, owned: tuple[str, ...]) -> tuple[bytes, Token | None]:
-        """``data`` stored over the version that replaced this writer's, rebased on it:
-        what was stored and its token (``None``: refused, another writer committed)."""
+        """``data`` stored over the version that replaced this writer's, rebased on it while
+        this writer still holds the lease (so no writer committed it: :mod:`zstore.rebase`):
+        what was stored and its token (``None``: refused, the lease is another's)."""
         found = self.objects.read(METADATA_NAME)
-        if found is None or self._metadata_base is None:
+        record = self.objects.read(LEASE_NAME)
+        if found is None or self._metadata_base is None or record is None \
+                or _judge(record[0], clock())[0].get("owner") != self.owner:
             return data, None
         current, token = found
         merged = rebased(self._metadata_base, data, current, (*owned, WRITER_ATTR))

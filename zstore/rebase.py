@@ -1,15 +1,12 @@
 """A commit of a store's ``zarr.json`` rebased on the version that replaced the one it read.
 
 A writer replaces ``zarr.json`` only if it is still the version it last read or wrote
-(:mod:`zstore.lease`). When another hand changed it in between, two cases differ:
-
-* the other change touched only what the writer does not own: a user's attribute set with
-  plain Zarr (``group.attrs["note"] = ...``), or ``zarr.consolidate_metadata``. The commit
-  is then applied on top of that version: the writer's own attributes (its ``zstore``
-  block, its name) and the other fields it changed are its, the rest is theirs;
-* the other change touched an attribute the writer owns to a value other than the one it
-  writes: another writer committed. The commit is refused.
-
+(:mod:`zstore.lease`). When it is not, and the writer still holds the store's lease, no
+other writer committed: another hand wrote it, e.g. a user's attribute set with plain Zarr
+(``group.attrs["note"] = ...``), which rewrites the whole ``zarr.json`` from the copy its
+handle read (maybe before the writer's last commit), or ``zarr.consolidate_metadata``.
+The commit is then applied on top of that version: the writer's own attributes (its
+``zstore`` block, its name) and the other fields it changed are its, the rest is theirs.
 JSON only, no I/O.
 """
 
@@ -24,8 +21,8 @@ _ABSENT = object()
 
 def rebased(base: bytes, mine: bytes, theirs: bytes, owned: Iterable[str]) -> bytes | None:
     """``mine`` (a commit made over ``base``) applied on ``theirs`` (what replaced ``base``):
-    the ``zarr.json`` to store instead, or ``None`` when ``theirs`` changed an ``owned``
-    attribute (another writer's commit) or is no JSON object."""
+    the ``zarr.json`` to store instead, its ``owned`` attributes ``mine``'s; ``None`` when
+    one of them is no JSON object."""
     try:
         old, new, current = (json.loads(doc) for doc in (base, mine, theirs))
     except ValueError:
@@ -33,11 +30,9 @@ def rebased(base: bytes, mine: bytes, theirs: bytes, owned: Iterable[str]) -> by
     if not all(isinstance(doc, dict) for doc in (old, new, current)):
         return None
     owned = set(owned)
-    old_attrs, new_attrs, their_attrs = (doc.get("attributes") or {} for doc in (old, new, current))
-    if any(their_attrs.get(key, _ABSENT) not in (old_attrs.get(key, _ABSENT),
-                                                  new_attrs.get(key, _ABSENT)) for key in owned):
-        return None
-    attributes = {key: value for key, value in their_attrs.items() if key not in owned}
+    new_attrs = new.get("attributes") or {}
+    attributes = {key: value for key, value in (current.get("attributes") or {}).items()
+                  if key not in owned}
     attributes.update({key: new_attrs[key] for key in owned if key in new_attrs})
     merged: dict[str, Any] = dict(current)
     for key in set(old) | set(new):  # the other fields this commit changes are its

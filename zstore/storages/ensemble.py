@@ -284,7 +284,7 @@ class StorageEnsemble(Storage):
                 f"{spec.redacted()} already holds a Zarr group that is not a StorageEnsemble "
                 f"({found.get('storage_class') if isinstance(found, Mapping) else 'no zstore block'}); "
                 "choose another location")
-        put_attrs(group, {ZSTORE_ATTR: block})
+        put_attrs(group, {**group.attrs.asdict(), ZSTORE_ATTR: block})  # (a user's kept)
 
     @classmethod
     def _from_group(cls, spec: StoreSpec, group, block: Mapping[str, Any], *,
