@@ -355,6 +355,46 @@ def test_a_forked_child_leaves_its_parents_storages_open(location):
     storage.close()
 
 
+def _reads_committed_rows(storage, want) -> None:
+    """In a forked child: read the committed rows; exit 0 when they are ``want``."""
+    os._exit(0 if storage.get(torch.arange(5))["obs"].tolist() == want else 1)
+
+
+@pytest.mark.parametrize("location", ["local", "memory", "s3"], indirect=True)
+def test_a_child_forked_during_a_commit_reads(location):
+    """A child forked while a thread of its parent held the storage's locks (its background
+    commit, a writer thread) inherited them held by a thread that does not exist in the
+    child: its first read waited for good (a DataLoader worker started mid-commit hung)."""
+    url = location.new()
+    storage = zstore.LazyMemmapStorage(100, scratch_dir=url, storage_options=location.options,
+                                       codec="zstd", chunks=10, autocommit_seconds=math.inf)
+    storage.set(torch.arange(5), burst(0)[:5])
+    storage.flush()
+    want = storage.get(torch.arange(5))["obs"].tolist()
+    held, release = threading.Event(), threading.Event()
+
+    def commit_in_flight():
+        with storage._commit_lock, storage._table.lock:  # as a background commit holds them
+            held.set()
+            release.wait()
+
+    thread = threading.Thread(target=commit_in_flight)
+    thread.start()
+    held.wait()
+    try:
+        child = mp.get_context("fork").Process(target=_reads_committed_rows, args=(storage, want))
+        child.start()
+        child.join(timeout=120)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    finally:
+        release.set()
+        thread.join()
+    assert child.exitcode == 0, f"the child's read did not return (exit code {child.exitcode})"
+    storage.close()
+
+
 @pytest.mark.parametrize("cls", ["LazyMemmapStorage", "CompressedListStorage"])
 def test_commit_pending_commits_every_open_storage_now(location, cls):
     """``autocommit.commit_pending()`` does what exit does, on demand: before a store's

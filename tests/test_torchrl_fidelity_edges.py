@@ -180,6 +180,19 @@ def test_new_axes_and_ellipsis_index_as_torchrl(tmp_path, ndim, index, value):
     assert got["in RAM"] == got["memory"] == got["local"] == got["torchrl"]
 
 
+@pytest.mark.parametrize("index", [(Ellipsis, 1), (Ellipsis, slice(0, 2)), (Ellipsis, None),
+                                   (None, Ellipsis, 2), (1, Ellipsis), Ellipsis], ids=str)
+def test_ellipsis_spans_a_plain_tensors_own_dims_as_torchrl(tmp_path, index):
+    """In a storage of plain ``[6, 3]`` tensors, ``...`` spans each row's own dims too:
+    ``get((..., 1))`` is column 1 (an expansion over the storage's dims alone read row 1)."""
+    got = {}
+    for name, storage in _tensor_storages(tmp_path, 1):
+        storage.set(slice(0, 6), torch.arange(18.0).view(6, 3))
+        read = storage.get(index)
+        got[name] = (list(read.shape), read.tolist())
+    assert got["in RAM"] == got["memory"] == got["local"] == got["torchrl"]
+
+
 def test_a_uint8_mask_writes_as_torchrl(tmp_path):
     """A uint8 mask is a mask to ``set`` too: the in-RAM storage refused it ("tensors used as
     indices must be long, int, byte or bool")."""
@@ -196,7 +209,9 @@ def test_an_empty_nested_tensordict_comes_back_as_torchrl(tmp_path):
     """A memmap storage dropped a nested TensorDict that holds nothing (no array stores it):
     ``td["info"]`` of a read raised KeyError where TorchRL's storages give it back."""
     td = TensorDict({"obs": torch.arange(4), "info": TensorDict(batch_size=[4]),
-                     "deep": {"er": TensorDict(batch_size=[4, 2])}}, batch_size=[4])
+                     "deep": {"er": TensorDict(batch_size=[4, 2])},
+                     "sub": TensorDict(e=TensorDict(batch_size=[4, 2]), batch_size=[4, 2])},
+                    batch_size=[4])
     url = str(tmp_path / "rb")
     theirs, ours = T.LazyMemmapStorage(4, scratch_dir=str(tmp_path / "t")), \
         zt.LazyMemmapStorage(4, scratch_dir=url)
@@ -207,6 +222,7 @@ def test_an_empty_nested_tensordict_comes_back_as_torchrl(tmp_path):
         want = theirs.get(torch.tensor([0, 1])) if read.batch_size == (2,) else theirs.get(2)
         assert sorted(map(str, read.keys(True))) == sorted(map(str, want.keys(True)))
         assert read["deep", "er"].batch_size == want["deep", "er"].batch_size
+        assert read["sub", "e"].batch_size == want["sub", "e"].batch_size
     ours.close()
 
 

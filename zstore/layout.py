@@ -546,8 +546,10 @@ class Schema:
             raise SchemaError(f"a tensor buffer has the one leaf {SINGLE_TENSOR_KEY!r}, not {paths}")
         if kind == "pytree":
             _check_treespec(data.get("treespec"), len(leaves))
-        nodes = {"/".join(leaf.key[:depth]) for leaf in leaves for depth in range(1, len(leaf.key))}
-        strays = sorted(set(data.get("group_batch") or {}) - nodes - set(data.get("empty") or []))
+        held = [leaf.key for leaf in leaves] + [path_to_key(p) for p in data.get("empty") or []
+                                                 if isinstance(p, str)]
+        nodes = {"/".join(key[:depth]) for key in held for depth in range(1, len(key) + 1)}
+        strays = sorted(set(data.get("group_batch") or {}) - nodes)
         if strays:
             raise SchemaError(f"group_batch names {strays}, which hold no leaf")
         lanes = len(data.get("lane_shape", []))

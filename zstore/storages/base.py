@@ -249,6 +249,8 @@ def _last_time_index(cursor: Any, max_size: int) -> int:
     """The last time index a cursor writes, ``-1`` when unknown (SPEC §1.6)."""
     if cursor is None:
         return -1
+    if cursor is Ellipsis:  # every row
+        cursor = slice(None)
     if isinstance(cursor, torch.Tensor):
         return int(cursor.reshape(-1)[-1]) if cursor.numel() else -1
     if isinstance(cursor, range):

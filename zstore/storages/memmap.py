@@ -15,6 +15,7 @@ import os
 from concurrent.futures import Future
 from multiprocessing.context import get_spawning_popen
 import tempfile
+import threading
 import time
 import warnings
 import weakref
@@ -233,6 +234,10 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         if not self._counts.shared:
             self._len_value, self._last_cursor_value = self._committed
         self._uncommitted = False
+        # the parent's lock, maybe held at the fork by a thread that is not here (its
+        # background commit, a writer thread): the child's first read waited for good (the
+        # table, and its locks, the child's first use of it rebuilds: ``table``)
+        self._commit_lock = threading.RLock()
 
     def _with_store_lease(self, lease: Any) -> "LazyMemmapStorage":
         """Fence this storage's chunk stores with a container's lease (for a storage that
@@ -614,6 +619,15 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         if len(lead) > 1:
             columns = {p: c.reshape(*lead, *c.shape[1:]) for p, c in columns.items()}
         return self._schema.build(columns, (*lead, *lanes), self.device)
+
+    def _index_dims(self) -> int | None:
+        schema = self._schema if self.initialized else None
+        if schema is None or schema.kind == "pytree" and len({len(leaf.shape)
+                                                               for leaf in schema.leaves}) > 1:
+            return None  # (nothing stored; or leaves of other dims, each indexed as it is)
+        if schema.kind == "tensor" or schema.kind == "pytree":
+            return 1 + len(schema.leaves[0].shape)
+        return 1 + len(schema.lane_shape) + len(schema.item_batch)
 
     def _set_last_cursor(self, cursor: Any) -> None:
         super()._set_last_cursor(cursor)

@@ -47,24 +47,26 @@ def as_index_tensor(index: Any) -> Any:
     return index
 
 
-def without_new_axes(index: Any, ndim: int) -> tuple[int, Any]:
-    """``(news, index)``: an index of a storage of ``ndim`` cell dims with its leading
-    ``None`` s (new dims of 1, as torch adds them) counted and taken off, its ``...`` spelled
-    as the slices it stands for, and a uint8 tensor taken as the mask torch takes it for.
+def without_new_axes(index: Any, dims: int | None) -> tuple[int, Any]:
+    """``(news, index)``: an index with its leading ``None`` s (new dims of 1, as torch adds
+    them) counted and taken off, uint8 tensors taken as the masks torch takes them for, and
+    a leading ``...`` spelled as the slices it stands for over the ``dims`` dims every
+    stored value has (``None``: not the same for all, or left to torch: ``...`` is kept).
     ``news`` is how many dims of 1 the result of the rest gains in front."""
     if isinstance(index, torch.Tensor) and index.dtype == torch.uint8:
         return 0, index.bool()
-    if index is None or index is Ellipsis:
+    if index is None or index is Ellipsis:  # (x[...] is x[:])
         return int(index is None), slice(None)
-    if not isinstance(index, tuple) or not any(i is None or i is Ellipsis for i in index):
+    if not isinstance(index, tuple):
         return 0, index
+    index = tuple(i.bool() if isinstance(i, torch.Tensor) and i.dtype == torch.uint8 else i
+                  for i in index)
     news = next((at for at, i in enumerate(index) if i is not None), len(index))
     rest = index[news:]
-    at = next((at for at, i in enumerate(rest) if i is Ellipsis), None)
-    if at is not None:
+    if rest and rest[0] is Ellipsis and dims is not None:
         taken = sum(i.ndim if isinstance(i, torch.Tensor) and i.dtype == torch.bool else 1
-                    for i in rest if i is not None and i is not Ellipsis)
-        rest = (*rest[:at], *(slice(None),) * max(0, ndim - taken), *rest[at + 1:])
+                    for i in rest[1:] if i is not None and i is not Ellipsis)
+        rest = (*(slice(None),) * max(0, dims - taken), *rest[1:])
     return news, (rest if rest else slice(None))
 
 

@@ -250,7 +250,7 @@ class TensorStorage(Storage):
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         if isinstance(data, list):
             data = _stack(data)
-        news, cursor = without_new_axes(cursor, self.ndim)
+        news, cursor = without_new_axes(cursor, self._index_dims())
         if news:  # the new dims of 1 the cursor adds: data for them holds one element each
             data = map_leaves(data, lambda x: _without_leading_ones(x, news))
         single = is_int(cursor)
@@ -273,9 +273,14 @@ class TensorStorage(Storage):
             self._join_shared_init()
             if not self.initialized:
                 raise RuntimeError("Cannot get elements out of a non-initialized storage.")
-        news, index = without_new_axes(index, self.ndim)
+        news, index = without_new_axes(index, self._index_dims())
         found = self._read(index)
         return map_leaves(found, lambda x: x[(None,) * news]) if news else found
+
+    def _index_dims(self) -> int | None:
+        """How many dims every stored value has, over which a leading ``...`` of an index
+        spans (:func:`.row_index.without_new_axes`); ``None``: the container indexes it."""
+        return None
 
     def _join_shared_init(self) -> None:
         """Before a read of a storage not initialised here: open the rows another process
@@ -323,6 +328,8 @@ class TensorStorage(Storage):
             self._row_rev.stamp_row(cursor, revision)
             return
         first = cursor[0] if isinstance(cursor, tuple) else cursor
+        if first is Ellipsis:  # (left to the container): it may span every row
+            first = slice(None)
         if not isinstance(first, (int, slice, range, np.integer)):
             first = torch.as_tensor(first).to("cpu")
             if first.dtype == torch.bool and first.ndim > 1:
