@@ -475,3 +475,38 @@ def test_a_second_storage_at_a_location_not_committed_yet_is_refused(location):
     holder.set(0, items[0])
     location.compressed(10, scratch_dir=third, lease_ttl=None)
     holder.close()
+
+
+def test_a_write_of_another_thread_during_close_is_kept(location, monkeypatch):
+    """``close()`` committed, then released the lease, as two steps: a write of another
+    thread between them returned, and was lost (its next write took the lease again,
+    reloading the commit without it). Now the write waits for the close, then commits."""
+    import threading
+
+    url = location.new()
+    storage = CompressedListStorage(20, scratch_dir=url, storage_options=location.options,
+                                    autocommit_seconds=1e9)
+    for i in range(3):
+        storage.set(i, torch.full((2,), float(i)))
+    written = threading.Event()
+
+    def write_between():  # another thread's write, once close() has committed
+        storage.set(3, torch.full((2,), 3.0))
+        written.set()
+
+    lease, release = storage._lease, storage._lease.release
+    writer = threading.Thread(target=write_between)
+
+    def release_after_a_write():
+        writer.start()
+        # the write waits for the close to end (before: it ran here, and returned)
+        assert not written.wait(timeout=2), "a write ran between the commit and the release"
+        release()
+
+    monkeypatch.setattr(lease, "release", release_after_a_write)
+    storage.close()
+    writer.join()
+    monkeypatch.setattr(lease, "release", release)
+    storage.close()  # the write's own commit
+    reader = zstore.open(url, location.options, mode="r")
+    assert [t.tolist() for t in reader.get([0, 1, 2, 3])] == [[float(i)] * 2 for i in range(4)]

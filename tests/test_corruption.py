@@ -283,6 +283,22 @@ BAD_COMPRESSED_BLOCKS = {
 }
 
 
+def test_every_kind_of_compressed_item_passes_the_block_check(tmp_path):
+    """The block check refused what a storage writes itself: an item with a batch size
+    (its root node, ``.root``, lies above no key path) could not be reopened."""
+    url = str(tmp_path / "batched")
+    items = [TensorDict(a=torch.full((3, 2), float(i)), traj=torch.zeros(3, 2 + i),
+                        nested=TensorDict(b=torch.ones(3, 4), batch_size=[3, 4]),
+                        batch_size=[3]) for i in range(3)]
+    storage = zstore.CompressedListStorage(8, scratch_dir=url)
+    for i, item in enumerate(items):
+        storage.set(i, item)
+    storage.close()
+    reader = zstore.open(url, mode="r")
+    for i, item in enumerate(items):
+        assert (reader[i] == item).all() and reader[i]["nested"].batch_size == (3, 4)
+
+
 @pytest.mark.parametrize("bad", sorted(BAD_COMPRESSED_BLOCKS))
 def test_a_malformed_compressed_block_is_refused_naming_the_field(tmp_path, bad):
     """The root block of a CompressedListStorage was used as it was: a ragged key

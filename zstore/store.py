@@ -496,7 +496,18 @@ class _S3FsspecStore(FsspecStore):
 #: to one host): a static file server may accept few connections at once (``python -m
 #: http.server`` queues 5 and drops the rest, which the client retries after 1, 3, 7 s...:
 #: 2,048 rows of 128 chunks a key read in 14-28 s at 64 in flight, 0.2 s at 6; 1.0 s at 8).
-HTTP_IN_FLIGHT = int(os.environ.get("ZSTORE_HTTP_IN_FLIGHT", "6"))
+HTTP_IN_FLIGHT = 6
+
+
+def _http_in_flight() -> int:
+    """:data:`HTTP_IN_FLIGHT`, or the ``ZSTORE_HTTP_IN_FLIGHT`` environment variable's."""
+    told = os.environ.get("ZSTORE_HTTP_IN_FLIGHT")
+    if told is None:
+        return HTTP_IN_FLIGHT
+    if not told.strip().isdigit() or int(told) < 1:
+        raise ValueError(f"ZSTORE_HTTP_IN_FLIGHT={told!r}: the most reads in flight to an HTTP "
+                         "store is a whole number of at least 1 (unset it for 6)")
+    return int(told)
 
 
 class _HttpFsspecStore(FsspecStore):
@@ -521,11 +532,11 @@ _HTTP_SLOTS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semap
 
 
 def _http_slot() -> asyncio.Semaphore:
-    """The running event loop's :data:`HTTP_IN_FLIGHT` slots of HTTP reads."""
+    """The running event loop's slots of HTTP reads (:func:`_http_in_flight` of them)."""
     loop = asyncio.get_running_loop()
     slots = _HTTP_SLOTS.get(loop)
     if slots is None:
-        slots = _HTTP_SLOTS[loop] = asyncio.Semaphore(HTTP_IN_FLIGHT)
+        slots = _HTTP_SLOTS[loop] = asyncio.Semaphore(_http_in_flight())
     return slots
 
 

@@ -114,8 +114,8 @@ def _check_block(block: Mapping[str, Any], max_size: int) -> None:
                          f"{sorted(fixed)} and ragged {sorted(ragged)}, each in one")
     if fixed and block["items"] is None and block["length"]:
         raise ValueError(f"items is null while {block['length']} items have the keys {sorted(fixed)}")
-    for node in block["nodes"]:
-        if not any(path.startswith(node + "/") for path in keys):
+    for node in block["nodes"]:  # (the root, an item's own batch, lies above every key)
+        if node != _ROOT and not any(path.startswith(node + "/") for path in keys):
             raise ValueError(f"nodes names {node!r}, above none of the keys {sorted(keys)}")
     for path, record in block["ragged"].items():
         unit = record["unit"]
@@ -998,9 +998,10 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
 
     def close(self) -> None:
         """Commit what this storage wrote and release its write lease (it stays usable)."""
-        self.flush()
-        if self._lease is not None:
-            self._lease.release()
+        with self._commit_lock:  # one step: a write of another thread in between was lost
+            self.flush()         # (its next write took the lease, reloading the commit)
+            if self._lease is not None:
+                self._lease.release()
 
     # -- persistence: a JSON block in the root group; never pickles into the store -------------
     def _block(self) -> dict[str, Any]:
@@ -1031,7 +1032,8 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         if self._root is None:
             self._root = open_plain_group(self.spec.open(), "a")
         _faults.crash_point("commit.before")
-        put_attrs(self._root, {ZSTORE_ATTR: self._block()}, self._lease)
+        put_attrs(self._root, {**self._root.attrs.asdict(), ZSTORE_ATTR: self._block()},
+                  self._lease)  # (other attributes, a user's, are kept)
         _faults.crash_point("commit.after")
         self._named = set(self.checkpoint_tables())
         self._collect_garbage()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Mapping
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -144,19 +145,20 @@ class RaggedKey:
                         lengths: torch.Tensor) -> None:
         """:class:`CorruptChunkError` for an item whose row of ``index`` no write makes: a
         shape of other dims or trailing unit, or units outside the ``used`` ones of values
-        (a store edited by hand, or damaged where no checksum covers it)."""
-        unit = torch.tensor(self.unit, dtype=torch.int64)
-        fits = ((shapes >= 0).all(-1) & (starts >= 0) & (starts + lengths <= self.used)
-                & (shapes.prod(-1) == lengths * max(1, self.unit_numel)))
-        if shapes.shape[-1] != self.ndim and self.ndim:
-            fits &= False
+        (a store edited by hand, or damaged where no checksum covers it). NumPy: a few
+        microseconds a read."""
+        start, shape, length = starts.numpy(), shapes.numpy(), lengths.numpy()
+        fits = ((start >= 0) & (start + length <= self.used) & (shape >= 0).all(-1)
+                & (shape.prod(-1) == length * max(1, self.unit_numel)))
+        if self.ndim and shape.shape[-1] != self.ndim:
+            fits[:] = False
         elif self.unit:
-            fits &= (shapes[:, shapes.shape[-1] - len(self.unit):] == unit).all(-1)
-        if not bool(fits.all()):
-            at = int(torch.nonzero(~fits)[0])
+            fits &= (shape[:, shape.shape[-1] - len(self.unit):] == self.unit).all(-1)
+        if not fits.all():
+            at = int(np.flatnonzero(~fits)[0])
             raise CorruptChunkError(
                 f"{self.owner.spec.redacted()}: key {self.path!r}: item {int(rows[at])} is recorded "
-                f"at unit {int(starts[at])} with shape {shapes[at].tolist()}, which no write "
+                f"at unit {int(start[at])} with shape {shape[at].tolist()}, which no write "
                 f"makes ({self.used} units of shape {list(self.unit)} used, items of "
                 f"{self.ndim} dims): the store was edited or damaged; restore a copy")
 
