@@ -51,9 +51,9 @@ def put_bytes(monkeypatch):
         written[key] = written.get(key, 0) + len(value.to_bytes())
         return await original(self, key, value, *args, **kwargs)
 
-    def counted_commit(self, data):
+    def counted_commit(self, data, **kwargs):
         written["commits/zarr.json"] = written.get("commits/zarr.json", 0) + len(data)
-        return write_metadata(self, data)
+        return write_metadata(self, data, **kwargs)
 
     monkeypatch.setattr(FsspecStore, "set", counting)
     monkeypatch.setattr(Lease, "write_metadata", counted_commit)

@@ -438,7 +438,8 @@ def _checked_array(node, leaf, rows: int, layout: tuple[int, int | None], where:
     if key_separator(metadata) is None:
         wrong.append(f"chunk key encoding {metadata.get('chunk_key_encoding')} (zstore writes "
                      f"Zarr v3's default, with a separator of {' or '.join(KEY_SEPARATORS)})")
-    recorded = (metadata.get("attributes") or {}).get(ZSTORE_ATTR)
+    recorded = metadata.get("attributes")  # (any JSON: a damaged file's too)
+    recorded = recorded.get(ZSTORE_ATTR) if isinstance(recorded, dict) else None
     recorded = recorded.get("torch_dtype") if isinstance(recorded, dict) else None
     if recorded is not None and recorded != torch_dtype_name(leaf.dtype):
         wrong.append(f"torch_dtype {recorded!r} (metadata says {torch_dtype_name(leaf.dtype)!r})")

@@ -1059,7 +1059,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                 self._table = self.reopened_inner_table(f"items-{self._table_gen}")
             self._ragged = {p: RaggedKey.reopen(self, p, r) for p, r in block["ragged"].items()}
             self._named = set(self.checkpoint_tables())
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # (wrong JSON types)
             if isinstance(exc, ZStoreError) and where in str(exc):
                 raise
             raise _malformed(where, exc) from None
@@ -1087,7 +1087,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             self._configure(spec, False, compression_fn, decompression_fn,
                             int(block.get("compression_level", 3)), codec, block.get("chunks"),
                             cache_bytes, lease_ttl, autocommit_seconds)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # (wrong JSON types)
             raise _malformed(spec.redacted(), exc) from None
         self._root = group
         self._restore(block)
