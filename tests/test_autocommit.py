@@ -371,18 +371,31 @@ def test_a_child_forked_during_a_commit_reads(location):
     storage.set(torch.arange(5), burst(0)[:5])
     storage.flush()
     want = storage.get(torch.arange(5))["obs"].tolist()
+    code = _fork_while_held([storage._commit_lock, storage._table.lock], _reads_committed_rows,
+                            (storage, want))
+    assert code == 0, f"the child's read did not return (exit code {code})"
+    storage.close()
+
+
+def _fork_while_held(locks, target, args) -> int | None:
+    """The exit code of a child forked (running ``target(*args)``) while another thread
+    holds ``locks``, as a background commit holds them; a child alive after 120 s is
+    killed (a negative code)."""
     held, release = threading.Event(), threading.Event()
 
     def commit_in_flight():
-        with storage._commit_lock, storage._table.lock:  # as a background commit holds them
-            held.set()
-            release.wait()
+        for lock in locks:
+            lock.acquire()
+        held.set()
+        release.wait()
+        for lock in reversed(locks):
+            lock.release()
 
     thread = threading.Thread(target=commit_in_flight)
     thread.start()
     held.wait()
     try:
-        child = mp.get_context("fork").Process(target=_reads_committed_rows, args=(storage, want))
+        child = mp.get_context("fork").Process(target=target, args=args)
         child.start()
         child.join(timeout=120)
         if child.is_alive():
@@ -391,8 +404,45 @@ def test_a_child_forked_during_a_commit_reads(location):
     finally:
         release.set()
         thread.join()
-    assert child.exitcode == 0, f"the child's read did not return (exit code {child.exitcode})"
+    return child.exitcode
+
+
+def _sees_committed_items(storage, want) -> None:
+    """In a forked child: exit 0 when ``storage`` holds the items ``want``, each read as
+    its own item (exit 2 on an error, with the error on stderr)."""
+    try:
+        got = [storage.get(i).tolist() for i in range(len(storage))]
+        os._exit(0 if got == want else 1)
+    except Exception as exc:  # noqa: BLE001 - the parent reads the exit code
+        print(repr(exc), file=sys.stderr, flush=True)
+        os._exit(2)
+
+
+@pytest.mark.parametrize("committed", [0, 5])
+@pytest.mark.parametrize("location", ["local", "memory", "s3"], indirect=True)
+def test_a_forked_child_of_a_compressed_list_storage_reads_what_was_committed(location,
+                                                                              committed):
+    """A child forked from a CompressedListStorage with uncommitted items counted them but
+    read zeros in their place (their chunks were never stored), and hung when forked while
+    a background commit held the storage's lock. As a LazyMemmapStorage's child (and
+    docs/scaling.md), it now reads exactly the committed items, lock held or not."""
+    url = location.new()
+    storage = zstore.CompressedListStorage(100, scratch_dir=url, storage_options=location.options,
+                                           autocommit_seconds=math.inf)
+    items = [torch.full((4,), float(i + 1)) for i in range(8)]
+    for i, item in enumerate(items[:committed]):
+        storage.set(i, item)
+    if committed:
+        storage.flush()
+    for i in range(committed, 8):
+        storage.set(i, items[i])
+    code = _fork_while_held([storage._commit_lock], _sees_committed_items,
+                            (storage, [item.tolist() for item in items[:committed]]))
+    assert code == 0, f"the child did not read the committed items (exit code {code})"
+    assert [storage.get(i).tolist() for i in range(len(storage))] == [i.tolist() for i in items]
     storage.close()
+    assert [t.tolist() for t in zstore.open(url, location.options, mode="r").get(
+        list(range(8)))] == [i.tolist() for i in items]
 
 
 @pytest.mark.parametrize("cls", ["LazyMemmapStorage", "CompressedListStorage"])

@@ -171,6 +171,58 @@ def test_an_in_ram_storage_refuses_before_writing_any_key(why):
     assert set(storage.get(0).keys()) == {"obs", "act"}
 
 
+@pytest.mark.parametrize("why", ["items of two shapes", "a wrong shape", "a wrong dtype"])
+def test_an_in_ram_storage_refuses_a_lazy_stack_before_writing_any_key(why):
+    """Regression: a lazily stacked batch skipped the check (it is written item by item),
+    so one whose ``act`` was ragged, misshapen or of another dtype raised (naming no key)
+    after its ``obs`` was written: rows torn across keys."""
+    from tensordict import lazy_stack
+
+    storage = zstore.LazyTensorStorage(10)
+    storage.set(torch.arange(10), rows(0, 10))
+    items = list(rows(100, 3).unbind(0))
+    if why == "items of two shapes":
+        items[1]["act"] = torch.tensor([7, 7])
+    elif why == "a wrong shape":
+        items = [item.set("act", torch.tensor([7, 7])) for item in items]
+    else:
+        items = [item.set("act", item["act"].int()) for item in items]
+    with pytest.raises(RuntimeError, match="'act'.*nothing was written"):
+        storage.set(torch.arange(3), lazy_stack(items))
+    assert_holds_exactly(storage, list(range(1, 11)))
+    storage.set(torch.arange(3), lazy_stack(list(rows(100, 3).unbind(0))))  # a good one writes
+    assert storage.get(torch.arange(3))["act"].tolist() == [101, 102, 103]
+
+
+@pytest.mark.parametrize("kind", ["LazyMemmapStorage", "LazyTensorStorage"])
+def test_a_capacity_of_no_row_is_refused_at_construction(kind, location):
+    """``LazyMemmapStorage(-5)`` was accepted; its first write then failed with torch's
+    "Expected all values to be non-negative", naming neither the capacity nor the fix."""
+    options = {} if kind == "LazyTensorStorage" else \
+        {"scratch_dir": location.new(), "storage_options": location.options}
+    for capacity in (0, -5):
+        with pytest.raises(ValueError, match=f"max_size={capacity} holds no row"):
+            getattr(zstore, kind)(capacity, **options)
+
+
+def test_a_capacity_no_reader_would_open_is_refused_before_anything_is_written(location):
+    """``LazyMemmapStorage(int(1e10))`` of Atari frames wrote and committed its rows, and
+    then ``zstore.open`` refused the store (a key over 2**48 elements) and a new storage
+    at the URL too ("already holds a buffer"): rows stranded. Now its first write is
+    refused, naming the capacity and the key, and the URL stays free."""
+    url = location.new()
+    frames = TensorDict(pixels=torch.zeros(3, 4, 84, 84, dtype=torch.uint8), batch_size=[3])
+    storage = zstore.LazyMemmapStorage(int(1e10), scratch_dir=url, storage_options=location.options)
+    with pytest.raises(ValueError, match=r"capacity 10000000000.*'pixels'.*nothing was written"):
+        storage.set(torch.arange(3), frames)
+    assert len(storage) == 0 and not storage.initialized
+    again = zstore.LazyMemmapStorage(1000, scratch_dir=url, storage_options=location.options)
+    again.set(torch.arange(3), frames)
+    again.flush()
+    assert len(zstore.open(url, location.options, mode="r")) == 3
+    again.close()
+
+
 def test_an_in_ram_pytree_storage_names_the_leaf_it_refuses():
     storage = zstore.LazyTensorStorage(6)
     storage.set(torch.arange(6), {"a": torch.ones(6), "b": torch.ones(6, dtype=torch.long)})

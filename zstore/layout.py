@@ -718,7 +718,7 @@ def _keypath(path: tuple) -> tuple[str, ...]:
     return tuple(parts)
 
 
-def _json_int(value: Any, name: str) -> int:
+def json_int(value: Any, name: str) -> int:
     """``value``, a recorded JSON integer (``true`` or ``"12"`` is none)."""
     if type(value) is not int:
         raise TypeError(f"{name} must be an integer, got {value!r}")
@@ -804,7 +804,7 @@ class StoreMeta:
             raise NotAZStoreError(f"{where} is not a zstore buffer: no 'zstore' block in its attributes")
         check_format_version(data, where)
         try:
-            ints = {name: _json_int(data[name], name) for name in
+            ints = {name: json_int(data[name], name) for name in
                     ("max_size", "ndim", "rows", "length", "last_cursor", "high_water")}
             flags = {name: data.get(name, False) for name in ("read_only", "sealed")}
             if not all(isinstance(flag, bool) for flag in flags.values()):
@@ -834,6 +834,12 @@ class StoreMeta:
 
     def validate(self, where: str) -> None:
         """Reject inconsistent or absurd values (negative sizes, 2**62 capacities ...)."""
+        problems = self.problems()
+        if problems:
+            raise NotAZStoreError(f"{where}: inconsistent 'zstore' block: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """What :meth:`validate` rejects, each said in a few words."""
         problems = []
         if not 1 <= self.ndim <= 8:
             problems.append(f"ndim={self.ndim}")
@@ -861,5 +867,4 @@ class StoreMeta:
         for leaf in self.schema.leaves:
             if self.rows * max(1, math.prod(leaf.shape)) > MAX_ELEMENTS:
                 problems.append(f"key {leaf.path!r} would hold over {MAX_ELEMENTS} elements")
-        if problems:
-            raise NotAZStoreError(f"{where}: inconsistent 'zstore' block: " + "; ".join(problems))
+        return problems

@@ -37,6 +37,7 @@ import dataclasses
 import math
 import os
 import re
+import threading
 import uuid
 import warnings
 import weakref
@@ -59,12 +60,12 @@ from ..errors import (InvalidKeyError, MissingKeyError, NotAZStoreError, SchemaE
 from ..group import ZSTORE_ATTR, open_group, open_plain_group, put_attrs
 from ..lease import DEFAULT_TTL, LEASE_NAME, refuse_while_held
 from ..layout import (FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, check_format_version,
-                      key_to_path, path_to_key)
+                      json_int, key_to_path, path_to_key)
 from ..store import StoreSpec, run_deferred
 from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .leasing import LeasedWriter
 from .list import ListStorage, _as_int, _flagged, _is_mask, _positions
-from .lifecycle import collect_store, delete_store
+from .lifecycle import collect_store, delete_store, track
 from .memmap import LazyMemmapStorage
 from .ragged import RaggedKey
 from .torchrl_state import state_items
@@ -81,15 +82,16 @@ def _key_name(path: str) -> str:
     return "the item tensor" if path == SINGLE_TENSOR_KEY else f"key {tuple(path.split('/'))!r}"
 
 
-def _malformed(where: str, exc: Exception) -> NotAZStoreError:
-    """The refusal of a root block that fails ``exc`` (a missing field: its ``KeyError``)."""
+def _malformed(where: str, kind: str, exc: Exception) -> NotAZStoreError:
+    """The refusal of storage class ``kind``'s root block that fails ``exc`` (a missing
+    field: its ``KeyError``)."""
     detail = repr(exc) if isinstance(exc, KeyError) else str(exc)
-    return NotAZStoreError(f"{where}: malformed CompressedListStorage block ({detail})")
+    return NotAZStoreError(f"{where}: malformed {kind} block ({detail})")
 
 
 def _count(value: Any, field: str, low: int, high: float = math.inf) -> int:
     """``value``, a recorded count, checked to be an int in ``[low, high]``."""
-    if type(value) is not int or not low <= value <= high:
+    if not low <= json_int(value, field) <= high:
         raise ValueError(f"{field} {value!r} is not an int from {low} to {high}")
     return value
 
@@ -405,6 +407,8 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         self._finalizer = weakref.finalize(self, collect_store, spec) if owned else None
         self.lease_ttl = lease_ttl
         self._open_lease(spec, lease_ttl)
+        self._committed_block: Mapping[str, Any] | None = None  # what a forked child falls back to
+        track(self, close_at_exit=False)  # (its exit commit is autocommit's)
 
     def _reset(self) -> None:
         self._mark_clean()
@@ -502,6 +506,29 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
     # none, it fences their chunk stores
     def _has_commit(self) -> bool:
         return self._root is not None
+
+    def _forget_uncommitted(self) -> None:
+        """In a forked child (:mod:`.lifecycle`): the length the parent last committed, its
+        items reopened at the child's first use (:meth:`_take_committed_after_fork`), and a
+        fresh commit lock (the parent's, held at the fork by a background commit, is never
+        released here)."""
+        self._commit_lock = threading.RLock()
+        self._mark_clean()
+        self._len = 0 if self._committed_block is None else self._committed_block["length"]
+
+    def _take_committed_after_fork(self) -> None:
+        """In a forked child's first use: the state its parent last committed, never the
+        parent's uncommitted items (their chunks are not in the store) or its fsspec."""
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        self._retiring, self._retired, self._swept = [], [], False  # (the parent's to delete)
+        if self._committed_block is None:
+            self._root = None
+            self._reset()
+        else:
+            self._root = _open_root(self.spec)
+            self._restore(self._committed_block)
 
     def _reload_committed(self) -> None:
         block = _root_block(self.spec)
@@ -771,6 +798,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
     # -- the contract ---------------------------------------------------------------------------
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         with self._commit_lock:
+            self._take_committed_after_fork()
             newest = self._newest
             self._set_locked(cursor, data, update=not set_cursor)
             if not set_cursor:
@@ -894,6 +922,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
 
     def get(self, index: Any) -> Any:
         with self._commit_lock:  # a background commit and a read do not share the tables
+            self._take_committed_after_fork()
             return self._get_locked(index)
 
     def _get_locked(self, index: Any) -> Any:
@@ -966,7 +995,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         self._drop_arrays()
         self._reset()
         self._bump_mutation_revision()
-        self._root = None
+        self._root, self._committed_block = None, None
         if self._finalizer is not None:
             self._finalizer.detach()
         delete_store(self.spec)
@@ -975,6 +1004,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         """Store every written chunk, then commit the root metadata (what ``zstore.open``,
         other processes and ``nbytes`` see)."""
         with self._commit_lock:
+            self._take_committed_after_fork()
             self._flush()
 
     def _committable(self) -> bool:
@@ -1027,13 +1057,14 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         }
 
     def _commit(self) -> None:
-        if self._root is not None and self._pid != os.getpid():
-            self._root, self._pid = _open_root(self.spec), os.getpid()  # never a parent's fsspec
+        self._take_committed_after_fork()
         if self._root is None:
             self._root = open_plain_group(self.spec.open(), "a")
         _faults.crash_point("commit.before")
-        put_attrs(self._root, {**self._root.attrs.asdict(), ZSTORE_ATTR: self._block()},
+        block = self._block()
+        put_attrs(self._root, {**self._root.attrs.asdict(), ZSTORE_ATTR: block},
                   self._lease)  # (other attributes, a user's, are kept)
+        self._committed_block = block
         _faults.crash_point("commit.after")
         self._named = set(self.checkpoint_tables())
         self._collect_garbage()
@@ -1059,10 +1090,11 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                 self._table = self.reopened_inner_table(f"items-{self._table_gen}")
             self._ragged = {p: RaggedKey.reopen(self, p, r) for p, r in block["ragged"].items()}
             self._named = set(self.checkpoint_tables())
+            self._committed_block = block
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # (wrong JSON types)
             if isinstance(exc, ZStoreError) and where in str(exc):
                 raise
-            raise _malformed(where, exc) from None
+            raise _malformed(where, type(self).__name__, exc) from None
 
     @classmethod
     def _from_group(cls, spec: StoreSpec, group, block: Mapping[str, Any], *,
@@ -1088,7 +1120,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
                             int(block.get("compression_level", 3)), codec, block.get("chunks"),
                             cache_bytes, lease_ttl, autocommit_seconds)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # (wrong JSON types)
-            raise _malformed(spec.redacted(), exc) from None
+            raise _malformed(spec.redacted(), cls.__name__, exc) from None
         self._root = group
         self._restore(block)
         return self

@@ -411,6 +411,11 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                                object_store=self.spec.is_object_store)
         meta = StoreMeta(type(self).__name__, self.max_size, self.ndim, rows, schema, self.codec,
                          layout, key_codecs=dict(self.key_codecs))
+        if problems := meta.problems():  # (a store no reader would open: refused unwritten)
+            raise ValueError(
+                f"{self.spec.redacted()}: cannot create a buffer of capacity {self.max_size} "
+                f"for these rows: {'; '.join(problems)}; nothing was written. Choose a smaller "
+                f"capacity (a key holds at most 2**48 elements, docs/format.md)")
         self._attach(create_group(self.spec, meta, self._lease), meta)
 
     def _refuse_non_tensors(self, data: Any) -> None:
@@ -758,9 +763,10 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         if set_cursor:
             if row >= 0:  # _set_last_cursor of a row in bounds (_write_locked checked them)
                 self._last_cursor = counts.last_cursor = row
-            else:
+                count_rows(counts, 1, row + 1, self.max_size)
+            else:  # (a row counted from the end: as TensorStorage.set, it reaches nothing)
                 self._set_last_cursor(row)
-            count_rows(counts, 1, counts.last_cursor + 1, self.max_size)
+                count_rows(counts, 1, 0, self.max_size)
         counts.revision += 1  # _bump_mutation_revision
 
     def _committable(self) -> bool:

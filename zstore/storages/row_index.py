@@ -7,7 +7,7 @@ positions, the leading shape of the result and whether its first dim is dropped.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -47,11 +47,12 @@ def as_index_tensor(index: Any) -> Any:
     return index
 
 
-def without_new_axes(index: Any, dims: int | None) -> tuple[int, Any]:
+def without_new_axes(index: Any, dims: Callable[[], int | None]) -> tuple[int, Any]:
     """``(news, index)``: an index with its leading ``None`` s (new dims of 1, as torch adds
     them) counted and taken off, uint8 tensors taken as the masks torch takes them for, and
-    a leading ``...`` spelled as the slices it stands for over the ``dims`` dims every
-    stored value has (``None``: not the same for all, or left to torch: ``...`` is kept).
+    a leading ``...`` spelled as the slices it stands for over the ``dims()`` dims every
+    stored value has (``None``: not the same for all, or left to torch: ``...`` is kept;
+    asked only for such an index).
     ``news`` is how many dims of 1 the result of the rest gains in front."""
     if isinstance(index, torch.Tensor) and index.dtype == torch.uint8:
         return 0, index.bool()
@@ -63,10 +64,10 @@ def without_new_axes(index: Any, dims: int | None) -> tuple[int, Any]:
                   for i in index)
     news = next((at for at, i in enumerate(index) if i is not None), len(index))
     rest = index[news:]
-    if rest and rest[0] is Ellipsis and dims is not None:
+    if rest and rest[0] is Ellipsis and (spans := dims()) is not None:
         taken = sum(i.ndim if isinstance(i, torch.Tensor) and i.dtype == torch.bool else 1
                     for i in rest[1:] if i is not None and i is not Ellipsis)
-        rest = (*(slice(None),) * max(0, dims - taken), *rest[1:])
+        rest = (*(slice(None),) * max(0, spans - taken), *rest[1:])
     return news, (rest if rest else slice(None))
 
 

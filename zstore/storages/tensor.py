@@ -35,7 +35,7 @@ from ..sharing import InitRendezvous, count_rows, counter
 from ..text import TEXT_BYTES, holds_value, is_text, non_tensor_leaves, widest
 from .base import Storage, refuse_spawn_sharing
 from .checkpoint_contract import TensorExport
-from .row_index import is_int, without_new_axes
+from .row_index import is_int, is_negative, without_new_axes
 from .row_stamps import RowStamps
 from .shared_rows import create_shared_rows, open_shared_rows
 
@@ -115,6 +115,9 @@ class TensorStorage(Storage):
                  ndim: int = 1, compilable: bool = False):
         if storage is None and max_size is None:
             raise ValueError("Expected storage to be non-null.")
+        if storage is None and max_size < 1:  # (else refused at the first write, unnamed)
+            raise ValueError(f"{type(self).__name__}: max_size={max_size} holds no row; "
+                             "give the capacity, a positive number of cells")
         if storage is not None:
             first = lead_shape(storage, ndim)
             if max_size is not None and max_size != first[0]:
@@ -227,9 +230,10 @@ class TensorStorage(Storage):
         if is_tensor_collection(container) and is_tensor_collection(data):
             held = set(container.keys(include_nested=True, leaves_only=True))
             keys = list(data.keys(include_nested=True, leaves_only=True))
-            if not isinstance(data, LazyStackedTensorDict):  # a lazy stack is written item-wise
-                _refuse_misfits(cursor, [(container.get(key), data.get(key), key)
-                                         for key in keys if key in held])
+            value_of = _stacked_stand_in if isinstance(data, LazyStackedTensorDict) else \
+                type(data).get  # (a lazy stack is written item-wise: its values, unstacked)
+            _refuse_misfits(cursor, [(container.get(key), value_of(data, key), key)
+                                     for key in keys if key in held])
             for key in (k for k in keys if k not in held):  # a key the rows lack: zeros where
                 value = data.get(key)                       # unwritten, as TorchRL's
                 lead = 0 if is_int(cursor) else 1
@@ -250,7 +254,7 @@ class TensorStorage(Storage):
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         if isinstance(data, list):
             data = _stack(data)
-        news, cursor = without_new_axes(cursor, self._index_dims())
+        news, cursor = without_new_axes(cursor, self._index_dims)
         if news:  # the new dims of 1 the cursor adds: data for them holds one element each
             data = map_leaves(data, lambda x: _without_leading_ones(x, news))
         single = is_int(cursor)
@@ -263,8 +267,10 @@ class TensorStorage(Storage):
                 self._set_last_cursor(cursor)
                 n = self.ndim - 1 if single else self.ndim
                 # TorchRL counts writes; a writer that moved its cursor past a refused batch
-                # must still reach the rows it writes after it: len covers the last one
-                reached = (self._last_cursor_value + 1) * (self._lanes if self.ndim > 1 else 1)
+                # must still reach the rows it writes after it: len covers the last one (a
+                # position counted from the end is no writer's: it reaches nothing)
+                reached = 0 if is_negative(cursor) else \
+                    (self._last_cursor_value + 1) * (self._lanes if self.ndim > 1 else 1)
                 count_rows(self._counts, math.prod(lead_shape(data, n)), reached, self.max_size)
             self._bump_mutation_revision()
 
@@ -273,7 +279,7 @@ class TensorStorage(Storage):
             self._join_shared_init()
             if not self.initialized:
                 raise RuntimeError("Cannot get elements out of a non-initialized storage.")
-        news, index = without_new_axes(index, self._index_dims())
+        news, index = without_new_axes(index, self._index_dims)
         found = self._read(index)
         return map_leaves(found, lambda x: x[(None,) * news]) if news else found
 
@@ -605,6 +611,26 @@ def _leaves_per_key(container: Any) -> list[tuple[str, tuple[int, ...], torch.dt
         shape.insert(container.stack_dim, len(parts))
         out.append((key, tuple(shape), parts[0][1], sum(p[2] for p in parts)))
     return out
+
+
+def _stacked_stand_in(data: LazyStackedTensorDict, key: Any) -> Any:
+    """A ``meta`` tensor of the shape and dtype of key ``key`` of lazy stack ``data``, as
+    its item-wise write sees them, without stacking the items (of several dtypes: one
+    other than the first, which a write by position refuses); a refusal naming ``key``
+    where its items differ in shape. Values that are no tensors come back as they are."""
+    parts = [item.get(key) for item in data.tensordicts]
+    if not parts or not all(isinstance(part, torch.Tensor) for part in parts):
+        return parts[0] if parts else None
+    shapes = sorted({tuple(part.shape) for part in parts})
+    if len(shapes) > 1:
+        raise RuntimeError(f"shape mismatch for key {key!r}: the items of the lazily stacked "
+                           f"batch hold it in shapes {[list(s) for s in shapes[:4]]}, which no "
+                           "rows of one shape take; nothing was written")
+    shape = list(shapes[0])
+    shape.insert(data.stack_dim, len(parts))
+    dtypes = [part.dtype for part in parts]
+    dtype = next((d for d in dtypes if d != dtypes[0]), dtypes[0])
+    return torch.empty(shape, dtype=dtype, device="meta")
 
 
 def _refuse_misfits(cursor: Any, pairs: list) -> None:
