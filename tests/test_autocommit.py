@@ -224,9 +224,11 @@ def test_sigterm_handler_leaves_a_program_handler_alone():
 LEFT_OPEN = textwrap.dedent("""
     import gc, json, os, signal, sys, threading, torch, zstore
     from tensordict import TensorDict
-    url, how, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    url, how, options, kind = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
     storage = zstore.LazyMemmapStorage(1000, scratch_dir=url, storage_options=options,
-                                       codec="zstd", chunks=64)
+                                       codec="zstd", chunks=64) \
+        if kind == "LazyMemmapStorage" else zstore.CompressedListStorage(1000, scratch_dir=url,
+                                                                         storage_options=options)
     writer = zstore.RoundRobinWriter()
     writer.register_storage(storage)
     writer.extend(TensorDict(step=torch.arange(57), batch_size=[57]))
@@ -240,26 +242,28 @@ LEFT_OPEN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("kind", ["LazyMemmapStorage", "CompressedListStorage"])
 @pytest.mark.parametrize("how", ["exit", "sigterm", "dropped"])
 @pytest.mark.parametrize("location", ["local", "s3"], indirect=True)
-def test_a_storage_left_open_is_closed_when_the_process_ends(location, how):
+def test_a_storage_left_open_is_closed_when_the_process_ends(location, how, kind):
     """At exit and on SIGTERM a compressed buffer is committed *and closed*: its log segments
     folded into its chunks and its lease released, silently. Its close ran after
     ``concurrent.futures`` had shut its pools down, failed to decode, and left the lease
     (a restart elsewhere waited out its ttl) and a page of asyncio warnings. A storage
     dropped unflushed was forgotten (the autocommit held it weakly): none of its rows
-    were ever committed."""
+    were ever committed. A CompressedListStorage left open was committed but kept its
+    lease until 2026-12-07."""
     url = location.new()
-    done = subprocess.run([sys.executable, "-c", LEFT_OPEN, url, how, json.dumps(location.options)],
-                          capture_output=True, text=True, timeout=180, check=False)
+    done = subprocess.run([sys.executable, "-c", LEFT_OPEN, url, how, json.dumps(location.options),
+                           kind], capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == (128 + signal.SIGTERM if how == "sigterm" else 0), done.stderr
     assert done.stderr == ""
     group = zarr.open_group(url, mode="r", storage_options=location.options or None)
     block = group.attrs["zstore"]
     assert block["length"] == 57 and "tail" not in block and block["format_version"] == 1
     assert not sync(group.store.exists(LEASE_NAME))
-    assert zstore.open(url, location.options, mode="r").get(torch.arange(57))["step"].tolist() \
-        == list(range(57))
+    stored = zstore.open(url, location.options, mode="r")
+    assert [int(stored.get(i)["step"]) for i in range(57)] == list(range(57))
 
 
 TERM_IN_RENEWAL = textwrap.dedent("""

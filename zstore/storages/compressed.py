@@ -408,7 +408,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         self.lease_ttl = lease_ttl
         self._open_lease(spec, lease_ttl)
         self._committed_block: Mapping[str, Any] | None = None  # what a forked child falls back to
-        track(self, close_at_exit=False)  # (its exit commit is autocommit's)
+        track(self)  # (closed at exit: its lease released; reset in a forked child)
 
     def _reset(self) -> None:
         self._mark_clean()
@@ -1029,7 +1029,9 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
     def close(self) -> None:
         """Commit what this storage wrote and release its write lease (it stays usable)."""
         with self._commit_lock:  # one step: a write of another thread in between was lost
-            self.flush()         # (its next write took the lease, reloading the commit)
+            self._take_committed_after_fork()  # (its next write took the lease, reloading
+            if self._uncommitted:              # the commit); nothing new: no commit again
+                self._flush()
             if self._lease is not None:
                 self._lease.release()
 

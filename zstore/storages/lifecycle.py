@@ -20,10 +20,9 @@ from ..store import StoreSpec, defer_memory_work
 _LIVE: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # -> its process
 
 
-def track(storage: Any, *, close_at_exit: bool = True) -> None:
-    """Reset ``storage`` in forked children, and close it at exit (unless not
-    ``close_at_exit``: its exit commit is another's), while it is open."""
-    _LIVE[storage] = os.getpid() if close_at_exit else None
+def track(storage: Any) -> None:
+    """Close ``storage`` at exit, and reset it in forked children, while it is open."""
+    _LIVE[storage] = os.getpid()
 
 
 def untrack(storage: Any) -> None:
