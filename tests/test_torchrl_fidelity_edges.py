@@ -137,6 +137,18 @@ def test_uint8_none_and_bool_indices_read_as_torchrl(where, tmp_path):
         ours[mask[:4]]
 
 
+def test_an_empty_index_built_from_an_empty_list_reads_no_row_as_torchrl(tmp_path):
+    """``rb[torch.tensor([])]`` (an empty list's tensor is float; TorchRL's buffer hands it
+    over as an empty NumPy array) raised "row indices must be integers" on a memmap storage;
+    TorchRL's storages and zstore's in-RAM one read no row."""
+    data = TensorDict(x=torch.arange(5.0), batch_size=[5])
+    for name, storage in _tensor_storages(tmp_path, 1):
+        rb = T.ReplayBuffer(storage=storage, batch_size=3)
+        rb.extend(data.clone())
+        got = rb[torch.tensor([])]
+        assert got.batch_size == (0,) and got["x"].shape == (0,), name
+
+
 def _tensor_storages(tmp_path, ndim):
     """zstore's tensor storages, in RAM and on memory:// and local stores, with TorchRL's
     ``LazyTensorStorage`` (the reference) first."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 #: Widest cell (bytes) a column is mirrored for: flags, ids, counters, small vectors (not frames).
@@ -23,6 +24,14 @@ def cell_bytes(leaf: torch.Tensor, ndim: int) -> int:
     """Bytes of one cell of ``leaf``, shaped ``[rows, *lanes, *features]`` (its first ``ndim``
     dims index cells)."""
     return math.prod(leaf.shape[ndim:]) * leaf.element_size()
+
+
+def zeros_paged_in(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor of zeros whose pages the OS maps as they are first touched (NumPy's
+    ``calloc``; ``torch.zeros`` writes every byte): a column the size of a buffer's
+    capacity costs RAM for the rows written, not for the capacity."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).reshape(shape)
 
 
 def _cpu_index(cursor: Any) -> Any:

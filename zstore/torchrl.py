@@ -48,7 +48,7 @@ from . import storages as _z
 from . import writers as _zw
 from .api import open as _open
 from .cache import DEFAULT_CACHE_BYTES
-from .columns import MIRROR_CELL_BYTES, ColumnMirror, cell_bytes
+from .columns import MIRROR_CELL_BYTES, ColumnMirror, cell_bytes, zeros_paged_in
 from .lease import DEFAULT_TTL
 from .sharing import ProcessLock
 from .storages.base import SCAN_ROWS
@@ -478,13 +478,16 @@ class LazyMemmapStorage(_z.LazyMemmapStorage, LazyTensorStorage, _trl.LazyMemmap
 
         def read() -> torch.Tensor:
             n = self._len_along_dim0
-            column = torch.zeros((*self._total_shape, *leaf.shape[self.ndim:]), dtype=leaf.dtype)
+            column = zeros_paged_in((*self._total_shape, *leaf.shape[self.ndim:]), leaf.dtype)
             for lo in range(0, n, SCAN_ROWS):
                 column[lo:min(lo + SCAN_ROWS, n)] = self._read_rows(
                     slice(lo, min(lo + SCAN_ROWS, n))).get(key)
             return column
 
-        return self._mirror.column(key, self._mutation_revision, read)
+        try:
+            return self._mirror.column(key, self._mutation_revision, read)
+        except MemoryError:  # a capacity past this machine's address space: no mirror, the
+            return None      # reads go to the store
 
     def __del__(self) -> None:
         """Nothing: zstore's finalizer deletes an ``auto_cleanup`` store, at a safe point for

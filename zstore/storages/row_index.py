@@ -92,7 +92,8 @@ def rows_of(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...] | None, b
     if index is None or isinstance(index, bool):  # as torch: a new leading dim of 1 (False: 0)
         return (torch.arange(n), (1, n), False) if index is not False else \
             (torch.empty(0, dtype=torch.int64), (0, n), False)
-    if isinstance(index, (list, range)) and len(index) == 0:
+    if isinstance(index, (list, range)) and len(index) == 0 or \
+            isinstance(index, np.ndarray) and index.shape == (0,):  # (float, as torch takes it)
         return torch.empty(0, dtype=torch.int64), (0,), False
     rows = torch.as_tensor(index if not isinstance(index, range) else list(index))
     if rows.dtype in (torch.bool, torch.uint8):  # torch takes a uint8 index as a mask too
