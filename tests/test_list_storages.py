@@ -49,6 +49,36 @@ def test_append_more_than_one_away():
     assert len(s) == 1 and s._mutation_revision == 1
 
 
+@pytest.mark.parametrize("cls,where", [(ListStorage, "in RAM"), (LazyStackStorage, "in RAM"),
+                                       (CompressedListStorage, "in RAM"),
+                                       (CompressedListStorage, "memory"),
+                                       (CompressedListStorage, "local")], ids=str)
+@pytest.mark.parametrize("cursor,items,error", [
+    ([2, 7], 2, RuntimeError),        # the second lies past the first's append
+    ([2, 3, 1, 9], 4, RuntimeError),
+    ([1, 2], 3, ValueError),          # three items for two positions
+    ([2, 3, 4], 2, ValueError),
+    ([1, -9], 2, IndexError),
+    ([2, 3, 4], 3, RuntimeError),     # past the capacity of 4
+], ids=str)
+def test_a_refused_write_of_several_items_writes_none(cls, where, cursor, items, error, tmp_path):
+    """``set([2, 7], [a, b])`` of two stored items appended item 2, then refused 7, and said
+    "the storage size is 3" (TorchRL's list storages do the same); zstore promises that a
+    refused write changes nothing (docs/reliability.md): every position, and the number of
+    items, is checked before the first is written."""
+    url = {"in RAM": None, "memory": f"memory://zstore-tests/refused-{id(tmp_path)}",
+           "local": str(tmp_path / "cls")}[where]
+    storage = cls(4) if url is None else cls(4, scratch_dir=url)
+    storage.set(0, item(0))
+    storage.set(1, item(1))
+    with pytest.raises(error, match="nothing was written|out of bounds"):
+        storage.set(cursor, [item(10 + i) for i in range(items)])
+    assert len(storage) == 2
+    assert [int(x["step"]) for x in storage.get([0, 1])] == [0, 1]
+    storage.set([2, 3], [item(2), item(3)])
+    assert [int(x["step"]) for x in storage.get(slice(None))] == [0, 1, 2, 3]
+
+
 def test_capacity_limit():
     s = ListStorage(2)
     s.set([0, 1], [1, 2])

@@ -64,7 +64,8 @@ from ..layout import (FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, check_for
 from ..store import StoreSpec, run_deferred
 from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .leasing import LeasedWriter
-from .list import ListStorage, _as_int, _flagged, _is_mask, _positions
+from .list import (ListStorage, _as_int, _flagged, _is_mask, _positions, checked_positions,
+                   refuse_unpaired)
 from .lifecycle import collect_store, delete_store, track
 from .memmap import LazyMemmapStorage
 from .ragged import RaggedKey
@@ -841,16 +842,13 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             if _items_differ(data):  # as TorchRL stores them: item by item, each whole
                 data = list(data.unbind(0))
             if isinstance(data, torch.Tensor) or is_tensor_collection(data):
-                if len(cursor) != len(data):
-                    raise ValueError(f"zip() argument 2 is longer or shorter than argument 1: "
-                                     f"{len(cursor)} cursors for {len(data)} items")
+                refuse_unpaired(cursor, data)
                 self._write_positions(cursor, data, single=False, update=update)
             else:
                 items = list(data)
-                if len(cursor) != len(items):
-                    raise ValueError(f"zip() argument 2 is longer or shorter than argument 1: "
-                                     f"{len(cursor)} cursors for {len(items)} items")
+                refuse_unpaired(cursor, items)
                 self._refuse_mixed(items)
+                checked_positions(cursor, self._len, self.max_size)  # (all, before the first)
                 for position, item in zip(cursor, items):
                     self._write_positions([position], item, single=True, update=update)
 
@@ -888,33 +886,13 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         one revision per element."""
         if not self.spec.read_only:
             self._hold_lease()
-        length = self._len
-        checked = []
-        for position in positions:
-            position = int(position)
-            if position > length:
-                raise RuntimeError(
-                    "Cannot append data located more than one item away from the storage size: "
-                    f"the storage size is {length} and the index of the item to be set is "
-                    f"{position}. (After a write this storage refused, TorchRL's writers have "
-                    "moved past the items it did not store; zstore.torchrl.RoundRobinWriter "
-                    "moves only once a write is stored.)")
-            if position >= self.max_size:
-                raise RuntimeError(
-                    f"Cannot append data to the list storage: maximum capacity is {self.max_size} "
-                    f"and the index of the item to be set is {position}.")
-            if position < 0:
-                if position < -length:
-                    raise IndexError(f"Index {position} out of bounds or not set")
-                position += length
-            length += position == length
-            checked.append(position)
+        checked = checked_positions(positions, self._len, self.max_size)
         if not checked:
             return
         self.spec.require_writable("write")
         self._write_batch(torch.tensor(checked), data, 0 if single else 1, update)
         self._newest = checked[-1]
-        self._len = length
+        self._len = max(self._len, max(checked) + 1)  # (appends come one past the end)
         self._claim_writes()
         self._mark_dirty()
         if bump:

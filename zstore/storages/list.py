@@ -71,6 +71,43 @@ def _check_in_range(positions: list[int], n: int) -> None:
             raise IndexError(f"index {position} is out of range: the storage {held}")
 
 
+def checked_positions(positions: Any, length: int, max_size: int) -> list[int]:
+    """The item positions of one write to ``length`` items, all checked before any is
+    written, each as TorchRL's list storages check one (an append at most one item past
+    the end, within ``max_size``; a negative position counts from the end), counting the
+    appends before it in the same write. Negative positions come back from the start."""
+    checked, n = [], length
+    for position in positions:
+        position = int(position)
+        if position > n:
+            before = f", after the {n - length} this write appends first" if n > length else ""
+            raise RuntimeError(
+                "Cannot append data located more than one item away from the storage size: "
+                f"the storage size is {length}{before}, and the index of the item to be set is "
+                f"{position}; nothing was written. (After a write this storage refused, "
+                "TorchRL's writers have moved past the items it did not store; "
+                "zstore.torchrl.RoundRobinWriter moves only once a write is stored.)")
+        if position >= max_size:
+            raise RuntimeError(
+                f"Cannot append data to the list storage: maximum capacity is {max_size} "
+                f"and the index of the item to be set is {position}; nothing was written.")
+        if position < 0:
+            if position < -n:
+                raise IndexError(f"Index {position} out of bounds or not set")
+            position += n
+        n += position == n
+        checked.append(position)
+    return checked
+
+
+def refuse_unpaired(positions: list, data: Any) -> None:
+    """Refuse a write of a number of items other than its positions, before any is written
+    (``ValueError``, as the ``zip(strict=True)`` that pairs them)."""
+    if len(positions) != len(data):
+        raise ValueError(f"zip() argument 2 is longer or shorter than argument 1: "
+                         f"{len(positions)} cursors for {len(data)} items; nothing was written")
+
+
 class ListStorage(Storage):
     """A storage holding items in a Python list (any object; no preallocation).
 
@@ -141,7 +178,12 @@ class ListStorage(Storage):
                 f"Cannot extend a {type(self)} with data of type {type(data)}. Provide a list, tuple, "
                 "set, range, np.ndarray, tensor or tensordict subclass instead."
             )
-        for index, item in zip(_positions(cursor, len(self._storage)), data, strict=True):
+        if isinstance(data, set):
+            data = list(data)
+        positions = _positions(cursor, len(self._storage))
+        refuse_unpaired(positions, data)
+        positions = checked_positions(positions, len(self._storage), self.max_size)
+        for index, item in zip(positions, data, strict=True):
             self.set(index, item, set_cursor=set_cursor)
 
     def _newest_row(self) -> int | None:

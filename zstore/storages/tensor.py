@@ -230,10 +230,11 @@ class TensorStorage(Storage):
         if is_tensor_collection(container) and is_tensor_collection(data):
             held = set(container.keys(include_nested=True, leaves_only=True))
             keys = list(data.keys(include_nested=True, leaves_only=True))
-            value_of = _stacked_stand_in if isinstance(data, LazyStackedTensorDict) else \
-                type(data).get  # (a lazy stack is written item-wise: its values, unstacked)
-            _refuse_misfits(cursor, [(container.get(key), value_of(data, key), key)
-                                     for key in keys if key in held])
+            if not isinstance(container, LazyStackedTensorDict):  # (rows that may be ragged)
+                value_of = _stacked_stand_in if isinstance(data, LazyStackedTensorDict) else \
+                    type(data).get  # (a lazy stack is written item-wise: its values, unstacked)
+                _refuse_misfits(cursor, [(container.get(key), value_of(data, key), key)
+                                         for key in keys if key in held])
             for key in (k for k in keys if k not in held):  # a key the rows lack: zeros where
                 value = data.get(key)                       # unwritten, as TorchRL's
                 lead = 0 if is_int(cursor) else 1
