@@ -268,21 +268,28 @@ class CompressedListStorageCheckpointer(_Configured):
                 "state_dict() to this storage's load_state_dict()")
         return dest.uncommitted_error()
 
-    def _load_record(self, storage: Any, dest: Destination, record: Mapping[str, Any]) -> None:
+    def _check_record(self, storage: Any, dest: Destination, record: Mapping[str, Any]) -> list:
+        """Refuse, changing nothing, a generation ``record`` names that cannot load into
+        ``storage`` (another form, another capacity, an object lost or cut short); else
+        the objects it holds (a StorageEnsemble checks every member before it loads one)."""
         if record.get("form") != "compressed":
             raise CheckpointError(f"{dest.redacted()} holds a {record.get('checkpointer')} "
                                   "checkpoint, not a CompressedListStorage one")
-        name = str(record["generation"])
-        gen = dest.child(name)
+        gen = dest.child(str(record["generation"]))
         block = storage.checkpoint_block(gen)
         if block is None:
             raise CheckpointError(f"{gen.redacted()}: the committed generation is missing")
         if int(block["max_size"]) != storage.max_size:
             raise CheckpointError(f"{dest.redacted()} holds a CompressedListStorage of max_size "
                                   f"{block['max_size']}; this storage has max_size {storage.max_size}")
-
         held = listing(gen)
         _require_files(gen, record.get(FILES), held)
+        return held
+
+    def _load_record(self, storage: Any, dest: Destination, record: Mapping[str, Any]) -> None:
+        held = self._check_record(storage, dest, record)
+        name = str(record["generation"])
+        gen = dest.child(name)
 
         def fill() -> None:  # the storage's location, emptied: the generation's objects
             leftovers = listing(storage.spec)  # all but the lease, which the storage keeps

@@ -79,10 +79,23 @@ class StorageEnsembleCheckpointer(_Configured):
         if int(record["members"]) != len(members):
             raise CheckpointError(f"{dest.redacted()} holds {record['members']} members; this "
                                   f"ensemble has {len(members)}")
+        loads = []  # every member checked before the first is touched: none half loaded
         for i, member in enumerate(members):
             if i in record["empty_members"]:
-                member._empty()  # TorchRL's name (its StorageEnsembleCheckpointer calls it too)
                 continue
+            ckpt = member.checkpointer
+            if not hasattr(ckpt, "_check_record"):
+                raise CheckpointError(f"member {i} ({type(member).__name__}) uses "
+                                      f"{type(ckpt).__name__}, which cannot load an ensemble "
+                                      "checkpoint; nothing was loaded")
             sub = Destination(dest.child(f"{MEMBER}{i}"))
-            member.checkpointer._load_record(member, sub, record["records"][str(i)])
+            try:
+                ckpt._check_record(member, sub, record["records"][str(i)])
+            except CheckpointError as exc:
+                raise CheckpointError(f"member {i}: {exc}; nothing was loaded") from None
+            loads.append((member, sub, record["records"][str(i)]))
+        for i in record["empty_members"]:
+            members[i]._empty()  # TorchRL's name (its StorageEnsembleCheckpointer calls it too)
+        for member, sub, member_record in loads:
+            member.checkpointer._load_record(member, sub, member_record)
             member.checkpoint_loaded()

@@ -98,22 +98,40 @@ class TensorStorageCheckpointer(_Configured):
             return
         self._load_record(storage, dest, record)
 
-    def _load_record(self, storage: Any, dest: Destination, record: Mapping[str, Any]) -> None:
-        """Load the generation ``record`` names."""
+    def _check_record(self, storage: Any, dest: Destination, record: Mapping[str, Any]) -> None:
+        """Refuse, reading nothing and changing nothing, a generation ``record`` names that
+        this checkpointer cannot load into ``storage``: another form, or another capacity
+        or ndim (a StorageEnsemble checks every member so before it loads the first)."""
         form = record.get("form")
-        if form == "buffer":
-            if self._load_hooks:
-                raise CheckpointError(
-                    f"{dest.redacted()} holds a {record.get('checkpointer', 'zstore')} checkpoint "
-                    f"written without save hooks, which this {type(self).__name__} (with load "
-                    "hooks) cannot load: load it with a TensorStorageCheckpointer")
-            load_buffer(storage, dest, record, self.progress)
-        elif form == "tree":
-            self._load_tree(storage, dest, record)
-        else:
+        if form not in ("buffer", "tree"):
             raise CheckpointError(f"{dest.redacted()} holds a {record.get('checkpointer')} "
                                   f"checkpoint, which {type(self).__name__} cannot load into a "
                                   f"{type(storage).__name__}")
+        if form == "buffer" and self._load_hooks:
+            raise CheckpointError(
+                f"{dest.redacted()} holds a {record.get('checkpointer', 'zstore')} checkpoint "
+                f"written without save hooks, which this {type(self).__name__} (with load "
+                "hooks) cannot load: load it with a TensorStorageCheckpointer")
+        if not all(isinstance(record.get(name), int) for name in ("rows", "ndim", "max_size")):
+            return  # (not recorded: the load checks them as it reads the generation)
+        rows, ndim, max_size = record["rows"], record["ndim"], record["max_size"]
+        if getattr(storage, "ndim", 1) != ndim:
+            raise CheckpointError(f"{dest.redacted()} holds an ndim={ndim} storage; this storage "
+                                  f"has ndim={storage.ndim}")
+        held = storage.checkpoint_shape()[0] if storage.initialized else \
+            -(-storage.max_size // max(1, max_size // rows))
+        if held != rows:
+            raise CheckpointError(
+                f"{dest.redacted()} holds a storage of {rows} rows (max_size={max_size}); this "
+                f"storage has max_size={storage.max_size}: the capacities must match")
+
+    def _load_record(self, storage: Any, dest: Destination, record: Mapping[str, Any]) -> None:
+        """Load the generation ``record`` names."""
+        self._check_record(storage, dest, record)
+        if record["form"] == "buffer":
+            load_buffer(storage, dest, record, self.progress)
+        else:
+            self._load_tree(storage, dest, record)
 
     def _load_uncommitted(self, storage: Any, dest: Destination) -> None:
         if dest.holds_buffer():

@@ -489,3 +489,44 @@ def test_a_resumed_run_writes_with_the_window_and_lease_ttl_it_is_opened_with(lo
         assert again._lease.ttl == 12.0
     again.close()
     assert len(zstore.open(url, location.options, mode="r")) == 2
+
+
+@pytest.mark.parametrize("cls", ["LazyMemmapStorage", "CompressedListStorage"])
+def test_a_storage_left_to_its_writer_is_not_tried_again_and_again(cls, tmp_path):
+    """A storage with uncommitted writes whose lease was released or lost is left to its
+    writer; the background thread still found it due and tried it again at once, forever
+    (a CompressedListStorage that lost its lease kept a core busy for the rest of the
+    process). It is now no longer watched."""
+    storage = getattr(zstore, cls)(10, scratch_dir=str(tmp_path / "rb"), autocommit_seconds=0.05)
+    storage.set(torch.arange(2), burst(0)[:2])
+    storage.flush()
+    storage.set(torch.arange(2, 4), burst(0)[2:4])  # not committed
+    storage._lease.release()  # as a lease another writer took
+    assert wait_until(lambda: storage not in autocommit._watched(), timeout=30)
+    assert storage._commit_due_at() is not None  # still uncommitted: its writer's to act on
+
+
+def _empties_then_loads(storage) -> None:
+    """In a forked child: exit 0 when emptying, writing and loading act on the child's
+    own state (exit 1: the parent's committed items came back)."""
+    storage._empty()  # what rb.empty() calls
+    storage.set(0, torch.full((4,), 7.0))
+    emptied = len(storage) == 1
+    storage.load_state_dict({"_storage": [torch.full((4,), 8.0)]})
+    os._exit(0 if emptied and [t.tolist() for t in storage.get(slice(None))] == [[8.0] * 4] else 1)
+
+
+@pytest.mark.parametrize("location", ["local", "memory"], indirect=True)
+def test_a_forked_child_without_a_lease_empties_and_loads_its_own_items(location):
+    """A forked child of a CompressedListStorage without a lease (``lease_ttl=None``) that
+    emptied it or loaded a state dict had the parent's committed items restored over its
+    work at its next write (only a write took the parent's committed state in the child)."""
+    storage = zstore.CompressedListStorage(10, scratch_dir=location.new(), lease_ttl=None,
+                                           storage_options=location.options)
+    for i in range(3):
+        storage.set(i, torch.full((4,), float(i)))
+    storage.flush()
+    child = mp.get_context("fork").Process(target=_empties_then_loads, args=(storage,))
+    child.start()
+    child.join(timeout=120)
+    assert child.exitcode == 0

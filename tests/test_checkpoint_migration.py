@@ -180,3 +180,33 @@ def test_storage_ensemble_round_trip(location):
     assert isinstance(source.checkpointer, StorageEnsembleCheckpointer)
     with pytest.raises(CheckpointError, match="3 members"):
         ensemble_cls(LazyTensorStorage(4)).loads(dest)
+
+
+@pytest.mark.parametrize("last", ["another capacity", "a CompressedListStorage", "a ListStorage"])
+def test_an_ensemble_checkpoint_that_does_not_fit_loads_no_member(location, last):
+    """Loading an ensemble checkpoint checked the member count only, then loaded member
+    after member: one whose last member did not fit (another capacity or kind, a
+    ListStorage, which has no checkpoint to load) replaced the first member's rows
+    (in its store too), emptied the members recorded empty, and then raised."""
+    stream = TEDStream(seed=9)
+    source = zstore.StorageEnsemble(LazyTensorStorage(10), LazyTensorStorage(10), LazyTensorStorage(10))
+    source._storages[0].set(torch.arange(3), stream.batch(3))
+    source._storages[2].set(torch.arange(4), stream.batch(4))
+    dest = spec(location, "ens")
+    source.dumps(dest)
+    first = LazyMemmapStorage(10, scratch_dir=location.new("first"), storage_options=location.options)
+    first.set(torch.arange(2), stream.batch(2))
+    first.flush()
+    before = first.get(slice(None))
+    empty = LazyTensorStorage(10)  # recorded empty: emptied at the load
+    empty.set(torch.arange(5), stream.batch(5))
+    odd = {"another capacity": LazyTensorStorage(20), "a CompressedListStorage":
+           CompressedListStorage(10), "a ListStorage": zstore.ListStorage(10)}[last]
+    target = zstore.StorageEnsemble(first, empty, odd)
+    with pytest.raises(CheckpointError, match="member 2.*nothing was loaded"):
+        target.loads(dest)
+    assert len(first) == 2 and len(empty) == 5
+    assert_same(first.get(slice(None)), before)
+    again = zstore.open(first.scratch_dir, location.options, mode="r")
+    assert_same(again.get(slice(None)), before)
+    first.close()

@@ -249,6 +249,9 @@ def test_recording_refuses_what_cannot_be_reopened(tmp_path):
         zstore.StorageEnsemble(committed, zstore.ListStorage(3), scratch_dir=url)
     with pytest.raises(ValueError, match="member 1 .* temporary store"):
         zstore.StorageEnsemble(committed, zstore.LazyMemmapStorage(3), scratch_dir=url)
+    in_memory = filled(zstore.LazyMemmapStorage(10, scratch_dir=f"memory://ens-{id(tmp_path)}/m"), 0, 2)
+    with pytest.raises(ValueError, match=r"member 1 .* this process's memory"):  # (recorded,
+        zstore.StorageEnsemble(committed, in_memory, scratch_dir=url)  # it failed every reopen)
     empty = zstore.LazyMemmapStorage(3, scratch_dir=str(tmp_path / "empty"))
     with pytest.raises(ValueError, match="nothing committed"):
         zstore.StorageEnsemble(committed, empty, scratch_dir=url)

@@ -376,6 +376,23 @@ def test_a_storage_superseded_in_its_process_stores_and_commits_nothing(location
     assert lease_record(url, location.options) is None
 
 
+def test_a_superseded_storage_with_nothing_to_commit_flushes_as_a_no_op(location):
+    """A storage whose rows were all committed before a second one of the process wrote
+    raised LeaseError at its next ``flush()`` (docs/scaling.md: only one "with rows it has
+    not committed" does), so a StorageEnsemble listing it could not be recorded."""
+    url, first, second = written_and_reopened(location)
+    second.set(torch.arange(2, 4), rows(2, 2))
+    second.close()
+    first.flush()  # nothing of its own to commit: nothing happens
+    zstore.StorageEnsemble(first, scratch_dir=location.new("ensemble"),
+                           storage_options=location.options)  # (it flushes every member)
+    assert committed(url, location.options) == [0, 1, 2, 3]
+    with pytest.raises(LeaseError, match="another storage object of this process"):
+        first.set(torch.arange(4, 5), rows(70, 1))  # a write is still refused
+    first.close()
+    assert committed(url, location.options) == [0, 1, 2, 3]
+
+
 def test_a_refused_write_of_a_second_storage_supersedes_nothing(location):
     """Only rows written make a storage the process's writer: a second storage whose first
     write was refused (a wrong dtype here; a read-only folder in test_errors.py) stored

@@ -151,6 +151,39 @@ def check_windows(batch: TensorDict, num_slices: int, slice_len: int, model: Rin
 
 
 @pytest.mark.parametrize("by", ["end_key", "traj_key"])
+def test_one_slice_sampler_serves_two_buffers(by, location):
+    """A SliceSampler given to a train and an eval buffer kept the episode ends it read of
+    the first and drew windows of the second across them: the two storages' revisions
+    count alike, and the sampler told them apart by revision alone."""
+    sampler = SliceSampler(slice_len=4, traj_key="episode") \
+        if by == "traj_key" else SliceSampler(slice_len=4)
+    buffers = [ReplayBuffer(zstore.LazyMemmapStorage(100, scratch_dir=location.new(),
+                                                     storage_options=location.options),
+                            sampler=sampler, batch_size=8) for _ in range(2)]
+    models = [RingModel(100), RingModel(100)]
+    for rb, model, length in zip(buffers, models, (50, 5)):
+        data = episodes([length] * (100 // length))
+        rb.extend(data)
+        model.extend(data)
+        rb.sample()
+    for draw in range(20):
+        for rb, model in zip(buffers, models):
+            check_windows(rb.sample(generator=torch.Generator().manual_seed(draw)), 2, 4, model)
+
+
+def test_a_row_without_the_end_key_is_stored_and_refused_at_the_sample():
+    """After a sample, ``add`` of an item without the end key stored it, moved the writer,
+    then raised KeyError; before any sample the same ``add`` passed. It passes now either
+    way (a list storage takes it), and the next sample names the key."""
+    rb = ReplayBuffer(zstore.ListStorage(10), sampler=SliceSampler(slice_len=2), batch_size=2)
+    rb.extend(list(episodes([2, 2]).unbind(0)))
+    rb.sample()
+    assert rb.add(TensorDict(obs=torch.ones(3))) == 4 and len(rb) == 5
+    with pytest.raises(KeyError, match="end_key"):
+        rb.sample()
+
+
+@pytest.mark.parametrize("by", ["end_key", "traj_key"])
 def test_slices_never_cross_episode_ends(by, location):
     storage = zstore.LazyMemmapStorage(120, scratch_dir=location.new(),
                                        storage_options=location.options)

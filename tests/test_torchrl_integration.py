@@ -503,3 +503,15 @@ def test_a_narrow_key_of_a_vast_lazy_buffer_costs_ram_for_its_rows_not_its_capac
     windows = sample["traj"].view(2, 4)  # every window inside one trajectory
     assert (windows == windows[:, :1]).all() and torch.equal(sample["obs"] // 10, sample["traj"].float())
     storage.cleanup()
+
+
+def test_a_key_of_empty_cells_reads_from_a_lazy_slice():
+    """A key whose cells hold no element (shape ``[rows, 0]``) passes as narrow, and its
+    in-memory copy came from a byte array viewed as its dtype, which torch refuses when
+    empty: ``storage[0:4]["empty"]`` raised."""
+    storage = zt.LazyMemmapStorage(10, scratch_dir=f"memory://zstore-tests/{uuid.uuid4().hex}")
+    storage.set(torch.arange(4), TensorDict(obs=torch.ones(4, 3), empty=torch.zeros(4, 0),
+                                            batch_size=[4]))
+    assert storage[0:4]["empty"].shape == (4, 0)
+    assert storage[0:4]["obs"].tolist() == [[1.0] * 3] * 4
+    storage.cleanup()

@@ -203,6 +203,10 @@ def _commit(storage: Committable) -> None:
     ``flush()`` retries the commit and raises the error where the caller sees it."""
     try:
         if storage._commit_if_idle():
+            due = storage._commit_due_at()
+            if due is not None and due <= time.monotonic():  # still due: left to its writer
+                with _wake:  # (its lease released or lost), whose next write or flush acts;
+                    _forget(storage)  # watched, it was tried at every turn of this loop
             return
         time.sleep(MAX_TICK / 10)  # mid-write: look again shortly (a back-off, not a wait)
     except Exception as exc:  # noqa: BLE001 - reported to the writer by its next flush()

@@ -31,6 +31,8 @@ def zeros_paged_in(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     ``calloc``; ``torch.zeros`` writes every byte): a column the size of a buffer's
     capacity costs RAM for the rows written, not for the capacity."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if not nbytes:  # (torch views no empty byte array as a wider dtype)
+        return torch.zeros(shape, dtype=dtype)
     return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).reshape(shape)
 
 

@@ -12,7 +12,8 @@ reads them with one ``storage.get``. Two are provided:
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import Any, Callable
 
 import torch
 from tensordict import is_tensor_collection
@@ -115,9 +116,25 @@ class SliceSampler(Sampler):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.num_slices, self.slice_len = num_slices, slice_len
         self.end_key, self.traj_key = end_key, traj_key
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop what was read of a storage (the next sample scans the one it is given)."""
         self._marks: torch.Tensor | None = None   # per row: end flag, or trajectory id
-        self._revision: int | None = None         # storage revision the marks reflect
+        self._source: Callable[[], Any] | None = None  # (a weak reference to) their storage
+        self._revision: int | None = None         # and its revision they reflect
         self._spans: tuple[Any, ...] | None = None  # (key, order, starts, lengths)
+
+    def _holds(self, storage: Any, revision: int) -> bool:
+        """Whether the marks are those of ``storage`` at ``revision``: one sampler may serve
+        several buffers (a train and an eval one), whose revisions count alike."""
+        return self._marks is not None and self._revision == revision \
+            and self._source is not None and self._source() is storage
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)  # a copy scans its storage afresh (no weak reference)
+        state.update(_marks=None, _source=None, _revision=None, _spans=None)
+        return state
 
     @property
     def _key(self) -> str | tuple[str, ...]:
@@ -149,25 +166,30 @@ class SliceSampler(Sampler):
         return value.reshape(rows, -1)[:, 0].cpu().to(torch.int64)
 
     def mark_update(self, index: Any, data: Any, storage: Any, revision: int) -> None:
-        if self._marks is None or self._revision != revision:
+        if not self._holds(storage, revision):
             return  # not up to date before this write: the next sample scans the storage
         index = torch.as_tensor(index).reshape(-1).cpu()
+        try:
+            marks = self._marks_of(data, len(index))
+        except (KeyError, TypeError):  # rows without the key, stored all the same (a list
+            self._forget()             # storage's): the next sample's scan says so
+            return
         grow = int(index.max()) + 1 - self._marks.shape[0] if index.numel() else 0
         if grow > 0:  # the rows written so far, never the capacity (unbounded list storages)
             self._marks = torch.cat([self._marks, self._marks.new_zeros(grow)])
-        self._marks[index] = self._marks_of(data, len(index))
+        self._marks[index] = marks
         self._revision = storage._mutation_revision
 
     def _scan(self, storage: Any, n: int) -> None:
         marks = [self._marks_of(storage.get(slice(lo, min(lo + SCAN_ROWS, n))),
                                 min(SCAN_ROWS, n - lo)) for lo in range(0, n, SCAN_ROWS)]
         self._marks = torch.cat(marks)
-        self._revision = storage._mutation_revision
+        self._source, self._revision = weakref.ref(storage), storage._mutation_revision
+        self._spans = None
 
     def _trajectories(self, storage: Any, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rows in time order, and the start position and length of each trajectory in it."""
-        if self._revision != storage._mutation_revision or self._marks is None \
-                or self._marks.shape[0] < n:
+        if not self._holds(storage, storage._mutation_revision) or self._marks.shape[0] < n:
             self._scan(storage, n)
         last = _newest_row(storage)
         key = (self._revision, n, last)

@@ -531,6 +531,10 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
             self._root = _open_root(self.spec)
             self._restore(self._committed_block)
 
+    def _hold_lease(self) -> bool:
+        self._take_committed_after_fork()  # (every write starts here: a forked child's,
+        return super()._hold_lease()        # without a lease too, from what was committed)
+
     def _reload_committed(self) -> None:
         block = _root_block(self.spec)
         if block is not None:

@@ -254,6 +254,10 @@ class StorageEnsemble(Storage):
         if autocommit.is_temporary(storage):
             raise ValueError(f"{where} is a temporary store deleted at exit ({spec.redacted()}); "
                              "give it a scratch_dir")
+        if spec.is_memory and not self.spec.is_memory:
+            raise ValueError(f"{where} lives in this process's memory ({spec.redacted()}), which "
+                             "no other process, and no later run, can open; give it a path or "
+                             "bucket URL, or record the ensemble in memory:// too")
         if hasattr(storage, "flush"):
             storage.flush()
         if not spec.exists():

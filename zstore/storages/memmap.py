@@ -787,8 +787,10 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                 self._mark_clean()  # the process holding the lease commits the group's rows
                 return
             if self._lease is not None:
-                if not (self._has_uncommitted() or self._holds_lease):
-                    return  # nothing of this storage's to commit, or it lost the lease
+                if not self._has_uncommitted() and (not self._holds_lease
+                                                    or self._lease.superseded):
+                    return  # nothing of this storage's to commit (it may have lost the
+                    # lease, or another storage of this process have written since)
                 self._lease.renew()  # a writer that lost the lease stops before storing anything
             self.table.flush(consolidate)
             meta = self._meta
