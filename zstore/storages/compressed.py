@@ -1012,7 +1012,8 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         """Commit what this storage wrote and release its write lease (it stays usable)."""
         with self._commit_lock:  # one step: a write of another thread in between was lost
             self._take_committed_after_fork()  # (its next write took the lease, reloading
-            if self._uncommitted:              # the commit); nothing new: no commit again
+            # the commit); nothing new and no table left to delete: no commit again
+            if self._uncommitted or self._retiring or self._retired or not self._swept:
                 self._flush()
             if self._lease is not None:
                 self._lease.release()
