@@ -83,19 +83,30 @@ def shift_of(state: TensorState) -> int:
     return 0 if state.is_full else state.filled_rows
 
 
+def require_fit(storage: TensorCheckpointable, rows: int, max_size: int, ndim: int | None,
+                where: str, lanes: int | None = None) -> None:
+    """Refuse (``CheckpointError``) a checkpoint of ``rows`` rows (``max_size`` cells, of
+    ``ndim`` dims: ``None`` when not known) that ``storage`` cannot take: its rows, allocated
+    or those its ``max_size`` gives at ``lanes`` cells a row (by default the checkpoint's)."""
+    if ndim is not None and storage.ndim != ndim:
+        raise CheckpointError(f"{where} holds an ndim={ndim} storage; this storage has "
+                              f"ndim={storage.ndim}")
+    lanes = max(1, max_size // rows) if lanes is None else lanes
+    held = storage.checkpoint_shape()[0] if storage.initialized else \
+        -(-storage.max_size // lanes)
+    if held != rows:
+        raise CheckpointError(
+            f"{where} holds a storage of {rows} rows (max_size={max_size}); this storage "
+            f"has max_size={storage.max_size}: the capacities must match")
+
+
 def prepare(storage: TensorCheckpointable, example: Any, schema: Schema | None, rows: int,
             max_size: int, where: str, text_bytes: int = 0) -> None:
     """Initialise ``storage`` for a checkpoint of ``rows`` rows, or check that it fits;
     without a schema, ``text_bytes`` is the width its strings need."""
     if not storage.initialized:
-        lanes = math.prod(schema.lane_shape) if schema is not None else max(1, max_size // rows)
-        if schema is not None and storage.ndim != len(schema.lane_shape) + 1:
-            raise CheckpointError(f"{where} holds an ndim={len(schema.lane_shape) + 1} storage; "
-                                  f"this storage has ndim={storage.ndim}")
-        if -(-storage.max_size // lanes) != rows:
-            raise CheckpointError(
-                f"{where} holds a storage of {rows} rows (max_size={max_size}); this storage "
-                f"has max_size={storage.max_size}: the capacities must match")
+        require_fit(storage, rows, max_size, None if schema is None else len(schema.lane_shape) + 1,
+                    where, math.prod(schema.lane_shape) if schema is not None else None)
         storage.max_size = max_size
         storage.checkpoint_allocate(example, max(
             (schema.by_path[path].shape[-1] for path in schema.texts), default=0)

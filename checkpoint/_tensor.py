@@ -12,7 +12,7 @@ from zstore.layout import Schema
 from ._base import StorageCheckpointerBase, _Configured
 from ._buffer import dump_buffer, load_buffer
 from ._dest import CheckpointError, Destination
-from ._state import TensorState, restore, shift_of
+from ._state import TensorState, require_fit, restore, shift_of
 from ._ted import (
     DEFAULT_DONE_KEYS,
     META,
@@ -114,16 +114,7 @@ class TensorStorageCheckpointer(_Configured):
                 "hooks) cannot load: load it with a TensorStorageCheckpointer")
         if not all(isinstance(record.get(name), int) for name in ("rows", "ndim", "max_size")):
             return  # (not recorded: the load checks them as it reads the generation)
-        rows, ndim, max_size = record["rows"], record["ndim"], record["max_size"]
-        if getattr(storage, "ndim", 1) != ndim:
-            raise CheckpointError(f"{dest.redacted()} holds an ndim={ndim} storage; this storage "
-                                  f"has ndim={storage.ndim}")
-        held = storage.checkpoint_shape()[0] if storage.initialized else \
-            -(-storage.max_size // max(1, max_size // rows))
-        if held != rows:
-            raise CheckpointError(
-                f"{dest.redacted()} holds a storage of {rows} rows (max_size={max_size}); this "
-                f"storage has max_size={storage.max_size}: the capacities must match")
+        require_fit(storage, record["rows"], record["max_size"], record["ndim"], dest.redacted())
 
     def _load_record(self, storage: Any, dest: Destination, record: Mapping[str, Any]) -> None:
         """Load the generation ``record`` names."""
