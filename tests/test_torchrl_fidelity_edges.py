@@ -205,15 +205,18 @@ def test_ellipsis_spans_a_plain_tensors_own_dims_as_torchrl(tmp_path, index):
     assert got["in RAM"] == got["memory"] == got["local"] == got["torchrl"]
 
 
-@pytest.mark.parametrize("cursor", [-1, -3, torch.tensor([-1]), torch.tensor([0, -2])], ids=str)
+@pytest.mark.parametrize("cursor", [-1, -3, torch.tensor([-1]), torch.tensor([0, -2]),
+                                    slice(-2, None), slice(-1, 6), slice(None, -4)], ids=str)
 def test_a_position_from_the_end_counts_one_write_as_torchrl(tmp_path, cursor):
     """``set(-1, row)`` of a memmap storage holding 3 rows of 6 made its length 6 (the rows
-    between never written, read as zeros, sampled); TorchRL counts the write: 4. (Rows
+    between never written, read as zeros, sampled); TorchRL counts the write: 4. A slice
+    from the end (``set(slice(-2, None), rows)``) did the same. (Rows
     TorchRL never wrote hold ``torch.empty``'s garbage: only the written ones compare.)"""
     got = {}
     for name, storage in _tensor_storages(tmp_path, 1):
         storage.set(torch.arange(3), TensorDict(a=torch.arange(1, 4), batch_size=[3]))
-        n = 1 if isinstance(cursor, int) else len(cursor)
+        n = 1 if isinstance(cursor, int) else \
+            len(range(6)[cursor]) if isinstance(cursor, slice) else len(cursor)
         storage.set(cursor, TensorDict(a=torch.full((n,), 9), batch_size=[n])
                     if n > 1 or not isinstance(cursor, int) else TensorDict(a=torch.tensor(9)))
         got[name] = (len(storage), storage.get(torch.arange(3))["a"].tolist())

@@ -31,7 +31,10 @@ def span_tensor(span: range) -> torch.Tensor:
 
 
 def is_negative(cursor: Any) -> bool:
-    """Whether an int cursor (or the last element of a tensor cursor) is negative."""
+    """Whether an int cursor (or the last element of a tensor cursor, or a bound of a slice)
+    is negative: a position counted from the end."""
+    if isinstance(cursor, slice):
+        return any(bound is not None and int(bound) < 0 for bound in (cursor.start, cursor.stop))
     if is_int(cursor):
         return int(cursor) < 0
     if isinstance(cursor, torch.Tensor) and cursor.numel():
