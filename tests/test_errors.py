@@ -481,6 +481,33 @@ def test_rows_per_chunk_or_shard_below_one_are_refused_naming_the_argument(tmp_p
     assert not (tmp_path / "rb").exists()
 
 
+
+@pytest.mark.parametrize("bad", [{"cache_bytes": -1}, {"autocommit_seconds": -1},
+                                 {"autocommit_seconds": float("nan")}], ids=str)
+@pytest.mark.parametrize("cls", [LazyMemmapStorage, zstore.CompressedListStorage],
+                         ids=lambda cls: cls.__name__)
+def test_a_negative_cache_budget_or_commit_interval_is_refused_naming_it(tmp_path, cls, bad):
+    """``cache_bytes=-1`` was taken as no cache, ``autocommit_seconds=-1`` as commit at
+    every write and ``nan`` as never, silently; by the constructor, by ``zstore.open``
+    (where a ``CompressedListStorage`` called its own block "malformed") and by the setter."""
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=rf"^{name} must be a number of .* >= 0"):
+        cls(10, scratch_dir=str(tmp_path / "new"), **bad)
+    assert not (tmp_path / "new").exists()
+    storage = cls(10, scratch_dir=str(tmp_path / "rb"))
+    storage.set(0, TensorDict(a=torch.ones(3)) if cls is zstore.CompressedListStorage
+                else TensorDict(a=torch.ones(1, 3), batch_size=[1])[0])
+    storage.close()
+    with pytest.raises(ValueError, match=rf"^{name} must be a number of .* >= 0"):
+        zstore.open(str(tmp_path / "rb"), **bad)
+    reopened = zstore.open(str(tmp_path / "rb"))  # (the refused open held no lease)
+    if name == "autocommit_seconds":
+        with pytest.raises(ValueError, match=rf"^{name} must be"):
+            reopened.autocommit_seconds = bad[name]
+        assert reopened.autocommit_seconds == 5.0
+    assert len(reopened) == 1
+    reopened.close()
+
 _UNREADABLE_STORE = r'''
 import os, sys, torch, zstore
 from tensordict import TensorDict

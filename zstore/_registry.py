@@ -17,6 +17,8 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
+from .autocommit import commit_interval
+from .cache import byte_budget
 from .errors import NotAZStoreError
 from .group import ZSTORE_ATTR, open_zarr_group, read_meta
 from .store import StoreSpec
@@ -34,6 +36,8 @@ def register_storage_class(*classes: type) -> None:
 def reopen(spec: StoreSpec, *, cache_bytes: int, cache: str, device: Any,
            lease_ttl: float | None, autocommit_seconds: float = 5.0) -> Any:
     """The buffer at ``spec``, reopened with the class its ``zstore`` block names."""
+    byte_budget(cache_bytes)  # (refused before any request)
+    commit_interval(autocommit_seconds)
     group = open_zarr_group(spec)
     block = group.attrs.get(ZSTORE_ATTR)
     name = block.get("storage_class") if isinstance(block, Mapping) else None

@@ -35,6 +35,15 @@ MAX_TICK = 1.0
 _monotonic = time.monotonic
 
 
+
+def commit_interval(seconds: float) -> float:
+    """``autocommit_seconds``, refused unless a number of seconds ``>= 0`` (NaN would
+    never come due; ``math.inf``: no timed commit)."""
+    if not seconds >= 0:
+        raise ValueError(f"autocommit_seconds must be a number of seconds >= 0 (math.inf: no "
+                         f"timed commit), got {seconds!r}")
+    return seconds
+
 class Committable(Protocol):
     """What the committer needs of a storage (and its ``spec``, a :class:`zstore.StoreSpec`)."""
 
@@ -68,7 +77,7 @@ class CommitClock:
 
     @autocommit_seconds.setter
     def autocommit_seconds(self, value: float) -> None:
-        self._autocommit_seconds = value
+        self._autocommit_seconds = value = commit_interval(value)
         self._commit_deadline = self._dirty_since + value  # a change applies to what is dirty
 
     def _start_clock(self) -> None:

@@ -28,6 +28,15 @@ from ._pages import host_empty
 DEFAULT_CACHE_BYTES = 1 << 30
 
 
+def byte_budget(cache_bytes: int) -> int:
+    """``cache_bytes`` as an int, refused unless it is a number of bytes ``>= 0``."""
+    budget = int(cache_bytes)
+    if budget < 0:
+        raise ValueError(f"cache_bytes must be a number of bytes >= 0 (0: no cache), "
+                         f"got {cache_bytes!r}")
+    return budget
+
+
 class CacheTier:
     """Where cached blocks live; chosen by name with :func:`cache_tier`."""
 

@@ -51,7 +51,7 @@ from tensordict._td import _StringOnlyDict
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
 from .. import _faults, autocommit
-from ..cache import DEFAULT_CACHE_BYTES, CacheStats
+from ..cache import DEFAULT_CACHE_BYTES, CacheStats, byte_budget
 from ..codecs import CodecSpec, checked_rows_per, is_remote, parse_codecs
 from ..display import KeyRow, Summary, dtype_name
 from ..dtypes import torch_dtype_from_name, torch_dtype_name
@@ -395,7 +395,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         self.scratch_dir = spec.url
         checked_rows_per("chunks", chunks)
         self.chunks = chunks
-        self.cache_bytes = int(cache_bytes)
+        self.cache_bytes = byte_budget(cache_bytes)
         self._owned = owned
         self._root = None  # the root Zarr group, once committed
         self._pid = os.getpid()  # the process that opened _root

@@ -25,7 +25,7 @@ import torch
 from tensordict import LazyStackedTensorDict, is_tensor_collection, is_tensorclass
 
 from .. import autocommit
-from ..cache import DEFAULT_CACHE_BYTES, CacheStats, cache_tier
+from ..cache import DEFAULT_CACHE_BYTES, CacheStats, byte_budget, cache_tier
 from ..codecs import checked_rows_per, choose_layout, is_remote, parse_codecs
 from ..errors import (LeaseError, MissingKeyError, SchemaError, StoreExistsError,
                       ZStoreError, sealed_dataset)
@@ -140,7 +140,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self.codec, self.key_codecs = parse_codecs(codec, remote=is_remote(self.spec))
         self.chunks = chunks
         self.shards = shards
-        self.cache_bytes = int(cache_bytes)
+        self.cache_bytes = byte_budget(cache_bytes)
         self.cache = tier.name
         self.autocommit_seconds = autocommit_seconds
         self.tail_log = self.spec.is_remote if tail_log is None else bool(tail_log)
@@ -215,7 +215,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self.codec, self.key_codecs = meta.codec, dict(meta.key_codecs)
         self.chunks = {path: chunk for path, (chunk, _) in meta.layout.items()}
         self.shards = {path: shard or chunk for path, (chunk, shard) in meta.layout.items()}
-        self.cache_bytes = int(cache_bytes)
+        self.cache_bytes = byte_budget(cache_bytes)
         self.cache = tier.name
         self.autocommit_seconds = autocommit_seconds
         self.tail_log = spec.is_remote if tail_log is None else bool(tail_log)
