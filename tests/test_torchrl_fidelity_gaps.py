@@ -197,6 +197,52 @@ def test_loads_of_an_interrupted_save_says_it_was_interrupted(location):
     assert len(fresh) == 0
 
 
+class _Killed(Exception):
+    """Stands for the process being killed where it is raised."""
+
+
+def _killed_writer_dump(writer, path):
+    raise _Killed
+
+
+def test_a_torchrl_save_cut_after_its_storage_loads_new_rows_with_the_old_cursor(
+        location, tmp_path, monkeypatch):
+    """What docs/torchrl.md says of TorchRL's own ``rb.dumps``, over zstore's storage as over
+    TorchRL's: cut after the storage's dump and before the writer's, ``rb.loads`` restores
+    the new rows with the old cursor, without an error; ``zt.loads`` refuses such a save."""
+    made = []
+
+    def torchrl_buffer():
+        made.append(tmp_path / f"torchrl-{len(made)}")
+        return T.TensorDictReplayBuffer(storage=T.LazyMemmapStorage(
+            CAPACITY, scratch_dir=made[-1]), batch_size=BATCH)
+
+    loaded = {}
+    for name, make in {"zstore": lambda: _url_buffer(location), "torchrl": torchrl_buffer}.items():
+        rb, path = make(), tmp_path / f"save-{name}"
+        rb.extend(transitions(30))
+        rb.dumps(path)
+        rb.extend(transitions(30, 30))  # wraps: the writer's cursor goes from 30 to 10
+        with monkeypatch.context() as patch:
+            patch.setattr(type(rb._writer), "dumps", _killed_writer_dump)
+            with pytest.raises(_Killed):
+                rb.dumps(path)
+        fresh = make()
+        fresh.loads(path)
+        loaded[name] = (fresh._writer._cursor, fresh.storage[:]["observation"][:, 0].tolist())
+    assert loaded["zstore"] == loaded["torchrl"] == (30, list(range(50, 60)) + list(range(10, 50)))
+
+    url, _, _ = _saved(location, 30)
+    rb = _url_buffer(location)
+    rb.extend(transitions(60))
+    with monkeypatch.context() as patch:
+        patch.setattr(type(rb._writer), "dumps", _killed_writer_dump)
+        with pytest.raises(_Killed):
+            zt.dumps(rb, url, location.options)
+    with pytest.raises(FileNotFoundError, match="a save there was interrupted"):
+        zt.loads(_url_buffer(location), url, location.options)
+
+
 @pytest.mark.parametrize("damage", ["lost", "cut short"])
 def test_loads_refuses_a_save_that_lost_a_state_file_before_loading_anything(location, damage):
     """A save without its writer/ part raised a FileNotFoundError naming a temporary local
