@@ -393,6 +393,45 @@ def test_a_superseded_storage_with_nothing_to_commit_flushes_as_a_no_op(location
     assert committed(url, location.options) == [0, 1, 2, 3]
 
 
+def test_a_superseded_compressed_list_storage_with_nothing_to_commit_flushes_as_a_no_op(location):
+    """The same for a CompressedListStorage: its ``flush()``, and so its ``repr`` (a Jupyter
+    cell showing it), ``nbytes`` and pickling (a copied buffer) raised LeaseError."""
+    url = location.new()
+    first = zstore.CompressedListStorage(8, scratch_dir=url, storage_options=location.options)
+    for i in range(3):
+        first.set(i, TensorDict(x=torch.tensor(i)))
+    first.flush()
+    second = zstore.open(url, location.options)
+    second.set(3, TensorDict(x=torch.tensor(3)))
+    second.flush()
+    first.flush()
+    assert "len=3" in repr(first) and first.nbytes > 0
+    assert pickle.loads(pickle.dumps(first)).get(3)["x"].item() == 3  # (reopens the store)
+    with pytest.raises(LeaseError, match="another storage object of this process"):
+        first.set(4, TensorDict(x=torch.tensor(70)))  # a write is still refused
+    first.close()
+    second.close()
+    assert [item["x"].item() for item in zstore.open(url, location.options, mode="r")[:]] == \
+        [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("kind", ["LazyMemmapStorage", "CompressedListStorage", "StorageEnsemble"])
+def test_a_with_block_closes_the_storage_and_releases_its_lease(location, kind):
+    """``with storage:`` worked for a LazyMemmapStorage only; the other two raised TypeError."""
+    url = location.new()
+    make = getattr(zstore, "CompressedListStorage" if kind != "LazyMemmapStorage" else kind)
+    with make(8, scratch_dir=url, storage_options=location.options) as storage:
+        storage.set(0, TensorDict(x=torch.tensor(7)))
+        if kind == "StorageEnsemble":
+            storage = zstore.StorageEnsemble(storage, scratch_dir=location.new("ensemble"),
+                                             storage_options=location.options)
+            with storage as ensemble:
+                assert ensemble is storage
+        assert lease_record(url, location.options) is not None or kind == "StorageEnsemble"
+    assert lease_record(url, location.options) is None
+    assert zstore.open(url, location.options, mode="r").get(0)["x"].item() == 7
+
+
 def test_a_refused_write_of_a_second_storage_supersedes_nothing(location):
     """Only rows written make a storage the process's writer: a second storage whose first
     write was refused (a wrong dtype here; a read-only folder in test_errors.py) stored

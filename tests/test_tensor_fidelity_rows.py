@@ -86,6 +86,40 @@ def test_documented_differences_deepcopy_shares_the_store_and_dtypes_are_not_cas
     assert storage.get(1)["x"].item() == 0.0
 
 
+@pytest.mark.parametrize("copy_of", ["deepcopy", "pickle"])
+def test_a_copy_of_a_temporary_storage_keeps_its_store_once_the_original_is_collected(copy_of):
+    """A copy of a storage without ``scratch_dir`` reopens its temporary store, which the
+    original's collection deleted: the copy read rows from memory, then its next write
+    raised "holds only a write lease" and left an empty folder behind. The store now lives
+    until the last of them is collected; the copy reads and writes as TorchRL's copy."""
+    import copy
+    import gc
+    import os
+    import pickle
+
+    def made(cls):
+        rb = T.ReplayBuffer(storage=cls(100), batch_size=4)
+        rb.extend(TensorDict(x=torch.arange(10.0), batch_size=[10]))
+        twin = copy.deepcopy(rb) if copy_of == "deepcopy" else pickle.loads(pickle.dumps(rb))
+        return rb, twin
+
+    got = {}
+    for name, cls in {"zstore": zt.LazyMemmapStorage, "torchrl": TorchRLLazyTensorStorage}.items():
+        rb, twin = made(cls)
+        where = getattr(rb.storage, "scratch_dir", None)
+        del rb
+        gc.collect()
+        twin.extend(TensorDict(x=torch.arange(10.0, 15.0), batch_size=[5]))
+        got[name] = (len(twin), twin[:]["x"].tolist())
+        if name == "zstore":
+            assert os.path.isdir(where)
+            twin.storage.flush()  # (a storage with uncommitted rows lives until committed)
+            del twin
+            gc.collect()
+            assert not os.path.exists(where)  # deleted with the last of them
+    assert got["zstore"] == got["torchrl"] == (15, [float(i) for i in range(15)])
+
+
 @pytest.mark.parametrize("kind", ["LazyTensorStorage", "TensorStorage"])
 @pytest.mark.parametrize("write", ["mask as a list of flags", "a number into a row"])
 def test_in_ram_writes_torchrl_takes_through_rb_setitem(kind, write):

@@ -235,6 +235,17 @@ def refuse_spawn_sharing(storage: Storage, why: str, fix: str) -> None:
         raise RuntimeError(f"{why.format(cls=type(storage))} {fix}")
 
 
+class ClosedByWith:
+    """Mixin for storages with ``close()``: ``with storage:`` closes it when the block ends
+    (its last commit, its write lease released)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class CompressionRatio:
     """Mixin for storages with ``nbytes`` (stored) and ``raw_nbytes`` (uncompressed)."""
 

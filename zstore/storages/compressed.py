@@ -40,7 +40,6 @@ import re
 import threading
 import uuid
 import warnings
-import weakref
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -62,11 +61,11 @@ from ..lease import DEFAULT_TTL, LEASE_NAME, refuse_while_held
 from ..layout import (FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, check_format_version,
                       json_int, key_to_path, path_to_key)
 from ..store import StoreSpec, run_deferred
-from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
+from .base import ClosedByWith, CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .leasing import LeasedWriter
 from .list import (ListStorage, _as_int, _flagged, _is_mask, _positions, checked_positions,
                    refuse_unpaired)
-from .lifecycle import collect_store, delete_store, track
+from .lifecycle import delete_store, temporary_store, track
 from .memmap import LazyMemmapStorage
 from .ragged import RaggedKey
 from .torchrl_state import state_items
@@ -313,7 +312,8 @@ def _refuse_taken_location(spec: StoreSpec, leased: bool) -> None:
         refuse_while_held(spec)
 
 
-class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, ListStorage):
+class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, CompressionRatio,
+                            ListStorage):
     """TorchRL's CompressedListStorage on compressed, chunked Zarr arrays at any URL.
 
     Items (tensors, TensorDicts — nested, with their batch sizes — or
@@ -405,7 +405,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         self._swept = False  # whether this writer's commits deleted the leftovers of others
         self.checkpoint_marks: dict[str, Any] = {}  # destination URL -> its last dump
         run_deferred()  # memory:// stores of collected storages: a safe point to delete them
-        self._finalizer = weakref.finalize(self, collect_store, spec) if owned else None
+        self._finalizer = temporary_store(spec) if owned else None
         self.lease_ttl = lease_ttl
         self._open_lease(spec, lease_ttl)
         self._committed_block: Mapping[str, Any] | None = None  # what a forked child falls back to
@@ -996,8 +996,9 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, CompressionRat
         if self.spec.read_only:
             return
         if self._lease is not None:
-            if not self._holds_lease:
-                return  # this storage wrote nothing, or lost the lease
+            if not self._holds_lease or not self._uncommitted and self._lease.superseded:
+                return  # this storage wrote nothing, or lost the lease (another storage of
+                # this process may have written since: nothing of this one's to commit)
             self._lease.renew()
         if self._table is not None:
             self._table.flush()

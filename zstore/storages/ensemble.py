@@ -40,7 +40,7 @@ from ..group import ZSTORE_ATTR, new_group, open_plain_group, put_attrs
 from ..layout import FORMAT_VERSION, check_format_version
 from ..lease import DEFAULT_TTL
 from ..store import StoreSpec
-from .base import Storage
+from .base import ClosedByWith, Storage
 
 _INDEX_ERROR = ("Expected an index of type torch.Tensor, range, np.ndarray, int, slice or "
                 "ellipsis, got {} instead.")
@@ -49,7 +49,7 @@ _WRITES_REFUSED = ("a StorageEnsemble only reads its members: write to one of th
                    "ReplayBufferEnsemble(..., routing_key=...)")
 
 
-class StorageEnsemble(Storage):
+class StorageEnsemble(ClosedByWith, Storage):
     """Read several storages as one (TorchRL's ``StorageEnsemble``), optionally persistent.
 
     Args:

@@ -1,5 +1,5 @@
 """The life of a process's persistent storages: committed at exit, reset in a forked
-child, and their temporary stores deleted.
+child, and their temporary stores deleted once no storage of the process holds them.
 
 A storage registers itself with :func:`track` while it is open. At interpreter exit every
 tracked storage is closed (a last commit); in a child created by ``fork`` each one falls back
@@ -75,3 +75,33 @@ def collect_store(spec: StoreSpec) -> None:
         defer_memory_work(lambda: delete_store(spec))
     else:
         delete_store(spec)
+
+
+class TemporaryStore:
+    """Deletes a temporary store (:func:`collect_store`) once every storage of this process
+    that holds it is collected: the one that created it, and copies unpickled from it here
+    (``copy.deepcopy``, a pickle round trip), which reopen the same store."""
+
+    def __init__(self, spec: StoreSpec):
+        self._finalizer = weakref.finalize(self, collect_store, spec)
+
+    def detach(self) -> None:
+        """Never delete the store (it was deleted, or is no longer temporary)."""
+        self._finalizer.detach()
+
+
+_TEMPORARY: "weakref.WeakValueDictionary[str, TemporaryStore]" = weakref.WeakValueDictionary()
+
+
+def temporary_store(spec: StoreSpec) -> TemporaryStore:
+    """A new :class:`TemporaryStore` for ``spec``, which storages unpickled in this process
+    then share (:func:`shared_temporary_store`)."""
+    _TEMPORARY[spec.url] = owner = TemporaryStore(spec)
+    return owner
+
+
+def shared_temporary_store(spec: StoreSpec) -> TemporaryStore | None:
+    """The :class:`TemporaryStore` of ``spec`` when a live storage of this process created
+    it as a temporary store; ``None`` otherwise (then it is not this copy's to delete)."""
+    owner = _TEMPORARY.get(spec.url)
+    return owner if owner is not None and owner._finalizer.alive else None

@@ -39,11 +39,11 @@ from ..sharing import count_rows, dirty_at, stamp_dirty
 from ..store import StoreSpec, run_deferred
 from ..text import TEXT_BYTES, widest
 from ..table import ChunkedTable, MmapTable, Table
-from .base import CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
+from .base import ClosedByWith, CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .checkpoint_contract import TensorExport
 from .leasing import LeasedWriter
 from .sealing import seal_storage
-from .lifecycle import collect_store, track, untrack
+from .lifecycle import shared_temporary_store, temporary_store, track, untrack
 from .row_index import as_index_tensor, broadcast_tensor_index, is_int, is_negative, rows_of
 from .stored_rows import StoredRows
 from .tensor import LazyTensorStorage, TensorStorage, map_leaves, non_text_keys
@@ -51,7 +51,8 @@ from .tensor import LazyTensorStorage, TensorStorage, map_leaves, non_text_keys
 _monotonic = time.monotonic  # the commit clock's due-check in set()
 
 
-class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, LazyTensorStorage):
+class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, CompressionRatio,
+                        LazyTensorStorage):
     """A tensor storage on a Zarr store at any URL, created at the first write.
 
     Args:
@@ -190,7 +191,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         self._nodes_tried = False  # whether this attachment fetched the nodes' metadata
         self._cleaned = False
         self._closed = False  # close() ended it: reads and writes raise (reopen the store)
-        self._finalizer = weakref.finalize(self, collect_store, self.spec) if self.auto_cleanup else None
+        self._finalizer = temporary_store(self.spec) if self.auto_cleanup else None
         self._open_lease(self.spec, self.lease_ttl)
         # the lease that fences the table's chunk stores: this storage's own, or the lease of
         # the container it is part of (CompressedListStorage's inner tables take none)
@@ -952,12 +953,6 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
         return (self._committed_here and self._publishes_nodes and self._holds_lease
                 and self._group.metadata.consolidated_metadata is None)
 
-    def __enter__(self) -> "LazyMemmapStorage":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def _empty(self) -> None:
         self.spec.require_writable("empty the buffer")
         if self.initialized:
@@ -1118,9 +1113,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, CompressionRatio, 
                                lease_ttl=state.get("lease_ttl", DEFAULT_TTL),
                                text_bytes=state.get("text_bytes", TEXT_BYTES))
         self.__dict__.update(other.__dict__)
-        if other._finalizer is not None:
-            other._finalizer.detach()
-        self._finalizer = None
+        # (a copy of a temporary store, here, keeps it until the last of them is collected)
+        self._finalizer = shared_temporary_store(spec)
         if other._lease_finalizer is not None:
             other._lease_finalizer.detach()
             self._lease_finalizer = weakref.finalize(self, self._lease.release_later)
