@@ -78,7 +78,7 @@ def write_tree(spec: StoreSpec, td: TensorDictBase, codec: CodecSpec, progress: 
             attributes={"zstore": {"torch_dtype": torch_dtype_name(value.dtype)}})
         jobs.append((path, storing_every_chunk(array._async_array), as_numpy(value, value.dtype)))
     total = sum(job[2].nbytes for job in jobs)
-    with progress_bar(total, f"dumps {spec.url}", progress) as bar:
+    with progress_bar(total, f"dumps {spec.shown_url}", progress) as bar:
         for path, array, value in jobs:
             sync(array.setitem(Ellipsis, value))
             fault_point("write")
@@ -111,7 +111,7 @@ def read_tree(spec: StoreSpec, progress: bool) -> TensorDict:
     async def run():
         return await asyncio.gather(*[a._async_array.getitem(Ellipsis) for a in arrays.values()])
 
-    with progress_bar(total, f"loads {spec.url}", progress) as bar:
+    with progress_bar(total, f"loads {spec.shown_url}", progress) as bar:
         try:
             values = sync(run())
         except (ValueError, RuntimeError) as exc:  # a chunk that does not decode

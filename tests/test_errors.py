@@ -30,6 +30,7 @@ from zstore import (
     StoreExistsError,
     StoreNotFoundError,
 )
+from zstore.lease import LEASE_NAME
 
 
 def batch(n: int, start: int = 0) -> TensorDict:
@@ -228,6 +229,9 @@ def test_plain_zarr_group_is_not_a_buffer(location):
     again = zarr.open_group(url, mode="r", storage_options=location.options or None)
     assert dict(again.attrs) == {"owner": "someone else"}
     assert list(again.array_keys()) == ["x"]
+    # the refused creation left no lease object among the group's files (it stayed as long
+    # as the storage lived: a notebook's traceback keeps it)
+    assert not zstore.StoreSpec.parse(url, location.options).objects().keys() & {LEASE_NAME}
 
 
 def test_a_buffer_of_another_storage_class_is_named_by_its_class(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+import uuid
 
 import pytest
 import torch
@@ -425,6 +426,28 @@ def test_existsok_keeps_the_stored_codec_and_refuses_another_capacity(location):
     again = zstore.open(url, location.options, mode="r")
     assert len(again) == 4 and again.max_size == 8
     assert again[:]["nested", "i"].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("kind", ["LazyMemmapStorage", "CompressedListStorage"])
+def test_cleanup_at_a_bucket_s_root_deletes_its_objects_and_keeps_the_bucket(s3_options, kind):
+    """A buffer at ``s3://bucket`` (no prefix) owns the bucket's objects; its ``cleanup()``
+    deleted the bucket itself (s3fs's recursive ``rm`` of a bucket's root)."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3_options, skip_instance_cache=True)
+    bucket = f"zstore-root-{uuid.uuid4().hex[:8]}"
+    fs.mkdir(bucket)
+    storage = getattr(zstore, kind)(8, scratch_dir=f"s3://{bucket}", storage_options=s3_options)
+    storage.set(0, td_rows(0, 1)[0])
+    storage.flush()
+    assert fs.find(bucket)
+    storage.cleanup()
+    fs.invalidate_cache()
+    assert fs.exists(bucket) and fs.find(bucket) == []
+    again = getattr(zstore, kind)(8, scratch_dir=f"s3://{bucket}", storage_options=s3_options)
+    again.set(0, td_rows(5, 1)[0])  # (the bucket is there to write into again)
+    again.close()
+    assert len(zstore.open(f"s3://{bucket}", s3_options, mode="r")) == 1
 
 
 def test_close_flushes_and_cleanup_deletes(location):

@@ -164,3 +164,35 @@ def test_fsspec_gets_a_deep_copy_of_the_options():
     given = spec._fsspec_options()
     given["config_kwargs"]["retries"]["mode"] = "changed"
     assert options == {"anon": True, "config_kwargs": {"retries": {"max_attempts": 2}}}
+
+
+def test_a_local_path_with_dot_dot_is_one_folder_and_an_ensemble_of_it_reopens(tmp_path):
+    """``x/../member`` was kept as spelled: an ensemble recorded it, then refused its own
+    record ("malformed StorageEnsemble block") at every ``zstore.open``."""
+    import zstore
+
+    (tmp_path / "x").mkdir()
+    assert StoreSpec.parse(tmp_path / "x" / ".." / "member").url == str(tmp_path / "member")
+    member = zstore.LazyMemmapStorage(10, scratch_dir=f"{tmp_path}/x/../member")
+    member.set(torch.arange(3), TensorDict(obs=torch.zeros(3, 2), batch_size=[3]))
+    member.flush()
+    zstore.StorageEnsemble(member, scratch_dir=str(tmp_path / "ens"))
+    reopened = zstore.open(str(tmp_path / "ens"), mode="r")
+    (again,) = reopened._storages
+    assert len(again) == 3 and again.scratch_dir == str(tmp_path / "member")
+
+
+@pytest.mark.parametrize("url", ["https://user:hunter2@host/ds", "http://hunter2@host:80/ds"])
+def test_credentials_in_a_url_are_never_shown(url):
+    """Basic auth in an HTTP dataset's URL was printed in errors, ``repr`` and ``redacted()``."""
+    spec = StoreSpec.parse(url, {"client_kwargs": {}})
+    for shown in (spec.redacted(), repr(spec), spec.shown_url):
+        assert "hunter2" not in shown and "***@host" in shown
+    assert spec.url == url  # (the client still gets them)
+
+
+def test_credentials_in_an_object_store_bucket_name_are_refused_unshown():
+    with pytest.raises(ValueError, match=r"s3://\*\*\*@bucket/rb' holds credentials .* storage "
+                                         r"options") as info:
+        StoreSpec.parse("s3://AKIAX:hunter2@bucket/rb")
+    assert "hunter2" not in str(info.value)

@@ -112,6 +112,11 @@ def _redact(options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _without_userinfo(url: str) -> str:
+    """``url`` with the credentials of its authority (``user:password@``) as ``***@``."""
+    return re.sub(r"^([A-Za-z][\w+.-]*://)[^/@]*@", r"\1***@", url)
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class StoreSpec:
     """Where a buffer lives: a URL, fsspec ``storage_options`` and a read-only flag.
@@ -141,8 +146,8 @@ class StoreSpec:
             raise InvalidURLError(f"a store URL must be a non-empty string or path, got {url!r}")
         if text.startswith("file://"):
             text = text[len("file://"):]
-        if "://" not in text:
-            text = str(Path(text).expanduser().absolute())
+        if "://" not in text:  # (".." resolved too: one spelling per folder, as ensembles record)
+            text = os.path.abspath(os.path.expanduser(text))
         scheme, sep, path = text.partition("://")
         if sep and not path.strip("/"):  # (stripped, "memory://" was the local path "memory:")
             bucket = "object_store" in CAPABILITIES.get(scheme, ())
@@ -159,6 +164,10 @@ class StoreSpec:
         ``endpoint_url`` without ``http://`` or ``https://``, and two different regions."""
         if self.is_object_store:
             path = self.url.split("://", 1)[1]
+            if "@" in path.split("/", 1)[0]:
+                raise InvalidURLError(f"{self.shown_url!r} holds credentials in its bucket name, "
+                                      "which object store clients do not read there: pass them "
+                                      "as storage options (key=..., secret=...)")
             if not path or path.startswith("/") or "//" in path:
                 fixed = f"{self.protocol}://" + "/".join(part for part in path.split("/") if part)
                 raise InvalidURLError(f"{text!r} has an empty path segment ('//'), which object "
@@ -170,11 +179,11 @@ class StoreSpec:
         for name, value in (("endpoint_url", options.get("endpoint_url")),
                             ('client_kwargs["endpoint_url"]', client.get("endpoint_url"))):
             if value and not str(value).startswith(("http://", "https://")):
-                raise InvalidURLError(f"{self.url}: storage option {name}={value!r} has no "
+                raise InvalidURLError(f"{self.shown_url}: storage option {name}={value!r} has no "
                                       f"scheme: write it as 'http://{value}' or 'https://{value}'")
         region, region_name = options.get("region"), client.get("region_name")
         if region and region_name and region != region_name:
-            raise InvalidURLError(f"{self.url}: storage options region={region!r} and "
+            raise InvalidURLError(f"{self.shown_url}: storage options region={region!r} and "
                                   f'client_kwargs["region_name"]={region_name!r} differ: give one')
         known = _s3_option_names()
         unknown = sorted(set(options) - known) if known else []
@@ -182,7 +191,7 @@ class StoreSpec:
             near = {name: difflib.get_close_matches(name, known, 1) for name in unknown}
             hints = [f"{name!r}" + (f" (did you mean {near[name][0]!r}?)" if near[name] else "")
                      for name in unknown]
-            raise InvalidURLError(f"{self.url}: unknown storage option(s) {', '.join(hints)}; S3 "
+            raise InvalidURLError(f"{self.shown_url}: unknown storage option(s) {', '.join(hints)}; S3 "
                                   "takes s3fs's options (key, secret, token, endpoint_url, "
                                   "client_kwargs, config_kwargs, anon, profile ...), region and "
                                   "transport")
@@ -233,15 +242,21 @@ class StoreSpec:
         ``memory://``), so summaries list stored bytes without being asked."""
         return self._can("cheap_listing")
 
+    @property
+    def shown_url(self) -> str:
+        """The URL as messages show it: without credentials in it (``user:password@``)."""
+        return _without_userinfo(self.url)
+
     def redacted(self) -> str:
-        """The URL and options with every credential replaced by ``***``."""
+        """The URL and options with every credential (of the options, or in the URL:
+        ``https://user:password@host/...``) replaced by ``***``."""
         if not self.storage_options:
-            return self.url
-        return f"{self.url} {_redact(self.storage_options)}"
+            return self.shown_url
+        return f"{self.shown_url} {_redact(self.storage_options)}"
 
     def __repr__(self) -> str:  # never the credentials
-        return (f"StoreSpec(url={self.url!r}, storage_options={_redact(self.storage_options)!r}, "
-                f"read_only={self.read_only})")
+        return (f"StoreSpec(url={self.shown_url!r}, "
+                f"storage_options={_redact(self.storage_options)!r}, read_only={self.read_only})")
 
     def as_read_only(self, sealed: bool = False) -> "StoreSpec":
         """The same location, opened read-only (a new value; this one is unchanged);
@@ -270,7 +285,7 @@ class StoreSpec:
             return "fsspec"
         chosen = self.storage_options.get(TRANSPORT_OPTION) or os.environ.get(TRANSPORT_ENV) or "fsspec"
         if chosen not in TRANSPORTS:
-            raise InvalidURLError(f"unknown S3 transport {chosen!r} for {self.url}: choose one "
+            raise InvalidURLError(f"unknown S3 transport {chosen!r} for {self.shown_url}: choose one "
                                   f"of {', '.join(TRANSPORTS)}")
         if chosen == "obstore" and obstore_runtime_inherited():
             _warn_forked_obstore(self)
@@ -298,12 +313,12 @@ class StoreSpec:
         except ImportError as exc:
             hint = _INSTALL_HINTS.get(self.protocol, f"the fsspec backend for {self.protocol!r}")
             raise BackendNotInstalledError(
-                f"cannot open {self.url}: install {hint} to use {self.protocol}:// URLs ({exc})"
+                f"cannot open {self.shown_url}: install {hint} to use {self.protocol}:// URLs ({exc})"
             ) from exc
         except ValueError as exc:
             if "Protocol not known" in str(exc):
                 raise BackendNotInstalledError(
-                    f"cannot open {self.url}: fsspec knows no protocol {self.protocol!r}"
+                    f"cannot open {self.shown_url}: fsspec knows no protocol {self.protocol!r}"
                 ) from exc
             raise
         return fs, path
@@ -438,7 +453,7 @@ class StoreSpec:
             if not self.read_only:
                 Path(self.url).mkdir(parents=True, exist_ok=True)
             elif not Path(self.url).exists():
-                raise StoreNotFoundError(f"no such directory: {self.url}")
+                raise StoreNotFoundError(f"no such directory: {self.shown_url}")
             return LocalStore(self.url, read_only=self.read_only)
         if self.transport == "obstore":
             return _obstore_s3(self)
@@ -454,10 +469,11 @@ class StoreSpec:
         if self.sealed:
             raise sealed_dataset(action, self.url)
         if self.read_only:
-            raise ReadOnlyError(f"cannot {action}: {self.url} is opened read-only")
+            raise ReadOnlyError(f"cannot {action}: {self.shown_url} is opened read-only")
 
     def delete(self) -> None:
-        """Remove everything at this location (used by temporary scratch stores)."""
+        """Remove everything at this location (used by temporary scratch stores); at a
+        bucket's root, every object in it, and not the bucket."""
         self.require_writable("delete the store")
         if self.is_local:
             import shutil
@@ -467,6 +483,9 @@ class StoreSpec:
         fs, path = self.filesystem()
         if self.is_memory:
             _delete_memory_tree(fs, path)
+        elif "/" not in path.strip("/"):  # a bucket's root: its objects, never the bucket
+            if fs.exists(path) and (objects := fs.find(path)):
+                fs.rm(objects)
         elif fs.exists(path):
             fs.rm(path, recursive=True)
 
@@ -596,7 +615,7 @@ def _obstore_s3(spec: StoreSpec) -> Store:
         from obstore.store import S3Store
     except ImportError as exc:
         raise BackendNotInstalledError(
-            f"cannot open {spec.url} with the obstore transport: install obstore "
+            f"cannot open {spec.shown_url} with the obstore transport: install obstore "
             f"(pip install 'zstore[s3fast]') or use transport='fsspec' ({exc})") from exc
     options = dict(spec.storage_options)
     client = dict(options.pop("client_kwargs", None) or {})

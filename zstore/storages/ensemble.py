@@ -360,4 +360,4 @@ def _reopened_member(spec: StoreSpec, i: int, ref: str, **options: Any) -> Stora
             fix = "members are reopened with the storage_options and mode given to zstore.open"
         kind = next(c for c in type(exc).__mro__ if c.__module__ in ("builtins", ZStoreError.__module__))
         raise kind(f"cannot reopen member {i} ({member.url}) of the StorageEnsemble at "
-                   f"{spec.url}: {exc}; {fix}") from exc
+                   f"{spec.shown_url}: {exc}; {fix}") from exc

@@ -391,7 +391,18 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, Comp
         self.spec.require_writable("create a buffer")
         self._refuse_non_tensors(example)
         self._refuse_taken(existing_buffer(self.spec))  # before the lease: a refusal writes
-        self._hold_lease()                              # nothing there (a sealed dataset)
+        held = self._lease is not None and self._lease.active  # nothing there (a sealed dataset)
+        self._hold_lease()
+        try:
+            self._create(example, text_bytes)
+        except BaseException:
+            if not held:  # a refused creation leaves no lease object among others' files
+                self._release_lease()
+            raise
+
+    def _create(self, example: Any, text_bytes: int) -> None:
+        """:meth:`_allocate`'s work once the lease is held: adopt the buffer another
+        creation made first, or create the group for ``example``'s schema."""
         schema = Schema.from_example(example, self.ndim, max(self.text_bytes, text_bytes))
         if is_tensorclass(example):
             schema.tensorclass = type(example)
