@@ -550,6 +550,21 @@ def test_a_file_given_as_a_new_buffer_s_location_is_named(tmp_path):
     assert file.read_text() == "mine"
 
 
+@pytest.mark.parametrize("kind", ["LazyMemmapStorage", "CompressedListStorage"])
+def test_a_location_under_a_file_is_named_with_the_file(tmp_path, kind):
+    """A new buffer at ``FILE/rb`` (or deeper) raised the OS's bare "[Errno 20] Not a
+    directory", naming the location but not the file in its way."""
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    for url in (file / "rb", file / "runs" / "rb"):
+        storage = getattr(zstore, kind)(10, scratch_dir=str(url))
+        with pytest.raises(NotAZStoreError, match=f"^cannot create a buffer at {url}: {file} is a "
+                                                  "file, not a folder; choose a location inside"):
+            storage.set(0, TensorDict(obs=torch.zeros(3)))
+            storage.flush()
+    assert file.read_text() == "mine"
+
+
 @pytest.mark.s3
 def test_an_https_endpoint_on_a_plain_http_server_is_named_with_the_fix(s3_options):
     """Through s3fs it raised a bare ``OSError`` ("wrong version number") naming no fix.

@@ -196,3 +196,11 @@ def test_credentials_in_an_object_store_bucket_name_are_refused_unshown():
                                          r"options") as info:
         StoreSpec.parse("s3://AKIAX:hunter2@bucket/rb")
     assert "hunter2" not in str(info.value)
+
+
+def test_options_in_an_object_store_url_s_query_are_refused_naming_storage_options():
+    """``s3://b/rb?endpoint_url=http://host`` was refused for its empty path segment, with
+    ``http:/host`` as the fix."""
+    with pytest.raises(ValueError, match=r"has a query string, .* as storage options"):
+        StoreSpec.parse("s3://bucket/rb?endpoint_url=http://127.0.0.1:9000")
+    assert StoreSpec.parse("s3://bucket/what?").url == "s3://bucket/what?"  # (a key may hold '?')

@@ -168,6 +168,10 @@ class StoreSpec:
                 raise InvalidURLError(f"{self.shown_url!r} holds credentials in its bucket name, "
                                       "which object store clients do not read there: pass them "
                                       "as storage options (key=..., secret=...)")
+            if re.search(r"\?\w+=", path):
+                raise InvalidURLError(f"{self.shown_url!r} has a query string, which object store "
+                                      "clients do not read: pass its options (endpoint_url=...) "
+                                      "as storage options")
             if not path or path.startswith("/") or "//" in path:
                 fixed = f"{self.protocol}://" + "/".join(part for part in path.split("/") if part)
                 raise InvalidURLError(f"{text!r} has an empty path segment ('//'), which object "
@@ -437,12 +441,19 @@ class StoreSpec:
         return None
 
     def refuse_a_file(self, fix: str = "") -> None:
-        """:class:`NotAZStoreError` when this local path is a file: a store is a directory
-        (``fix``: what to pass instead, in the caller's words)."""
+        """:class:`NotAZStoreError` when this local path, or (to write) the nearest of its
+        folders that exists, is a file: a store is a directory (``fix``: what to pass instead, in the
+        caller's words)."""
         path = self.local_path
         if path is not None and path.exists() and not path.is_dir():
             raise NotAZStoreError(f"{self.redacted()} is a file; a zstore buffer is a directory"
                                   + (f": {fix}" if fix else ""))
+        if path is None or self.read_only:
+            return
+        parent = next((p for p in path.parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():  # (the OS: a bare "Not a directory")
+            raise NotAZStoreError(f"cannot create a buffer at {self.redacted()}: {parent} is a "
+                                  "file, not a folder; choose a location inside a folder")
 
     def open(self) -> Store:
         """Open the Zarr store: LocalStore for local paths, zarr's ObjectStore over obstore for
