@@ -372,3 +372,43 @@ def test_index_assignments_of_an_in_ram_2d_buffer_reach_incremental_checkpoints(
     fresh = zt.LazyTensorStorage(CAPACITY, ndim=2)
     fresh.loads(dest)
     assert_equal(fresh.get(slice(None)).transpose(0, 1), reference[:])
+
+
+def tensor_assignments(rb) -> None:
+    """TorchRL's ``rb[i, j] = x`` of a buffer of plain tensors is ``rb[:][i, j] = x``."""
+    rb[1, 0] = torch.tensor(99.0)
+    rb[2:4, 1] = torch.tensor(7.0)
+    rb[:][5, 1] = -1.0
+    rb[:].transpose(0, 1)[0, 6] = 42.0  # into a view of the slice
+    rb[torch.tensor([8, 9]), 0] = torch.tensor(3.0)  # an index of tensors
+    rb[:][0:2, 0:2] = 0.0
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+@pytest.mark.parametrize("store", ["in RAM", "raw", "zstd"])
+def test_index_assignments_of_plain_tensors_are_stored_as_torchrl_stores_them(location, store,
+                                                                              ndim, tmp_path):
+    """A buffer of plain tensors: ``rb[1, 0] = x`` was lost (silently) on every
+    ``LazyMemmapStorage`` of ``ndim=2`` and, of ``ndim=1``, on every store but a local raw
+    one: ``rb[:]`` was a copy. It lands now, and is committed, as in TorchRL's storages."""
+    def fill(rb):
+        values = torch.arange(CAPACITY * 3.0).view(-1, 3)[:60]
+        rb.extend(values.view(2, 30, 3).transpose(0, 1) if ndim == 2 else values)
+
+    url = location.new()
+    storage = (zt.LazyTensorStorage(CAPACITY, ndim=ndim) if store == "in RAM" else
+               zt.LazyMemmapStorage(CAPACITY, scratch_dir=url, storage_options=location.options,
+                                    codec=None if store == "raw" else "zstd", ndim=ndim))
+    ours, theirs = T.ReplayBuffer(storage=storage), T.ReplayBuffer(storage=T.LazyMemmapStorage(
+        CAPACITY, ndim=ndim, scratch_dir=str(tmp_path / "torchrl")))
+    for rb in (ours, theirs):
+        fill(rb)
+        before = rb[:].clone()
+        tensor_assignments(rb)
+    want = theirs[:].clone()
+    assert not torch.equal(want, before)  # (the assignments changed the rows)
+    assert torch.equal(ours[:], want)
+    if store != "in RAM":
+        storage.flush()
+        again = zstore.open(url, location.options, mode="r").get(slice(None))
+        assert torch.equal(again.transpose(0, 1) if ndim == 2 else again, want)

@@ -270,6 +270,82 @@ class _WriteThrough(TensorDict):
         return state
 
 
+class _WriteThroughTensor(torch.Tensor):
+    """The rows ``start, start + step, ...`` of a storage of plain tensors, as
+    ``storage[a:b]`` returns them: an item assignment into them, or into a view of them (a
+    transpose, an index of ints and slices), stores the rows it wrote, as
+    :class:`_WriteThrough` does for TensorDicts. TorchRL's ``rb[i, j] = x`` (over an
+    ``ndim=2`` storage too) is ``rb[:][i, j] = x``. Other in-place ops store nothing.
+    """
+
+    _source: tuple[Any, int, int] | None = None  # (storage, start, step)
+    _root: torch.Tensor | None = None  # the slice's rows (a plain tensor), which views share
+
+    @classmethod
+    def of(cls, rows: torch.Tensor, storage: Any, start: int, step: int) -> "_WriteThroughTensor":
+        """``rows`` (the same memory) as the rows ``start::step`` of ``storage``."""
+        return cls._sharing(rows, rows, (storage, start, step))
+
+    @classmethod
+    def _sharing(cls, tensor: torch.Tensor, root: torch.Tensor,
+                 source: tuple[Any, int, int]) -> "_WriteThroughTensor":
+        out = tensor.as_subclass(cls)
+        out._root, out._source = root, source
+        return out
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **(kwargs or {}))
+        first = args[0] if args else None
+        if not isinstance(first, _WriteThroughTensor) or first._source is None:
+            return out
+        if func is torch.Tensor.__setitem__:
+            first._store(args[1])
+        elif isinstance(out, torch.Tensor) and out.dtype == first.dtype and out.numel() \
+                and out.untyped_storage().data_ptr() == first._root.untyped_storage().data_ptr():
+            return cls._sharing(out, first._root, first._source)  # a view: stores its writes
+        return out
+
+    def _store(self, index: Any) -> None:
+        """Store the rows an assignment at ``index`` wrote into (all this view spans, for an
+        index of tensors, whose result is no view to measure)."""
+        storage, start, step = self._source
+        with torch._C.DisableTorchFunctionSubclass():
+            written = self[index] if _is_basic(index) else self
+        rows = _rows_spanned(written, self._root)
+        if len(rows):
+            storage.set(start + step * torch.arange(rows.start, rows.stop),
+                        self._root[rows.start:rows.stop].clone(), set_cursor=False)  # (no alias)
+
+    def __reduce_ex__(self, protocol: int) -> Any:  # a copy is plain data, not the rows
+        return torch.Tensor.__reduce_ex__(self.as_subclass(torch.Tensor), protocol)
+
+    def __deepcopy__(self, memo: dict) -> torch.Tensor:
+        return self.as_subclass(torch.Tensor).clone()
+
+    def __repr__(self, **kwargs: Any) -> str:  # shown as the rows it is
+        return torch.Tensor.__repr__(self.as_subclass(torch.Tensor), **kwargs)
+
+
+def _rows_spanned(view: torch.Tensor, root: torch.Tensor) -> range:
+    """The rows of ``root`` that ``view``, a view of its memory, has elements in (all of
+    ``root``'s when its rows are not laid out one after another along its dim 0)."""
+    if not view.numel():
+        return range(0)
+    row = root.stride(0) if root.dim() else 0
+    extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(root.shape[1:], root.stride()[1:]))
+    if root.dim() == 0 or row < extent:
+        return range(root.shape[0] if root.dim() else 0)
+    low = high = view.storage_offset() - root.storage_offset()
+    for size, stride in zip(view.shape, view.stride()):
+        if stride < 0:
+            low += (size - 1) * stride
+        else:
+            high += (size - 1) * stride
+    return range(max(low // row, 0), min(high // row + 1, root.shape[0]))
+
+
 class _ReadOnDemand(_WriteThrough):
     """``storage[a:b]`` of a :class:`LazyMemmapStorage` whose reads are copies (``memory://``,
     S3, a compressed codec, a store this process has not written yet): its rows are read
@@ -378,11 +454,13 @@ class TensorStorage(_z.TensorStorage, Storage, _trl.TensorStorage):
     """:class:`zstore.TensorStorage` that TorchRL's replay buffers accept.
 
     A slice of TensorDicts or tensorclasses (``storage[:]``, which TorchRL's in-place buffer
-    updates write into) stores its in-place updates: see :class:`_WriteThrough`.
+    updates write into) stores its in-place updates: see :class:`_WriteThrough`; a slice of
+    plain tensors its item assignments (:class:`_WriteThroughTensor`).
     """
 
     def get(self, index: Any) -> Any:
-        if _slice_then_basic(index) and self.initialized and self._rows_are_collections():
+        if _slice_then_basic(index) and self.initialized and (self._rows_are_collections()
+                                                               or self._rows_are_tensors()):
             # storage[a:b, lanes] (TorchRL's rb[:] of an ndim=2 storage reads [:, :]): a view
             # of the slice's rows, which stores its in-place updates as the slice does
             return self.get(index[0])[(slice(None), *index[1:])]
@@ -401,11 +479,17 @@ class TensorStorage(_z.TensorStorage, Storage, _trl.TensorStorage):
             return _WriteThrough.of(out, self, start, step)
         if is_tensorclass(out) and type(out._tensordict) is TensorDict:
             return type(out).from_tensordict(_WriteThrough.of(out._tensordict, self, start, step))
+        if type(out) is torch.Tensor and out.dim() and self._rows_are_tensors():
+            return _WriteThroughTensor.of(out, self, start, step)
         return out
 
     def _rows_are_collections(self) -> bool:
         """Whether the rows are TensorDicts or tensorclasses (an initialised storage)."""
         return is_tensor_collection(self._storage)
+
+    def _rows_are_tensors(self) -> bool:
+        """Whether the rows are plain tensors (an initialised storage)."""
+        return isinstance(self._storage, torch.Tensor)
 
 
 class LazyTensorStorage(_z.LazyTensorStorage, TensorStorage, _trl.LazyTensorStorage):
@@ -442,6 +526,9 @@ class LazyMemmapStorage(_z.LazyMemmapStorage, LazyTensorStorage, _trl.LazyMemmap
 
     def _rows_are_collections(self) -> bool:
         return self._schema.kind in ("tensordict", "tensorclass")
+
+    def _rows_are_tensors(self) -> bool:
+        return self._schema.kind == "tensor"
 
     def _read_rows(self, index: Any) -> Any:
         """``get(index)``, reading the rows now."""
