@@ -693,6 +693,30 @@ def test_a_ctrl_c_after_the_work_is_reported_does_not_end_the_program_as_killed(
         signal.signal(signal.SIGINT, previous)
 
 
+def _piped_to_a_reader_gone(*argv: str) -> subprocess.CompletedProcess:
+    """``python -m zstore ARGV`` writing to a pipe whose reader has left, its stdout buffered
+    (as a user's is: ``PYTHONUNBUFFERED`` unset)."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    try:
+        return subprocess.run([sys.executable, "-m", "zstore", *argv], stdout=writer,
+                              stderr=subprocess.PIPE, text=True, env=env, timeout=120,
+                              cwd=Path(__file__).resolve().parents[1])
+    finally:
+        os.close(writer)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["demo", "--help"], ["ls", "{dir}"],
+                                  ["info", "{dir}/rb"]])
+def test_output_to_a_reader_that_left_is_dropped_quietly(tmp_path, argv):
+    """`zstore ls DIR | head`: output still buffered at exit (all of a short one) was written
+    after main's handler, so Python said "Exception ignored ... BrokenPipeError" and exited 120."""
+    _small_buffer(str(tmp_path / "rb"))
+    done = _piped_to_a_reader_gone(*(arg.format(dir=tmp_path) for arg in argv))
+    assert (done.returncode, done.stderr) == (0, "")
+
+
 def test_info_on_other_zarr_stores_says_what_is_there(capsys, tmp_path):
     """Regression: ``zstore info`` on a plain Zarr array said zarr's "An array already exists
     in store ... at path .", on a Zarr v2 store "no Zarr group there" (false), and on a

@@ -301,6 +301,23 @@ def _exit_code(exc: SystemExit) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``zstore`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # here, not at exit, where a reader gone (`| head`) cannot be caught
+        return code
+    except BrokenPipeError:  # the reader of stdout left (`zstore info URL | head`): not an error
+        _discard_stdout()
+        return 0
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device, so that the output still buffered for a reader that
+    left is dropped at exit instead of raising ``BrokenPipeError`` there."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """Parse ``argv`` and run its command; the exit code (a failure is one line on stderr)."""
     argv_given = argv
     argv = sys.argv[1:] if argv is None else list(argv)
     chosen = next((arg for arg in argv if not arg.startswith("-")), "")  # no option takes a value
@@ -317,9 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args._parser.print_usage(sys.stderr)
         print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # the reader of stdout left (`zstore info URL | head`): not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    except BrokenPipeError:
+        raise  # main's: not a failure of the command
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
@@ -328,7 +344,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"{PROG}: error: {error_message(exc, args)}", file=sys.stderr)
         return 1
-
 
 if __name__ == "__main__":
     sys.exit(main())
