@@ -395,7 +395,7 @@ print(json.dumps(seen))
 """
 
 
-def test_help_ls_and_info_do_not_import_torch(tmp_path, datasets):
+def test_help_ls_info_and_demo_help_do_not_import_torch(tmp_path, datasets):
     root, d4rl, _ = datasets
     zstore.dataset.import_d4rl(d4rl, root / "hopper", progress=False).close()
     storage = zstore.LazyMemmapStorage(20, scratch_dir=str(root / "rb"), ndim=2)
@@ -406,7 +406,7 @@ def test_help_ls_and_info_do_not_import_torch(tmp_path, datasets):
     compressed.flush()
     runs = [["--help"], ["ls", str(tmp_path)], ["info", str(root / "hopper")],
             ["info", str(root / "rb")], ["info", "--json", str(root / "rb")],
-            ["info", str(root / "frames")], ["info", "--help"]]
+            ["info", str(root / "frames")], ["info", "--help"], ["demo", "--help"]]
     done = subprocess.run([sys.executable, "-c", _IMPORTS, json.dumps(runs)], capture_output=True,
                           text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr
@@ -691,6 +691,17 @@ def test_a_ctrl_c_after_the_work_is_reported_does_not_end_the_program_as_killed(
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_while_the_arguments_are_declared_is_one_line(capsys, monkeypatch):
+    """A Ctrl-C in `zstore demo`'s first seconds (its arguments were declared outside main's
+    handler, importing torch) printed a KeyboardInterrupt traceback and died by SIGINT."""
+    def interrupted(only=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(zstore.cli, "build_parser", interrupted)
+    assert main(["demo", "-n", "1000"]) == 130
+    assert capsys.readouterr().err == "zstore: interrupted\n"
 
 
 def _piped_to_a_reader_gone(*argv: str) -> subprocess.CompletedProcess:

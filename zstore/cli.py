@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from . import __version__
 from . import cli_commands as _commands
-from .cli_commands import PROG, UsageError, add_storage_options, codec_name, positive_int
+from .cli_commands import (DEFAULT_TRANSITIONS, PROG, UsageError, add_storage_options, codec_name,
+                           positive_int)
 from .credentials import CHECK_CREDENTIALS, CHECK_ENDPOINT
 from .errors import OPEN_READ_ONLY, InvalidURLError, StoreExistsError, ZStoreError
 
@@ -64,8 +65,6 @@ def _demo_url(text: str) -> str:
 
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
-    from .demo import DEFAULT_TRANSITIONS
-
     parser.add_argument("-n", "--transitions", type=positive_int, default=DEFAULT_TRANSITIONS,
                         metavar="N", help="transitions to write (default: %(default)s)")
     parser.add_argument("--capacity", type=positive_int, metavar="N",
@@ -308,6 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of stdout left (`zstore info URL | head`): not an error
         _discard_stdout()
         return 0
+    except KeyboardInterrupt:  # while parsing too (a command's arguments may import torch)
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
 
 
 def _discard_stdout() -> None:
@@ -317,7 +319,8 @@ def _discard_stdout() -> None:
 
 
 def _run(argv: Sequence[str] | None) -> int:
-    """Parse ``argv`` and run its command; the exit code (a failure is one line on stderr)."""
+    """Parse ``argv`` and run its command; the exit code (a failure is one line on stderr;
+    a Ctrl-C and a reader of stdout gone are :func:`main`'s)."""
     argv_given = argv
     argv = sys.argv[1:] if argv is None else list(argv)
     chosen = next((arg for arg in argv if not arg.startswith("-")), "")  # no option takes a value
@@ -336,9 +339,6 @@ def _run(argv: Sequence[str] | None) -> int:
         return 2
     except BrokenPipeError:
         raise  # main's: not a failure of the command
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
     except Exception as exc:  # noqa: BLE001 - every failure is one line, --debug adds the traceback
         if args.debug:
             traceback.print_exc()

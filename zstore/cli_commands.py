@@ -4,7 +4,8 @@ Each subcommand is a pair of functions: ``<name>_arguments(parser)`` declares
 its options, ``<name>_run(args)`` runs it and returns the exit code. They are
 registered in :mod:`zstore.cli`, which also maps errors to exit codes (a
 :class:`UsageError` is exit code 2). :func:`positive_int`, :func:`codec_name`
-and :func:`add_storage_options` serve ``zstore demo`` (in :mod:`zstore.cli`) too.
+and :func:`add_storage_options` serve ``zstore demo`` (in :mod:`zstore.cli`) too, as does
+:data:`DEFAULT_TRANSITIONS`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from .errors import (NotAZStoreError, ReadOnlyError, StoreNotFoundError, ZStoreE
 from .format_version import check_format_version
 
 PROG = "zstore"
+
+#: Transitions ``zstore demo`` writes by default (and :func:`zstore.demo.run_demo`): here, not
+#: in :mod:`zstore.demo`, which imports torch, so that ``zstore demo --help`` starts fast.
+DEFAULT_TRANSITIONS = 50_000
 
 #: Root attributes that tell what a Zarr group is, read as JSON by ``ls`` and ``info`` without
 #: importing their modules (``zstore.group`` imports zarr, the ``checkpoint`` package torch);
