@@ -746,6 +746,21 @@ def test_info_on_other_zarr_stores_says_what_is_there(capsys, tmp_path):
                   f"{tmp_path / name} is not a zstore buffer: {said}")
 
 
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_info_of_a_group_that_is_no_buffer_fails_with_or_without_json(capsys, tmp_path, json_flag):
+    """`info --json` printed `{}` with exit 0 for a key folder inside a buffer or a plain
+    Zarr group, which `info` refuses as no buffer."""
+    import zarr
+
+    storage = zstore.LazyMemmapStorage(10, scratch_dir=str(tmp_path / "nested"))
+    storage.set(torch.arange(2), TensorDict({"next": {"obs": torch.zeros(2)}}, batch_size=[2]))
+    storage.close()
+    zarr.open_group(str(tmp_path / "plain"), mode="w").attrs["x"] = 1
+    for url in (tmp_path / "nested" / "next", tmp_path / "plain"):
+        err = _run(capsys, "info", *json_flag, str(url), code=1)
+        _one_line(err, f"{url} is not a zstore buffer: no 'zstore' block in its attributes")
+
+
 @pytest.mark.parametrize("damage", ["a length that is no count", "zarr.json not JSON"])
 def test_ls_names_a_malformed_buffer_and_lists_the_others(capsys, tmp_path, damage):
     """One buffer's ``"length": "many"`` stopped the listing ("Cannot specify ',' with 's'",

@@ -200,12 +200,12 @@ def info_run(args: argparse.Namespace) -> int:
     block = attrs.get(ZSTORE_ATTR)
     if not isinstance(block, dict) and isinstance(attrs.get(_CHECKPOINT_ATTR), dict):
         raise _not_a_buffer(spec, "checkpoint", attrs[_CHECKPOINT_ATTR])
-    if args.json:
-        print(json.dumps(block or {}, indent=2))
-        return 0
     where = spec.redacted()
     if not isinstance(block, dict):
         raise NotAZStoreError(f"{where} is not a zstore buffer: no 'zstore' block in its attributes")
+    if args.json:
+        print(json.dumps(block, indent=2))
+        return 0
     check_format_version(block, where)
     print(where)
     try:
