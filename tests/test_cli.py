@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -580,6 +581,24 @@ def test_a_file_where_a_folder_belongs_is_named_with_the_fix(capsys, tmp_path, d
         _one_line(err, is_a_file + fix)
         assert "Errno" not in err
     assert file.read_text() == "hello"
+
+
+def test_convert_refuses_a_source_holding_no_rows(capsys, tmp_path):
+    """An emptied buffer: `convert` failed with an "unexpected" AttributeError ('NoneType'
+    object has no attribute 'sealed'), and the Python convert() returned having written
+    nothing; both refuse it now, as `seal` does, naming the source."""
+    from zstore.dataset.convert import convert
+
+    src, dst = tmp_path / "emptied", tmp_path / "copy"
+    _small_buffer(str(src))
+    storage = zstore.open(str(src))
+    storage._empty()
+    storage.close()
+    refusal = f"cannot convert {src}: it holds no rows (length 0), so there is nothing to copy"
+    _one_line(_run(capsys, "convert", str(src), str(dst), "--no-progress", code=1), refusal)
+    with pytest.raises(zstore.NotAZStoreError, match=re.escape(refusal)):
+        convert(src, dst)
+    assert not dst.exists()
 
 
 def test_a_destination_holding_another_storage_is_named_by_its_class(capsys, tmp_path):
