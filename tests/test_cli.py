@@ -826,6 +826,38 @@ def test_info_names_a_raw_chunk_cut_short(capsys, tmp_path):
         zstore.open(url, mode="r")[:]
 
 
+def test_info_names_the_objects_a_sealed_dataset_lost(capsys, tmp_path):
+    """`info` of a dataset whose episode index lost a chunk, or its whole folder, printed
+    statistics read as zeros ("length mean 0.0") with exit 0, and a lost data chunk went
+    unmentioned; `open_dataset(url).episodes` raises CorruptChunkError."""
+    import shutil
+
+    from zstore.row_objects import REBUILD_INDEX
+
+    url, no_index = tmp_path / "ds", tmp_path / "no-index"
+    _small_buffer(str(url))
+    zstore.seal(str(url))
+    assert "length mean 2.0" in _run(capsys, "info", str(url))
+    shutil.copytree(url, no_index)
+    shutil.rmtree(no_index / "__episodes__")
+    (url / "__episodes__" / "length" / "c" / "0").unlink()
+    (url / "obs" / "c" / "0").unlink()
+    errors = {}
+    for damaged in (url, no_index):
+        got = main(["info", str(damaged)])
+        captured = capsys.readouterr()
+        assert got == 1 and "episodes 1 (no statistics: the index is damaged)" in captured.out
+        assert "length mean" not in captured.out
+        errors[damaged] = captured.err.splitlines()
+    assert errors[url][0].startswith(f"zstore: error: {url}: key 'obs' lost 'obs/c/0': ")
+    assert errors[url][1].startswith(f"zstore: error: {url}: the episode index lost "
+                                     "'__episodes__/length/c/0'. ")
+    assert errors[no_index] == [f"zstore: error: {no_index}: the episode index lost "
+                                f"'__episodes__/length/c/0' and 5 more. {REBUILD_INDEX}"]
+    with pytest.raises(zstore.CorruptChunkError, match="the episode index lost"):
+        open_dataset(no_index).episodes
+
+
 def test_info_names_a_key_whose_array_is_gone_before_printing_its_table(capsys, tmp_path):
     """It printed half the table, then "malformed metadata (KeyError('obs'))"."""
     import shutil

@@ -17,8 +17,8 @@ import os
 import sys
 from typing import Any
 
-from .errors import (NotAZStoreError, ReadOnlyError, StoreNotFoundError, ZStoreError,
-                     checkpoint_not_a, filled)
+from .errors import (CorruptChunkError, NotAZStoreError, ReadOnlyError, StoreNotFoundError,
+                     ZStoreError, checkpoint_not_a, filled)
 from .format_version import check_format_version
 
 PROG = "zstore"
@@ -307,7 +307,12 @@ def _print_buffer(spec, group, block: dict[str, Any]) -> list[str]:
     print(f"  {'total (all objects)':<{width + dtype_width + 44}}{format_bytes(total_raw):>11}"
           f"{format_bytes(all_stored):>11}{total_raw / all_stored if all_stored else 0:>7.1f}")
     if block.get("sealed"):
-        print(_episodes_line(group, block, math.prod(lanes)))
+        damaged += _lost_data_objects(group, block, filled)
+        index_damage = _lost_index_objects(spec, group, block, math.prod(lanes))
+        count = block["extra"]["episodes"]["count"]
+        print(f"\n  episodes {count:,} (no statistics: the index is damaged)" if index_damage
+              else _episodes_line(group, block, math.prod(lanes)))
+        damaged += [index_damage] if index_damage else []
     source = (block.get("extra") or {}).get("source")
     if isinstance(source, dict):
         fields = source.get("metadata") or {}
@@ -315,6 +320,47 @@ def _print_buffer(spec, group, block: dict[str, Any]) -> list[str]:
         print(f"  imported from the {source.get('layout')} file {source.get('file')}: "
               f"{len(fields)} metadata fields{named} (all in `zstore info --json`)")
     return damaged
+
+
+def _stores_every_object(block: dict[str, Any]) -> bool:
+    """Whether a sealed dataset stores every object of its rows, so that one missing is damage
+    (in a dataset sealed before ``all_chunks_stored``, it is an all-zero one Zarr skipped)."""
+    from .row_objects import ALL_CHUNKS_STORED
+
+    return bool((block.get("extra") or {}).get(ALL_CHUNKS_STORED))
+
+
+def _lost_data_objects(group, block: dict[str, Any], filled: int) -> list[str]:
+    """One line per key of a sealed dataset missing objects of its ``filled`` rows (a read of
+    them raises)."""
+    from .row_objects import missing_row_objects
+
+    if not _stores_every_object(block):
+        return []
+    lost = []
+    for leaf in block["schema"]["leaves"]:
+        if missing := missing_row_objects([group[leaf["path"]]], filled):
+            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+            lost.append(f"key {leaf['path']!r} lost {missing[0]!r}{more}: this dataset stores "
+                        "every chunk of its rows, so it was copied in part, or the object was "
+                        "deleted; copy the dataset again whole, or restore it from a backup")
+    return lost
+
+
+def _lost_index_objects(spec, group, block: dict[str, Any], lanes: int) -> str | None:
+    """What a sealed dataset's episode index lost, in ``open_dataset(url).episodes``'s words
+    (Zarr would read it as zeros: invented statistics), or None."""
+    from .row_objects import require_index_stored
+
+    if not _stores_every_object(block):
+        return None
+    index = block["extra"]["episodes"]
+    arrays = [array for _, array in sorted(group[index["path"]].arrays())]
+    try:
+        require_index_stored(arrays, -(-int(index["count"]) // lanes), spec.redacted())
+    except CorruptChunkError as exc:
+        return str(exc).removeprefix(f"{spec.redacted()}: ")
+    return None
 
 
 def _episodes_line(group, block: dict[str, Any], lanes: int) -> str:
