@@ -60,6 +60,17 @@ def test_usage_errors_exit_2(capsys, argv):
     assert "usage: zstore" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["convert", "rb", "memory://copy"],
+                                  ["import", "d4rl", "f.hdf5", "memory://ds"],
+                                  ["demo", "--url", "memory://rb"]])
+def test_a_memory_destination_is_refused_with_the_reason(capsys, argv):
+    """`convert` and `import` into memory:// printed their success, and the copy vanished as
+    zstore exited; they refuse it as `demo --url` did."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "memory:// lives in one process, " in err and "use a local path or an s3:// URL" in err
+
+
 @pytest.fixture
 def datasets(tmp_path):
     """A D4RL and a Minari import under one directory."""

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from . import __version__
 from . import cli_commands as _commands
 from .cli_commands import (DEFAULT_TRANSITIONS, PROG, UsageError, add_storage_options, codec_name,
-                           positive_int)
+                           lasting_url, positive_int)
 from .credentials import CHECK_CREDENTIALS, CHECK_ENDPOINT
 from .errors import OPEN_READ_ONLY, InvalidURLError, StoreExistsError, ZStoreError
 
@@ -56,14 +56,6 @@ def register(command: Command) -> Command:
 
 # -- zstore demo ----------------------------------------------------------------------------
 
-def _demo_url(text: str) -> str:
-    if text.startswith("memory://"):
-        raise argparse.ArgumentTypeError(
-            "memory:// lives in one process, and the demo reads the buffer back from another; "
-            "use a local path or an s3:// URL")
-    return text
-
-
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--transitions", type=positive_int, default=DEFAULT_TRANSITIONS,
                         metavar="N", help="transitions to write (default: %(default)s)")
@@ -75,7 +67,7 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: none)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--url", type=_demo_url,
+    where.add_argument("--url", type=lasting_url("and the demo reads the buffer back from another"),
                        help="where to write the buffer: a local path or fsspec URL; it is kept "
                             "(default: a temporary directory)")
     where.add_argument("--s3", action="store_true",

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from .errors import (CorruptChunkError, NotAZStoreError, ReadOnlyError, StoreNotFoundError,
                      ZStoreError, checkpoint_not_a, filled)
@@ -69,6 +69,18 @@ def codec_name(text: str) -> str | None:
     return None if text == "none" else text
 
 
+def lasting_url(why: str) -> Callable[[str], str]:
+    """An argparse type: a URL whose store outlives this process, not ``memory://`` (the
+    refusal says ``why`` that matters)."""
+    def url(text: str) -> str:
+        if text.startswith("memory://"):
+            raise argparse.ArgumentTypeError(
+                f"memory:// lives in one process, {why}; use a local path or an s3:// URL")
+        return text
+
+    return url
+
+
 def storage_option(text: str) -> tuple[str, Any]:
     """An argparse type: ``KEY=VALUE`` (VALUE read as JSON when it parses, else a string)."""
     key, sep, value = text.partition("=")
@@ -109,9 +121,14 @@ def _progress(parser: argparse.ArgumentParser) -> None:
                         help="no progress bar (default: shown when stderr is a terminal)")
 
 
-def _url(parser: argparse.ArgumentParser, name: str = "url", help: str = "") -> None:
-    parser.add_argument(name, metavar=name.upper(),
+def _url(parser: argparse.ArgumentParser, name: str = "url", help: str = "",
+         type: Callable[[str], str] = str) -> None:
+    parser.add_argument(name, metavar=name.upper(), type=type,
                         help=help or "a local path or fsspec URL (s3://bucket/rb, http://host/ds ...)")
+
+
+#: The argparse type of a destination written by this process alone.
+_DESTINATION = lasting_url("so what zstore writes there is gone when it exits")
 
 
 def _require_writable(url: str, options: dict[str, Any], action: str, fix: str):
@@ -510,7 +527,7 @@ def _child_url(spec, fs, root: str, path: str) -> str:
 def convert_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `zstore convert SRC DST`."""
     _url(parser, "src", "the buffer or dataset to copy")
-    _url(parser, "dst", "where to write the copy (must be empty)")
+    _url(parser, "dst", "where to write the copy (must be empty)", _DESTINATION)
     _codec_and_chunks(parser, "the source's; +crc32c when the copy is sealed")
     parser.add_argument("--shards", type=positive_int, metavar="ROWS",
                         help="rows per shard object (default: about 32 MiB on object stores)")
@@ -548,7 +565,7 @@ def import_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("layout", choices=("d4rl", "minari"), help="the HDF5 file's layout")
     parser.add_argument("file", metavar="FILE",
                         help="the HDF5 file to import (minari: also the dataset's folder)")
-    _url(parser, help="where to write the dataset (must be empty)")
+    _url(parser, help="where to write the dataset (must be empty)", type=_DESTINATION)
     _codec_and_chunks(parser, "zstd+crc32c")
     add_storage_options(parser)
     _progress(parser)
