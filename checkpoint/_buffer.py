@@ -39,7 +39,8 @@ from zstore.dtypes import (
 )
 from zstore.errors import MissingKeyError, NotAZStoreError, StoreNotFoundError
 from zstore.group import commit, create_group, open_group
-from zstore.layout import KEY_SEPARATORS, Schema, StoreMeta, chunk_key, key_separator
+from zstore.layout import Schema, StoreMeta
+from zstore.row_objects import KEY_SEPARATORS, chunk_key, key_separator
 from zstore.storages.checkpoint_contract import TensorCheckpointable
 from zstore.store import StoreSpec
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from zstore.layout import ALL_CHUNKS_STORED as ALL_STORED
-from zstore.layout import chunk_key, key_separator, row_object_keys
+from zstore.row_objects import (ALL_CHUNKS_STORED as ALL_STORED, chunk_key, key_separator,
+                               row_object_keys)
 from zstore.store import StoreSpec
 
 from ._dest import CheckpointError, fault_point

@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from zstore.layout import chunk_key
+from zstore.row_objects import chunk_key
 from zstore.lease import LEASE_NAME
 from zstore.storages.checkpoint_contract import CompressedCheckpointable
 from zstore.store import StoreSpec

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -57,6 +58,17 @@ def test_every_command_has_help(capsys, command):
 def test_usage_errors_exit_2(capsys, argv):
     assert main(argv) == 2
     assert "usage: zstore" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["convert", "rb", "memory://copy"],
+                                  ["import", "d4rl", "f.hdf5", "memory://ds"],
+                                  ["demo", "--url", "memory://rb"]])
+def test_a_memory_destination_is_refused_with_the_reason(capsys, argv):
+    """`convert` and `import` into memory:// printed their success, and the copy vanished as
+    zstore exited; they refuse it as `demo --url` did."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "memory:// lives in one process, " in err and "use a local path or an s3:// URL" in err
 
 
 @pytest.fixture
@@ -395,7 +407,7 @@ print(json.dumps(seen))
 """
 
 
-def test_help_ls_and_info_do_not_import_torch(tmp_path, datasets):
+def test_help_ls_info_and_demo_help_do_not_import_torch(tmp_path, datasets):
     root, d4rl, _ = datasets
     zstore.dataset.import_d4rl(d4rl, root / "hopper", progress=False).close()
     storage = zstore.LazyMemmapStorage(20, scratch_dir=str(root / "rb"), ndim=2)
@@ -406,7 +418,7 @@ def test_help_ls_and_info_do_not_import_torch(tmp_path, datasets):
     compressed.flush()
     runs = [["--help"], ["ls", str(tmp_path)], ["info", str(root / "hopper")],
             ["info", str(root / "rb")], ["info", "--json", str(root / "rb")],
-            ["info", str(root / "frames")], ["info", "--help"]]
+            ["info", str(root / "frames")], ["info", "--help"], ["demo", "--help"]]
     done = subprocess.run([sys.executable, "-c", _IMPORTS, json.dumps(runs)], capture_output=True,
                           text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr
@@ -582,6 +594,24 @@ def test_a_file_where_a_folder_belongs_is_named_with_the_fix(capsys, tmp_path, d
     assert file.read_text() == "hello"
 
 
+def test_convert_refuses_a_source_holding_no_rows(capsys, tmp_path):
+    """An emptied buffer: `convert` failed with an "unexpected" AttributeError ('NoneType'
+    object has no attribute 'sealed'), and the Python convert() returned having written
+    nothing; both refuse it now, as `seal` does, naming the source."""
+    from zstore.dataset.convert import convert
+
+    src, dst = tmp_path / "emptied", tmp_path / "copy"
+    _small_buffer(str(src))
+    storage = zstore.open(str(src))
+    storage._empty()
+    storage.close()
+    refusal = f"cannot convert {src}: it holds no rows (length 0), so there is nothing to copy"
+    _one_line(_run(capsys, "convert", str(src), str(dst), "--no-progress", code=1), refusal)
+    with pytest.raises(zstore.NotAZStoreError, match=re.escape(refusal)):
+        convert(src, dst)
+    assert not dst.exists()
+
+
 def test_a_destination_holding_another_storage_is_named_by_its_class(capsys, tmp_path):
     """`convert` onto a CompressedListStorage names it (it said "a Zarr group that is not a
     zstore buffer", which `ls` lists as a CompressedListStorage buffer)."""
@@ -693,6 +723,41 @@ def test_a_ctrl_c_after_the_work_is_reported_does_not_end_the_program_as_killed(
         signal.signal(signal.SIGINT, previous)
 
 
+def test_a_ctrl_c_while_the_arguments_are_declared_is_one_line(capsys, monkeypatch):
+    """A Ctrl-C in `zstore demo`'s first seconds (its arguments were declared outside main's
+    handler, importing torch) printed a KeyboardInterrupt traceback and died by SIGINT."""
+    def interrupted(only=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(zstore.cli, "build_parser", interrupted)
+    assert main(["demo", "-n", "1000"]) == 130
+    assert capsys.readouterr().err == "zstore: interrupted\n"
+
+
+def _piped_to_a_reader_gone(*argv: str) -> subprocess.CompletedProcess:
+    """``python -m zstore ARGV`` writing to a pipe whose reader has left, its stdout buffered
+    (as a user's is: ``PYTHONUNBUFFERED`` unset)."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    try:
+        return subprocess.run([sys.executable, "-m", "zstore", *argv], stdout=writer,
+                              stderr=subprocess.PIPE, text=True, env=env, timeout=120,
+                              cwd=Path(__file__).resolve().parents[1])
+    finally:
+        os.close(writer)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["demo", "--help"], ["ls", "{dir}"],
+                                  ["info", "{dir}/rb"]])
+def test_output_to_a_reader_that_left_is_dropped_quietly(tmp_path, argv):
+    """`zstore ls DIR | head`: output still buffered at exit (all of a short one) was written
+    after main's handler, so Python said "Exception ignored ... BrokenPipeError" and exited 120."""
+    _small_buffer(str(tmp_path / "rb"))
+    done = _piped_to_a_reader_gone(*(arg.format(dir=tmp_path) for arg in argv))
+    assert (done.returncode, done.stderr) == (0, "")
+
+
 def test_info_on_other_zarr_stores_says_what_is_there(capsys, tmp_path):
     """Regression: ``zstore info`` on a plain Zarr array said zarr's "An array already exists
     in store ... at path .", on a Zarr v2 store "no Zarr group there" (false), and on a
@@ -709,6 +774,21 @@ def test_info_on_other_zarr_stores_says_what_is_there(capsys, tmp_path):
                        ("bad", "its zarr.json is not valid JSON")):
         _one_line(_run(capsys, "info", str(tmp_path / name), code=1),
                   f"{tmp_path / name} is not a zstore buffer: {said}")
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_info_of_a_group_that_is_no_buffer_fails_with_or_without_json(capsys, tmp_path, json_flag):
+    """`info --json` printed `{}` with exit 0 for a key folder inside a buffer or a plain
+    Zarr group, which `info` refuses as no buffer."""
+    import zarr
+
+    storage = zstore.LazyMemmapStorage(10, scratch_dir=str(tmp_path / "nested"))
+    storage.set(torch.arange(2), TensorDict({"next": {"obs": torch.zeros(2)}}, batch_size=[2]))
+    storage.close()
+    zarr.open_group(str(tmp_path / "plain"), mode="w").attrs["x"] = 1
+    for url in (tmp_path / "nested" / "next", tmp_path / "plain"):
+        err = _run(capsys, "info", *json_flag, str(url), code=1)
+        _one_line(err, f"{url} is not a zstore buffer: no 'zstore' block in its attributes")
 
 
 @pytest.mark.parametrize("damage", ["a length that is no count", "zarr.json not JSON"])
@@ -755,6 +835,38 @@ def test_info_names_a_raw_chunk_cut_short(capsys, tmp_path):
                             "damaged", "restore the store from a copy or a checkpoint")
     with pytest.raises(zstore.CorruptChunkError):
         zstore.open(url, mode="r")[:]
+
+
+def test_info_names_the_objects_a_sealed_dataset_lost(capsys, tmp_path):
+    """`info` of a dataset whose episode index lost a chunk, or its whole folder, printed
+    statistics read as zeros ("length mean 0.0") with exit 0, and a lost data chunk went
+    unmentioned; `open_dataset(url).episodes` raises CorruptChunkError."""
+    import shutil
+
+    from zstore.row_objects import REBUILD_INDEX
+
+    url, no_index = tmp_path / "ds", tmp_path / "no-index"
+    _small_buffer(str(url))
+    zstore.seal(str(url))
+    assert "length mean 2.0" in _run(capsys, "info", str(url))
+    shutil.copytree(url, no_index)
+    shutil.rmtree(no_index / "__episodes__")
+    (url / "__episodes__" / "length" / "c" / "0").unlink()
+    (url / "obs" / "c" / "0").unlink()
+    errors = {}
+    for damaged in (url, no_index):
+        got = main(["info", str(damaged)])
+        captured = capsys.readouterr()
+        assert got == 1 and "episodes 1 (no statistics: the index is damaged)" in captured.out
+        assert "length mean" not in captured.out
+        errors[damaged] = captured.err.splitlines()
+    assert errors[url][0].startswith(f"zstore: error: {url}: key 'obs' lost 'obs/c/0': ")
+    assert errors[url][1].startswith(f"zstore: error: {url}: the episode index lost "
+                                     "'__episodes__/length/c/0'. ")
+    assert errors[no_index] == [f"zstore: error: {no_index}: the episode index lost "
+                                f"'__episodes__/length/c/0' and 5 more. {REBUILD_INDEX}"]
+    with pytest.raises(zstore.CorruptChunkError, match="the episode index lost"):
+        open_dataset(no_index).episodes
 
 
 def test_info_names_a_key_whose_array_is_gone_before_printing_its_table(capsys, tmp_path):

@@ -37,7 +37,7 @@ from zarr.storage import LocalStore
 
 from ._pools import SharedPool
 from .errors import CorruptChunkError, StoreNotFoundError
-from .layout import chunk_key, key_separator
+from .row_objects import chunk_key, key_separator
 
 #: Ranges closer than this many bytes are fetched in one request.
 COALESCE_GAP = 1 << 20
@@ -150,7 +150,7 @@ class ColumnReader:
         #: objects found missing so far, and the last one's key (:meth:`read` checks once)
         self._absent, self._absent_key = 0, ""
         #: whether every object of the rows read is stored (a sealed dataset's, :data:`~zstore.
-        #: layout.ALL_CHUNKS_STORED`): a missing one is then damage, not rows of zeros
+        #: row_objects.ALL_CHUNKS_STORED`): a missing one is then damage, not rows of zeros
         self.all_stored = False
         self.ndim = len(shape)
         self.separator = separator

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from . import __version__
 from . import cli_commands as _commands
-from .cli_commands import PROG, UsageError, add_storage_options, codec_name, positive_int
+from .cli_commands import (DEFAULT_TRANSITIONS, PROG, UsageError, add_storage_options, codec_name,
+                           lasting_url, positive_int)
 from .credentials import CHECK_CREDENTIALS, CHECK_ENDPOINT
 from .errors import OPEN_READ_ONLY, InvalidURLError, StoreExistsError, ZStoreError
 
@@ -55,17 +56,7 @@ def register(command: Command) -> Command:
 
 # -- zstore demo ----------------------------------------------------------------------------
 
-def _demo_url(text: str) -> str:
-    if text.startswith("memory://"):
-        raise argparse.ArgumentTypeError(
-            "memory:// lives in one process, and the demo reads the buffer back from another; "
-            "use a local path or an s3:// URL")
-    return text
-
-
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
-    from .demo import DEFAULT_TRANSITIONS
-
     parser.add_argument("-n", "--transitions", type=positive_int, default=DEFAULT_TRANSITIONS,
                         metavar="N", help="transitions to write (default: %(default)s)")
     parser.add_argument("--capacity", type=positive_int, metavar="N",
@@ -76,7 +67,7 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: none)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--url", type=_demo_url,
+    where.add_argument("--url", type=lasting_url("and the demo reads the buffer back from another"),
                        help="where to write the buffer: a local path or fsspec URL; it is kept "
                             "(default: a temporary directory)")
     where.add_argument("--s3", action="store_true",
@@ -301,6 +292,27 @@ def _exit_code(exc: SystemExit) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``zstore`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # here, not at exit, where a reader gone (`| head`) cannot be caught
+        return code
+    except BrokenPipeError:  # the reader of stdout left (`zstore info URL | head`): not an error
+        _discard_stdout()
+        return 0
+    except KeyboardInterrupt:  # while parsing too (a command's arguments may import torch)
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device, so that the output still buffered for a reader that
+    left is dropped at exit instead of raising ``BrokenPipeError`` there."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """Parse ``argv`` and run its command; the exit code (a failure is one line on stderr;
+    a Ctrl-C and a reader of stdout gone are :func:`main`'s)."""
     argv_given = argv
     argv = sys.argv[1:] if argv is None else list(argv)
     chosen = next((arg for arg in argv if not arg.startswith("-")), "")  # no option takes a value
@@ -317,18 +329,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args._parser.print_usage(sys.stderr)
         print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # the reader of stdout left (`zstore info URL | head`): not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    except BrokenPipeError:
+        raise  # main's: not a failure of the command
     except Exception as exc:  # noqa: BLE001 - every failure is one line, --debug adds the traceback
         if args.debug:
             traceback.print_exc()
         print(f"{PROG}: error: {error_message(exc, args)}", file=sys.stderr)
         return 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

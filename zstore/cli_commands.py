@@ -4,7 +4,8 @@ Each subcommand is a pair of functions: ``<name>_arguments(parser)`` declares
 its options, ``<name>_run(args)`` runs it and returns the exit code. They are
 registered in :mod:`zstore.cli`, which also maps errors to exit codes (a
 :class:`UsageError` is exit code 2). :func:`positive_int`, :func:`codec_name`
-and :func:`add_storage_options` serve ``zstore demo`` (in :mod:`zstore.cli`) too.
+and :func:`add_storage_options` serve ``zstore demo`` (in :mod:`zstore.cli`) too, as does
+:data:`DEFAULT_TRANSITIONS`.
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ import json
 import math
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
-from .errors import (NotAZStoreError, ReadOnlyError, StoreNotFoundError, ZStoreError,
-                     checkpoint_not_a, filled)
+from .errors import (CorruptChunkError, NotAZStoreError, ReadOnlyError, StoreNotFoundError,
+                     ZStoreError, checkpoint_not_a, filled)
 from .format_version import check_format_version
 
 PROG = "zstore"
+
+#: Transitions ``zstore demo`` writes by default (and :func:`zstore.demo.run_demo`): here, not
+#: in :mod:`zstore.demo`, which imports torch, so that ``zstore demo --help`` starts fast.
+DEFAULT_TRANSITIONS = 50_000
 
 #: Root attributes that tell what a Zarr group is, read as JSON by ``ls`` and ``info`` without
 #: importing their modules (``zstore.group`` imports zarr, the ``checkpoint`` package torch);
@@ -64,6 +69,18 @@ def codec_name(text: str) -> str | None:
     return None if text == "none" else text
 
 
+def lasting_url(why: str) -> Callable[[str], str]:
+    """An argparse type: a URL whose store outlives this process, not ``memory://`` (the
+    refusal says ``why`` that matters)."""
+    def url(text: str) -> str:
+        if text.startswith("memory://"):
+            raise argparse.ArgumentTypeError(
+                f"memory:// lives in one process, {why}; use a local path or an s3:// URL")
+        return text
+
+    return url
+
+
 def storage_option(text: str) -> tuple[str, Any]:
     """An argparse type: ``KEY=VALUE`` (VALUE read as JSON when it parses, else a string)."""
     key, sep, value = text.partition("=")
@@ -104,9 +121,14 @@ def _progress(parser: argparse.ArgumentParser) -> None:
                         help="no progress bar (default: shown when stderr is a terminal)")
 
 
-def _url(parser: argparse.ArgumentParser, name: str = "url", help: str = "") -> None:
-    parser.add_argument(name, metavar=name.upper(),
+def _url(parser: argparse.ArgumentParser, name: str = "url", help: str = "",
+         type: Callable[[str], str] = str) -> None:
+    parser.add_argument(name, metavar=name.upper(), type=type,
                         help=help or "a local path or fsspec URL (s3://bucket/rb, http://host/ds ...)")
+
+
+#: The argparse type of a destination written by this process alone.
+_DESTINATION = lasting_url("so what zstore writes there is gone when it exits")
 
 
 def _require_writable(url: str, options: dict[str, Any], action: str, fix: str):
@@ -195,12 +217,12 @@ def info_run(args: argparse.Namespace) -> int:
     block = attrs.get(ZSTORE_ATTR)
     if not isinstance(block, dict) and isinstance(attrs.get(_CHECKPOINT_ATTR), dict):
         raise _not_a_buffer(spec, "checkpoint", attrs[_CHECKPOINT_ATTR])
-    if args.json:
-        print(json.dumps(block or {}, indent=2))
-        return 0
     where = spec.redacted()
     if not isinstance(block, dict):
         raise NotAZStoreError(f"{where} is not a zstore buffer: no 'zstore' block in its attributes")
+    if args.json:
+        print(json.dumps(block, indent=2))
+        return 0
     check_format_version(block, where)
     print(where)
     try:
@@ -302,7 +324,12 @@ def _print_buffer(spec, group, block: dict[str, Any]) -> list[str]:
     print(f"  {'total (all objects)':<{width + dtype_width + 44}}{format_bytes(total_raw):>11}"
           f"{format_bytes(all_stored):>11}{total_raw / all_stored if all_stored else 0:>7.1f}")
     if block.get("sealed"):
-        print(_episodes_line(group, block, math.prod(lanes)))
+        damaged += _lost_data_objects(group, block, filled)
+        index_damage = _lost_index_objects(spec, group, block, math.prod(lanes))
+        count = block["extra"]["episodes"]["count"]
+        print(f"\n  episodes {count:,} (no statistics: the index is damaged)" if index_damage
+              else _episodes_line(group, block, math.prod(lanes)))
+        damaged += [index_damage] if index_damage else []
     source = (block.get("extra") or {}).get("source")
     if isinstance(source, dict):
         fields = source.get("metadata") or {}
@@ -310,6 +337,47 @@ def _print_buffer(spec, group, block: dict[str, Any]) -> list[str]:
         print(f"  imported from the {source.get('layout')} file {source.get('file')}: "
               f"{len(fields)} metadata fields{named} (all in `zstore info --json`)")
     return damaged
+
+
+def _stores_every_object(block: dict[str, Any]) -> bool:
+    """Whether a sealed dataset stores every object of its rows, so that one missing is damage
+    (in a dataset sealed before ``all_chunks_stored``, it is an all-zero one Zarr skipped)."""
+    from .row_objects import ALL_CHUNKS_STORED
+
+    return bool((block.get("extra") or {}).get(ALL_CHUNKS_STORED))
+
+
+def _lost_data_objects(group, block: dict[str, Any], filled: int) -> list[str]:
+    """One line per key of a sealed dataset missing objects of its ``filled`` rows (a read of
+    them raises)."""
+    from .row_objects import missing_row_objects
+
+    if not _stores_every_object(block):
+        return []
+    lost = []
+    for leaf in block["schema"]["leaves"]:
+        if missing := missing_row_objects([group[leaf["path"]]], filled):
+            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+            lost.append(f"key {leaf['path']!r} lost {missing[0]!r}{more}: this dataset stores "
+                        "every chunk of its rows, so it was copied in part, or the object was "
+                        "deleted; copy the dataset again whole, or restore it from a backup")
+    return lost
+
+
+def _lost_index_objects(spec, group, block: dict[str, Any], lanes: int) -> str | None:
+    """What a sealed dataset's episode index lost, in ``open_dataset(url).episodes``'s words
+    (Zarr would read it as zeros: invented statistics), or None."""
+    from .row_objects import require_index_stored
+
+    if not _stores_every_object(block):
+        return None
+    index = block["extra"]["episodes"]
+    arrays = [array for _, array in sorted(group[index["path"]].arrays())]
+    try:
+        require_index_stored(arrays, -(-int(index["count"]) // lanes), spec.redacted())
+    except CorruptChunkError as exc:
+        return str(exc).removeprefix(f"{spec.redacted()}: ")
+    return None
 
 
 def _episodes_line(group, block: dict[str, Any], lanes: int) -> str:
@@ -459,7 +527,7 @@ def _child_url(spec, fs, root: str, path: str) -> str:
 def convert_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `zstore convert SRC DST`."""
     _url(parser, "src", "the buffer or dataset to copy")
-    _url(parser, "dst", "where to write the copy (must be empty)")
+    _url(parser, "dst", "where to write the copy (must be empty)", _DESTINATION)
     _codec_and_chunks(parser, "the source's; +crc32c when the copy is sealed")
     parser.add_argument("--shards", type=positive_int, metavar="ROWS",
                         help="rows per shard object (default: about 32 MiB on object stores)")
@@ -497,7 +565,7 @@ def import_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("layout", choices=("d4rl", "minari"), help="the HDF5 file's layout")
     parser.add_argument("file", metavar="FILE",
                         help="the HDF5 file to import (minari: also the dataset's folder)")
-    _url(parser, help="where to write the dataset (must be empty)")
+    _url(parser, help="where to write the dataset (must be empty)", type=_DESTINATION)
     _codec_and_chunks(parser, "zstd+crc32c")
     add_storage_options(parser)
     _progress(parser)

@@ -34,10 +34,9 @@ from tensordict import TensorDict
 
 import zstore
 
+from .cli_commands import DEFAULT_TRANSITIONS
 from .errors import ZStoreError
 
-#: Default number of transitions written.
-DEFAULT_TRANSITIONS = 50_000
 #: Environments stepped in parallel.
 NUM_ENVS = 8
 #: Environment steps per rollout (one ``writer.extend`` writes ``NUM_ENVS * ROLLOUT_STEPS`` rows).

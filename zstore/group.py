@@ -406,7 +406,7 @@ def checked_arrays(group: zarr.Group, leaves, rows: int,
 def _checked_array(node, leaf, rows: int, layout: tuple[int, int | None], where: str,
                    raw: bool) -> zarr.Array:
     from .dtypes import storage_numpy_dtype, torch_dtype_name
-    from .layout import KEY_SEPARATORS, key_separator
+    from .row_objects import KEY_SEPARATORS, key_separator
 
     if isinstance(node, (KeyError, NodeNotFoundError, FileNotFoundError)):
         raise NotAZStoreError(f"{where}: key {leaf.path!r} is in the metadata but has no array")

@@ -30,6 +30,7 @@ from .errors import (
     SchemaError,
 )
 from .format_version import FORMAT_VERSION, TAIL_FORMAT_VERSION, check_format_version
+from .row_objects import ALL_CHUNKS_STORED
 from .tail import Segment, record_from_json, record_to_json
 from .text import TEXT_BYTES, decode, encode, holds_value, is_text, non_tensor_leaves, width_for
 
@@ -38,47 +39,6 @@ SINGLE_TENSOR_KEY = "_-single-tensor-_"
 #: Largest number of elements zstore accepts for one buffer leaf (guards absurd metadata).
 MAX_ELEMENTS = 1 << 48
 _RESERVED = {"zarr.json", ".zarray", ".zgroup", ".zattrs"}
-
-
-#: Chunk-key separators of Zarr v3's default encoding that zstore reads and writes: "/"
-#: (one directory per chunk on a filesystem) and "." (checkpoint generations: every chunk
-#: of an array in one directory, so carrying a chunk over is one hard link, no mkdir).
-KEY_SEPARATORS = ("/", ".")
-
-
-def chunk_key(path: str, ndim: int, index: int, separator: str = "/") -> str:
-    """The object key of row-chunk ``index`` of the ``ndim``-D array at ``path`` (Zarr v3
-    default chunk-key encoding; one chunk spans every other dimension)."""
-    return f"{path}/c{separator}{index}" + f"{separator}0" * (ndim - 1)
-
-
-def row_object_keys(path: str, shape: Sequence[int], separator: str, rows: int,
-                    rows_per_object: int) -> list[str]:
-    """The keys of the objects (chunks, or shards) holding rows ``[0, rows)`` of the array
-    of ``shape`` at ``path``, chunked along rows only, ``rows_per_object`` rows an object:
-    none where the array has no element (Zarr stores no data for it), ``c`` for a 0-D one."""
-    if math.prod(shape) == 0:
-        return []
-    if not shape:
-        return [f"{path}/c"]
-    return [chunk_key(path, len(shape), i, separator) for i in range(-(-rows // rows_per_object))]
-
-
-def key_separator(array_meta: Mapping[str, Any]) -> str | None:
-    """The separator of an array's chunk keys (from its metadata as a dict), or None when
-    they are not in Zarr v3's default encoding with a separator zstore knows."""
-    encoding = array_meta.get("chunk_key_encoding") or {}
-    separator = (encoding.get("configuration") or {}).get("separator", "/")
-    if array_meta.get("zarr_format") != 3 or encoding.get("name") != "default" \
-            or separator not in KEY_SEPARATORS:
-        return None
-    return separator
-
-
-#: Flag (a checkpoint's commit record and tree attributes; a sealed dataset's ``extra``): every
-#: chunk or shard object of the rows is stored, all-zero ones included (Zarr skips those by
-#: default), so a missing object is damage (a partial copy, a deleted file), not zeros.
-ALL_CHUNKS_STORED = "all_chunks_stored"
 
 
 #: Zarr ``dimension_names`` of a buffer's row dim and lane dims (``ndim > 1``).

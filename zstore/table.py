@@ -37,7 +37,8 @@ from .errors import CorruptChunkError, ReadOnlyError, folder_not_writable
 from ._pages import MADV_RANDOM, advise, disk_reads, gather_rows, prefetch_rows, scan
 from ._pools import SharedPool
 from .group import checked_arrays, listed_segments
-from .layout import Leaf, chunk_key, key_separator
+from .layout import Leaf
+from .row_objects import chunk_key, key_separator
 from .tail import group_id
 
 #: Reads of a table's other block groups while the caller reads its first (a few threads per

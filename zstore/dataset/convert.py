@@ -34,7 +34,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike,
     of the source. ``codec`` defaults to the source's presets, with a crc32c
     checksum added when the copy is sealed; ``chunks`` / ``shards`` to zstore's defaults at the
     destination. A sealed source gives a sealed copy (``seal=None``); the
-    copy is returned closed.
+    copy is returned closed. A source holding no rows is refused (``NotAZStoreError``).
     """
     from ..api import open as open_buffer
 
@@ -44,6 +44,10 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike,
             raise NotAZStoreError(f"cannot convert {source.spec.redacted()}: it holds a "
                                   f"{type(source).__name__}; convert copies LazyMemmapStorage "
                                   "buffers and datasets")
+        if len(source) == 0:  # no row to copy: a copy would be a store never created
+            raise NotAZStoreError(
+                f"cannot convert {source.spec.redacted()}: it holds no rows (length 0), so "
+                "there is nothing to copy; write rows to it first")
         meta = source._meta
         seal = meta.sealed if seal is None else seal
         if codec is _KEEP:  # the source's presets; a published copy is always checksummed

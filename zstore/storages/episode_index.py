@@ -25,7 +25,6 @@ readers still see one batch size across the group. The count is in the
 
 from __future__ import annotations
 
-import asyncio
 import math
 from typing import Any
 
@@ -33,7 +32,6 @@ import numpy as np
 import torch
 import zarr
 from tensordict import TensorDict
-from zarr.core.sync import sync
 
 from .. import episodes as _ted
 from ..dtypes import from_numpy
@@ -41,7 +39,8 @@ from ..episodes import (flags_of, key_path, lane_episode_bounds, ring_order, rin
                         segment_sums)
 from ..errors import CorruptChunkError
 from ..group import TENSORDICT_ATTR, new_group
-from ..layout import StoreMeta, dimension_names, key_separator, row_object_keys
+from ..layout import StoreMeta, dimension_names
+from ..row_objects import REBUILD_INDEX, require_index_stored
 
 #: Sub-group of the dataset group holding the episode index.
 INDEX_PATH = "__episodes__"
@@ -153,7 +152,7 @@ def read_index(group: zarr.Group, meta: StoreMeta, where: str) -> TensorDict:
     sub = group[INDEX_PATH]
     names = (*FIELDS, *(("lane",) if meta.ndim > 1 else ()))
     if meta.all_chunks_stored:
-        _require_stored([sub[name] for name in names], used_rows, where)
+        require_index_stored([sub[name] for name in names], used_rows, where)
     out: dict[str, Any] = {}
     for name in names:
         array = sub[name]
@@ -163,35 +162,12 @@ def read_index(group: zarr.Group, meta: StoreMeta, where: str) -> TensorDict:
         except Exception as exc:  # noqa: BLE001 - zarr's checksum and decode errors alike
             raise CorruptChunkError(
                 f"{where}: the episode index array {INDEX_PATH}/{name} cannot be read "
-                f"({type(exc).__name__}: {exc}). {_REBUILD}") from None
+                f"({type(exc).__name__}: {exc}). {REBUILD_INDEX}") from None
         values = values.reshape(used_rows * lanes, *array.shape[meta.ndim:])[:n]
         out[name] = torch.from_numpy(np.ascontiguousarray(values))
     index = TensorDict(out, batch_size=[n])
     _check_index(index, meta, where)
     return index
-
-
-def _require_stored(arrays: list[zarr.Array], used_rows: int, where: str) -> None:
-    """Raise unless every chunk object of rows ``[0, used_rows)`` of ``arrays`` is stored
-    (all requests at once): Zarr would read a missing one as zeros."""
-    keys = [key for array in arrays
-            for key in row_object_keys(array.path, array.shape, key_separator(
-                array.metadata.to_dict()) or "/", used_rows, array.chunks[0])]
-    store = arrays[0].store
-
-    async def look() -> list[bool]:
-        return await asyncio.gather(*[store.exists(key) for key in keys])
-
-    missing = [key for key, found in zip(keys, sync(look())) if not found]
-    if missing:
-        raise CorruptChunkError(f"{where}: the episode index lost {missing[0]!r}"
-                                f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}. "
-                                f"{_REBUILD}")
-
-
-#: What to do about a damaged episode index (in errors).
-_REBUILD = ("The dataset was copied in part, or edited: copy it again whole, or rebuild its "
-            "index with 'zstore convert SRC DEST', which computes it again")
 
 
 def _check_index(index: TensorDict, meta: StoreMeta, where: str) -> None:
@@ -215,4 +191,4 @@ def _check_index(index: TensorDict, meta: StoreMeta, where: str) -> None:
         problems.append(f"lanes outside 0..{lanes - 1}")
     if problems:
         raise CorruptChunkError(f"{where}: the episode index in {INDEX_PATH}/ is damaged ("
-                                + "; ".join(problems) + f"). {_REBUILD}")
+                                + "; ".join(problems) + f"). {REBUILD_INDEX}")

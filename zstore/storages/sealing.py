@@ -30,7 +30,8 @@ from ..codecs import CodecSpec
 from .episode_index import INDEX_PATH, compute_index, write_index
 from ..errors import NotAZStoreError, ReadOnlyError
 from ..group import commit, consolidate
-from ..layout import ALL_CHUNKS_STORED, StoreMeta, key_separator, row_object_keys
+from ..layout import StoreMeta
+from ..row_objects import ALL_CHUNKS_STORED, key_separator, row_object_keys
 
 #: Codec of the episode index arrays (small; checksummed like published data).
 INDEX_CODEC = CodecSpec.parse("zstd+crc32c")
