@@ -93,7 +93,7 @@ def test_keys_named_as_zstores_own_objects_are_refused_before_anything_is_writte
                  {f"{TAIL_PREFIX}-0": torch.ones(2)}):
         with pytest.raises(zstore.errors.InvalidKeyError, match="zstore's own objects.*rename the key"):
             storage.set(torch.arange(2), data)
-    assert not storage.initialized and sorted(p.name for p in (tmp_path / "rb").iterdir()) == [LEASE_NAME]
+    assert not storage.initialized and list((tmp_path / "rb").iterdir()) == []  # (nor a lease)
     storage.set(torch.arange(2), TensorDict({"zstore": torch.ones(2)}, batch_size=[2]))  # not a prefix
     storage.close()
     assert zstore.open(url).get(1)["zstore"].item() == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -172,14 +173,14 @@ def test_a_local_path_with_dot_dot_is_one_folder_and_an_ensemble_of_it_reopens(t
     import zstore
 
     (tmp_path / "x").mkdir()
-    assert StoreSpec.parse(tmp_path / "x" / ".." / "member").url == str(tmp_path / "member")
+    assert StoreSpec.parse(tmp_path / "x" / ".." / "member").url == os.path.realpath(tmp_path / "member")
     member = zstore.LazyMemmapStorage(10, scratch_dir=f"{tmp_path}/x/../member")
     member.set(torch.arange(3), TensorDict(obs=torch.zeros(3, 2), batch_size=[3]))
     member.flush()
     zstore.StorageEnsemble(member, scratch_dir=str(tmp_path / "ens"))
     reopened = zstore.open(str(tmp_path / "ens"), mode="r")
     (again,) = reopened._storages
-    assert len(again) == 3 and again.scratch_dir == str(tmp_path / "member")
+    assert len(again) == 3 and again.scratch_dir == os.path.realpath(tmp_path / "member")
 
 
 @pytest.mark.parametrize("url", ["https://user:hunter2@host/ds", "http://hunter2@host:80/ds"])
@@ -204,3 +205,15 @@ def test_options_in_an_object_store_url_s_query_are_refused_naming_storage_optio
     with pytest.raises(ValueError, match=r"has a query string, .* as storage options"):
         StoreSpec.parse("s3://bucket/rb?endpoint_url=http://127.0.0.1:9000")
     assert StoreSpec.parse("s3://bucket/what?").url == "s3://bucket/what?"  # (a key may hold '?')
+
+
+def test_dot_dot_after_a_symlink_is_resolved_as_the_os_resolves_it(tmp_path):
+    """``link/../rb`` with ``link`` a symlink into another folder is the ``rb`` next to the
+    link's target, as the OS reads it (a lexical ``..`` would make it another folder)."""
+    (tmp_path / "real" / "deep").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "link").symlink_to(tmp_path / "real" / "deep")
+    spelled = tmp_path / "other" / "link" / ".." / "rb"
+    assert StoreSpec.parse(spelled).url == os.path.realpath(spelled) == \
+        os.path.realpath(tmp_path / "real" / "rb")
+    assert StoreSpec.parse(tmp_path / "other" / "link").url == str(tmp_path / "other" / "link")

@@ -206,7 +206,8 @@ def test_ellipsis_spans_a_plain_tensors_own_dims_as_torchrl(tmp_path, index):
 
 
 @pytest.mark.parametrize("cursor", [-1, -3, torch.tensor([-1]), torch.tensor([0, -2]),
-                                    slice(-2, None), slice(-1, 6), slice(None, -4)], ids=str)
+                                    slice(-2, None), slice(-1, 6), slice(None, -4),
+                                    slice(-1, -1)], ids=str)
 def test_a_position_from_the_end_counts_one_write_as_torchrl(tmp_path, cursor):
     """``set(-1, row)`` of a memmap storage holding 3 rows of 6 made its length 6 (the rows
     between never written, read as zeros, sampled); TorchRL counts the write: 4. A slice
@@ -219,11 +220,28 @@ def test_a_position_from_the_end_counts_one_write_as_torchrl(tmp_path, cursor):
             len(range(6)[cursor]) if isinstance(cursor, slice) else len(cursor)
         storage.set(cursor, TensorDict(a=torch.full((n,), 9), batch_size=[n])
                     if n > 1 or not isinstance(cursor, int) else TensorDict(a=torch.tensor(9)))
-        got[name] = (len(storage), storage.get(torch.arange(3))["a"].tolist())
+        got[name] = (len(storage), storage.get(torch.arange(3))["a"].tolist(),
+                     storage._last_cursor_index if isinstance(cursor, slice) else None)
+        # (an empty slice from the end moved a memmap storage's cursor to its last row)
         if name not in ("torchrl", "in RAM"):
             storage.flush()
             assert len(zt.open(storage.scratch_dir, mode="r")) == got[name][0], name
     assert got["in RAM"] == got["memory"] == got["local"] == got["torchrl"]
+
+
+def test_a_nested_list_of_positions_writes_as_torchrl(tmp_path):
+    """``storage[[[0, 1], [2, 3]]] = td`` (a ``[2, 2]`` batch): the in-RAM storage took the
+    nested list for a tuple of indices, as torch does, where a TensorDict (and TorchRL's
+    storage) takes it for one ``[2, 2]`` index tensor, and refused it ("too many indices")."""
+    got = {}
+    for name, storage in _tensor_storages(tmp_path, 1):
+        storage.set(torch.arange(6), TensorDict(a=torch.arange(6.0), batch_size=[6]))
+        storage[[[0, 1], [2, 3]]] = TensorDict(a=torch.tensor([[10.0, 11.0], [12.0, 13.0]]),
+                                               batch_size=[2, 2])
+        got[name] = (storage.get(slice(None))["a"].tolist(),
+                     storage.get([[0, 1], [2, 3]])["a"].tolist())
+    assert got["in RAM"] == got["memory"] == got["local"] == got["torchrl"] == \
+        ([10.0, 11.0, 12.0, 13.0, 4.0, 5.0], [[10.0, 11.0], [12.0, 13.0]])
 
 
 def test_a_uint8_mask_writes_as_torchrl(tmp_path):

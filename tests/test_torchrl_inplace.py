@@ -412,3 +412,23 @@ def test_index_assignments_of_plain_tensors_are_stored_as_torchrl_stores_them(lo
         storage.flush()
         again = zstore.open(url, location.options, mode="r").get(slice(None))
         assert torch.equal(again.transpose(0, 1) if ndim == 2 else again, want)
+
+
+@pytest.mark.parametrize("store", ["in RAM", "memory"])
+def test_a_slice_of_plain_tensors_compiles_and_a_read_only_one_is_the_reader_s(store, tmp_path):
+    """The slice that stores its assignments is the copy only (in RAM it is views, which
+    store them anyway): ``torch.compile`` of code over ``rb[:]`` raised a RecursionError on
+    every store, and an edit of a read-only store's slice (a reader normalising its copy)
+    raised ReadOnlyError."""
+    url = f"memory://zstore-tests/compiled-{tmp_path.name}"
+    storage = zt.LazyTensorStorage(16) if store == "in RAM" else \
+        zt.LazyMemmapStorage(16, scratch_dir=url)
+    rb = T.ReplayBuffer(storage=storage)
+    rb.extend(torch.arange(20.0).view(10, 2))
+    twice = torch.compile(lambda rows: (rows * 2).sum(), backend="eager")
+    assert twice(rb[:]).item() == 380.0
+    if store == "memory":
+        storage.flush()
+        copy = zstore.torchrl.open(url, mode="r").get(slice(None))
+        copy[:, 0] -= 5  # the reader's own copy
+        assert copy[0].tolist() == [-5.0, 1.0] and rb[0].tolist() == [0.0, 1.0]

@@ -254,7 +254,7 @@ def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None,
     A location holding something that is not a zstore buffer is refused; a
     creation interrupted earlier (marked incomplete) is overwritten. ``lease``
     (held by the caller) makes the final commit conditional. ``key_separator``:
-    the arrays' chunk-key separator (``"/"`` or ``"."``, :data:`layout.KEY_SEPARATORS`).
+    the arrays' chunk-key separator (``"/"`` or ``"."``, :data:`row_objects.KEY_SEPARATORS`).
     """
     from .conditional import PROBE_PREFIX
     from .lease import LEASE_NAME

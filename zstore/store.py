@@ -146,8 +146,9 @@ class StoreSpec:
             raise InvalidURLError(f"a store URL must be a non-empty string or path, got {url!r}")
         if text.startswith("file://"):
             text = text[len("file://"):]
-        if "://" not in text:  # (".." resolved too: one spelling per folder, as ensembles record)
-            text = os.path.abspath(os.path.expanduser(text))
+        if "://" not in text:  # ("..": resolved as the OS does, through symlinks before it, so
+            text = os.path.expanduser(text)  # a folder has one spelling, as ensembles record)
+            text = os.path.realpath(text) if ".." in Path(text).parts else str(Path(text).absolute())
         scheme, sep, path = text.partition("://")
         if sep and not path.strip("/"):  # (stripped, "memory://" was the local path "memory:")
             bucket = "object_store" in CAPABILITIES.get(scheme, ())
@@ -478,7 +479,7 @@ class StoreSpec:
     def require_writable(self, action: str) -> None:
         """Raise :class:`ReadOnlyError` naming ``action`` when this spec is read-only."""
         if self.sealed:
-            raise sealed_dataset(action, self.url)
+            raise sealed_dataset(action, self.shown_url)
         if self.read_only:
             raise ReadOnlyError(f"cannot {action}: {self.shown_url} is opened read-only")
 

@@ -272,10 +272,11 @@ class _WriteThrough(TensorDict):
 
 class _WriteThroughTensor(torch.Tensor):
     """The rows ``start, start + step, ...`` of a storage of plain tensors, as
-    ``storage[a:b]`` returns them: an item assignment into them, or into a view of them (a
-    transpose, an index of ints and slices), stores the rows it wrote, as
-    :class:`_WriteThrough` does for TensorDicts. TorchRL's ``rb[i, j] = x`` (over an
-    ``ndim=2`` storage too) is ``rb[:][i, j] = x``. Other in-place ops store nothing.
+    ``storage[a:b]`` returns them where they are a copy (``memory://``, S3, a compressed
+    codec): an item assignment into them, or into a view of them (a transpose, an index of
+    ints and slices), stores the rows it wrote, as :class:`_WriteThrough` does for
+    TensorDicts. TorchRL's ``rb[i, j] = x`` (over an ``ndim=2`` storage too) is
+    ``rb[:][i, j] = x``. Other in-place ops, and code ``torch.compile`` traces, store nothing.
     """
 
     _source: tuple[Any, int, int] | None = None  # (storage, start, step)
@@ -295,6 +296,8 @@ class _WriteThroughTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if torch.compiler.is_compiling():  # (traced code stores nothing: Dynamo would recurse)
+            return super().__torch_function__(func, types, args, kwargs or {})
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **(kwargs or {}))
         first = args[0] if args else None
@@ -479,7 +482,8 @@ class TensorStorage(_z.TensorStorage, Storage, _trl.TensorStorage):
             return _WriteThrough.of(out, self, start, step)
         if is_tensorclass(out) and type(out._tensordict) is TensorDict:
             return type(out).from_tensordict(_WriteThrough.of(out._tensordict, self, start, step))
-        if type(out) is torch.Tensor and out.dim() and self._rows_are_tensors():
+        if type(out) is torch.Tensor and out.dim() and self._rows_are_tensors() \
+                and self._slices_are_copies():
             return _WriteThroughTensor.of(out, self, start, step)
         return out
 
@@ -490,6 +494,11 @@ class TensorStorage(_z.TensorStorage, Storage, _trl.TensorStorage):
     def _rows_are_tensors(self) -> bool:
         """Whether the rows are plain tensors (an initialised storage)."""
         return isinstance(self._storage, torch.Tensor)
+
+    def _slices_are_copies(self) -> bool:
+        """Whether ``storage[a:b]`` is a copy of the rows that can store its assignments
+        (else it is views of them, as in RAM, where they land without help)."""
+        return False
 
 
 class LazyTensorStorage(_z.LazyTensorStorage, TensorStorage, _trl.LazyTensorStorage):
@@ -529,6 +538,9 @@ class LazyMemmapStorage(_z.LazyMemmapStorage, LazyTensorStorage, _trl.LazyMemmap
 
     def _rows_are_tensors(self) -> bool:
         return self._schema.kind == "tensor"
+
+    def _slices_are_copies(self) -> bool:  # (a read-only store's copy is the reader's to edit)
+        return not self._maps_writable and not self.spec.read_only
 
     def _read_rows(self, index: Any) -> Any:
         """``get(index)``, reading the rows now."""

@@ -359,5 +359,5 @@ def _reopened_member(spec: StoreSpec, i: int, ref: str, **options: Any) -> Stora
         else:
             fix = "members are reopened with the storage_options and mode given to zstore.open"
         kind = next(c for c in type(exc).__mro__ if c.__module__ in ("builtins", ZStoreError.__module__))
-        raise kind(f"cannot reopen member {i} ({member.url}) of the StorageEnsemble at "
+        raise kind(f"cannot reopen member {i} ({member.shown_url}) of the StorageEnsemble at "
                    f"{spec.shown_url}: {exc}; {fix}") from exc

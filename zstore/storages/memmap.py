@@ -648,8 +648,10 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, Comp
 
     def _set_last_cursor(self, cursor: Any) -> None:
         super()._set_last_cursor(cursor)
-        if self._last_cursor_value < -1 or (self._last_cursor_value == -1 and is_negative(cursor)):
+        if self._last_cursor_value < -1 or (self._last_cursor_value == -1 and is_negative(cursor)
+                                            and not isinstance(cursor, slice)):
             self._last_cursor_value %= self._meta.rows  # a negative index counts from the end
+            # (a slice's is resolved already: -1 means it was empty)
 
     def get(self, index: Any) -> Any:
         with self._commit_lock:  # a background commit and a read do not share the table

@@ -228,6 +228,8 @@ class TensorStorage(Storage):
         if isinstance(cursor, torch.Tensor):
             cursor = cursor.to(_first_leaf(container).device)
         if is_tensor_collection(container) and is_tensor_collection(data):
+            if isinstance(cursor, list) and cursor and all(isinstance(c, list) for c in cursor):
+                cursor = torch.tensor(cursor)  # (what a TensorDict takes it for; torch: a tuple)
             held = set(container.keys(include_nested=True, leaves_only=True))
             keys = list(data.keys(include_nested=True, leaves_only=True))
             if not isinstance(container, LazyStackedTensorDict):  # (rows that may be ragged)

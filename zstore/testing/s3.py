@@ -192,8 +192,10 @@ def rclone_binary() -> str:
 
 
 #: Seconds a request to rclone's server may go unanswered before the client retries it: far
-#: above any answer's time on a loaded machine (the slowest seen here: a few seconds).
-READ_TIMEOUT = 60
+#: above any answer's time on a loaded machine (the slowest seen here: a few seconds), and
+#: short enough that a request left unanswered is sent again well within a test's 300 s (at
+#: 60 s, a test that met one ran out of time on 2026-12-07, waiting in a close()).
+READ_TIMEOUT = 20
 
 
 class RcloneS3(S3Server):
