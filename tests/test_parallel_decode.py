@@ -222,3 +222,32 @@ def test_large_uncompressed_chunks_are_copied_into_their_slots_on_the_pool(monke
     assert len({n for n in names if n.startswith("zstore-decode")}) > 1, names
     assert landed and all(landed), landed
     StoreSpec.parse(url).delete()
+
+
+def test_reads_and_commits_swap_no_process_wide_warning_state(tmp_path, monkeypatch):
+    """``warnings.catch_warnings`` swaps the process's warning state, not a thread's. Decode
+    threads entered it around every chunk (torch's warning about read-only arrays), and the
+    background committer around a CompressedListStorage's open: one that straddled a
+    caller's ``catch_warnings(record=True)`` on another thread took its record with it (a
+    test expecting one warning got none, once, in a full run). Neither enters it now: the
+    chunks' decoding and a commit (what the background threads run) swap nothing."""
+    import warnings
+
+    import zstore
+
+    memmap = zstore.LazyMemmapStorage(64, scratch_dir=str(tmp_path / "rb"), codec="zstd")
+    memmap.set(torch.arange(64), TensorDict(obs=torch.arange(64.0), batch_size=[64]))
+    items = zstore.CompressedListStorage(8, scratch_dir=str(tmp_path / "items"))
+
+    def entered(*args, **kwargs):
+        raise AssertionError("warnings.catch_warnings entered on a read or commit path")
+
+    memmap.flush()
+    reader = zstore.open(str(tmp_path / "rb"), mode="r")  # (on the caller's thread: it may)
+    with monkeypatch.context() as patch:
+        patch.setattr(warnings, "catch_warnings", entered)
+        read = reader.get(torch.arange(64))["obs"].tolist()
+        items.set(0, TensorDict(obs=torch.ones(3)))
+        items.flush()
+    assert read == list(range(64))
+    assert zstore.open(str(tmp_path / "items"))[0]["obs"].tolist() == [1.0, 1.0, 1.0]

@@ -114,6 +114,20 @@ def to_numpy(tensor: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     return tensor.numpy().view(storage_numpy_dtype(dtype))
 
 
+def _spend_the_read_only_warning() -> None:
+    """torch warns, once per process, that a tensor over a read-only array must not be
+    written; :func:`from_numpy`'s are only ever copied from. Spent here, at import, so no
+    decode thread swaps the process's warning state around each call
+    (``warnings.catch_warnings`` is not per thread: it clobbered a caller's
+    ``catch_warnings(record=True)``, which lost its warnings)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.from_numpy(np.frombuffer(b"\0", dtype=np.uint8))
+
+
+_spend_the_read_only_warning()
+
+
 def from_numpy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """A NumPy chunk read from Zarr as a tensor in :func:`compute_dtype`."""
     target = compute_dtype(dtype)
@@ -121,7 +135,5 @@ def from_numpy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     if target in (torch.int16, torch.int32, torch.int64) and dtype != target:
         array = array.view(width[array.dtype.itemsize])
     if not array.flags.writeable:  # decoded straight from a bytes object; only ever copied from
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.from_numpy(array)
+        return torch.from_numpy(array)  # (torch's warning about it: spent at import)
     return torch.from_numpy(np.ascontiguousarray(array))

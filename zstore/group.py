@@ -83,8 +83,13 @@ def open_plain_group(store: Any, mode: str = "r", consolidated: bool | None = Fa
 
     ``consolidated``: read consolidated metadata (``True``), never (``False``, what a
     writer sees), or when present (``None``). zarr's warnings about consolidated
-    metadata not being in the v3 spec are silenced.
+    metadata not being in the v3 spec are silenced. A writer's open (``False``, on the
+    background committer's thread too) warns of nothing, and swaps no warning state:
+    ``warnings.catch_warnings`` is the process's, and on another thread it clobbered a
+    caller's (a ``catch_warnings(record=True)`` lost its warnings).
     """
+    if consolidated is False:
+        return zarr.open_group(store, mode=mode, use_consolidated=False, zarr_format=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return zarr.open_group(store, mode=mode, use_consolidated=consolidated, zarr_format=3)
