@@ -35,7 +35,6 @@ MAX_TICK = 1.0
 _monotonic = time.monotonic
 
 
-
 def commit_interval(seconds: float) -> float:
     """``autocommit_seconds``, refused unless a number of seconds ``>= 0`` (NaN would
     never come due; ``math.inf``: no timed commit)."""
@@ -43,6 +42,7 @@ def commit_interval(seconds: float) -> float:
         raise ValueError(f"autocommit_seconds must be a number of seconds >= 0 (math.inf: no "
                          f"timed commit), got {seconds!r}")
     return seconds
+
 
 class Committable(Protocol):
     """What the committer needs of a storage (and its ``spec``, a :class:`zstore.StoreSpec`)."""

@@ -350,15 +350,14 @@ def _stores_every_object(block: dict[str, Any]) -> bool:
 def _lost_data_objects(group, block: dict[str, Any], filled: int) -> list[str]:
     """One line per key of a sealed dataset missing objects of its ``filled`` rows (a read of
     them raises)."""
-    from .row_objects import missing_row_objects
+    from .row_objects import first_of, missing_row_objects
 
     if not _stores_every_object(block):
         return []
     lost = []
     for leaf in block["schema"]["leaves"]:
         if missing := missing_row_objects([group[leaf["path"]]], filled):
-            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-            lost.append(f"key {leaf['path']!r} lost {missing[0]!r}{more}: this dataset stores "
+            lost.append(f"key {leaf['path']!r} lost {first_of(missing)}: this dataset stores "
                         "every chunk of its rows, so it was copied in part, or the object was "
                         "deleted; copy the dataset again whole, or restore it from a backup")
     return lost

@@ -80,11 +80,15 @@ def missing_row_objects(arrays: Sequence[zarr.Array], rows: int) -> list[str]:
     return [key for key, found in zip(keys, sync(look())) if not found]
 
 
+def first_of(keys: Sequence[str]) -> str:
+    """The first of ``keys`` (objects found missing), and how many more: what errors name."""
+    return f"{keys[0]!r}" + (f" and {len(keys) - 1} more" if len(keys) > 1 else "")
+
+
 def require_index_stored(arrays: Sequence[zarr.Array], rows: int, where: str) -> None:
     """Raise :class:`~zstore.errors.CorruptChunkError` naming ``where`` unless every object of
     rows ``[0, rows)`` of the episode index ``arrays`` is stored."""
     missing = missing_row_objects(arrays, rows)
     if missing:
-        raise CorruptChunkError(f"{where}: the episode index lost {missing[0]!r}"
-                                f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}. "
+        raise CorruptChunkError(f"{where}: the episode index lost {first_of(missing)}. "
                                 f"{REBUILD_INDEX}")
