@@ -9,12 +9,13 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import pytest
 import torch
 import zstore
-from tensordict import TensorDict
+from tensordict import NonTensorData, TensorDict
 from test_torchrl_integration import BATCH, CAPACITY, assert_equal, assert_same_samples, fill, transitions
 
 pytestmark = pytest.mark.torchrl
@@ -170,6 +171,75 @@ def test_no_pickle_is_stored_or_loaded(location, tmp_path):
     assert len(fresh) == 0  # nothing was loaded
 
 
+def test_a_save_holding_a_pickled_tensordict_field_is_refused_unread(location, tmp_path):
+    """tensordict pickles a non-tensor field of a state it memory-maps (``other.pickle``) and
+    TorchRL's ``rb.loads`` unpickles it (the RNG state, a sampler's): ``loads`` refuses such a
+    save before anything runs, and ``dumps`` never writes one."""
+    url, fs, root = _saved(location, 20)
+    marker = tmp_path / "unpickled"
+    crafted = TensorDict(rng_state=torch.Generator().get_state())
+    crafted["note"] = NonTensorData(_RunsAtUnpickling(str(marker)))
+    crafted.memmap(tmp_path / "rng_state")  # the field is not JSON: tensordict pickles it
+    for path in (tmp_path / "rng_state").rglob("*"):
+        if path.is_file():
+            rel = path.relative_to(tmp_path).as_posix()
+            if location.kind == "local":
+                fs.makedirs(f"{root}/{rel}".rsplit("/", 1)[0], exist_ok=True)
+            fs.pipe_file(f"{root}/{rel}", path.read_bytes())
+    fresh = _url_buffer(location)
+    with pytest.raises(ValueError, match="other.pickle"):
+        zt.loads(fresh, url, location.options)
+    assert not marker.exists() and len(fresh) == 0
+
+    noting = _url_buffer(location, sampler=_NotingSampler())
+    noting.extend(transitions(5))
+    good, _, _ = _saved(location, 20)
+    with pytest.raises(ValueError, match="not tensors"):
+        zt.dumps(noting, good, location.options)  # refused before the save there changes
+    loaded = _url_buffer(location)
+    zt.loads(loaded, good, location.options)
+    assert len(loaded) == 20
+
+
+def test_a_sampler_s_pt_state_is_not_loaded_where_torch_would_unpickle_it(location, monkeypatch):
+    """``ConsumingSampler`` saves its state with ``torch.save``; TorchRL's ``torch.load`` of it
+    passes no ``weights_only``, which torch's TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD turns into a
+    full unpickling: ``loads`` refuses then, and loads it where torch reads weights only."""
+    rb = _url_buffer(location, sampler=T.ConsumingSampler())
+    rb.extend(transitions(20))
+    rb.sample()
+    url = location.new("ckpt")
+    zt.dumps(rb, url, location.options)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    fresh = _url_buffer(location, sampler=T.ConsumingSampler())
+    with pytest.raises(ValueError, match="TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"):
+        zt.loads(fresh, url, location.options)
+    assert len(fresh) == 0
+    monkeypatch.delenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+    zt.loads(fresh, url, location.options)
+    loaded, saved = fresh.sampler.state_dict(), rb.sampler.state_dict()
+    assert loaded.keys() == saved.keys() and saved["_sample_count"] is not None
+    for name, value in saved.items():
+        assert torch.equal(torch.as_tensor(loaded[name]), torch.as_tensor(value)), name
+
+
+class _RunsAtUnpickling:
+    """An object whose unpickling creates the file ``path``."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+class _NotingSampler(T.RandomSampler):
+    """A sampler whose saved state holds an object that is not a tensor (pickled)."""
+
+    def dumps(self, path):
+        TensorDict(note=NonTensorData(_RunsAtUnpickling(os.devnull))).memmap(path)
+
+
 class _StatefulTransform(torchrl_envs.Transform):
     """A transform with a buffer in its state_dict (what TorchRL torch.saves)."""
 
@@ -209,7 +279,8 @@ def test_a_torchrl_save_cut_after_its_storage_loads_new_rows_with_the_old_cursor
         location, tmp_path, monkeypatch):
     """What docs/torchrl.md says of TorchRL's own ``rb.dumps``, over zstore's storage as over
     TorchRL's: cut after the storage's dump and before the writer's, ``rb.loads`` restores
-    the new rows with the old cursor, without an error; ``zt.loads`` refuses such a save."""
+    the new rows with the old cursor, without an error; ``zt.loads`` refuses such a save
+    (``zt.dumps`` cut in its dry run of the state files leaves the save before intact)."""
     made = []
 
     def torchrl_buffer():
@@ -235,8 +306,22 @@ def test_a_torchrl_save_cut_after_its_storage_loads_new_rows_with_the_old_cursor
     url, _, _ = _saved(location, 30)
     rb = _url_buffer(location)
     rb.extend(transitions(60))
-    with monkeypatch.context() as patch:
+    writer_dumps = type(rb._writer).dumps
+    with monkeypatch.context() as patch:  # killed in the dry run of the state files
         patch.setattr(type(rb._writer), "dumps", _killed_writer_dump)
+        with pytest.raises(_Killed):
+            zt.dumps(rb, url, location.options)
+    intact = _url_buffer(location)
+    zt.loads(intact, url, location.options)  # nothing at url had changed yet
+    assert len(intact) == 30
+    dumped = []
+
+    def killed_in_the_save(writer, path):  # the dry run passes; the save is cut
+        dumped.append(path)
+        return writer_dumps(writer, path) if len(dumped) == 1 else _killed_writer_dump(writer, path)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(type(rb._writer), "dumps", killed_in_the_save)
         with pytest.raises(_Killed):
             zt.dumps(rb, url, location.options)
     with pytest.raises(FileNotFoundError, match="a save there was interrupted"):

@@ -10,8 +10,13 @@ is written last, so a save cut short is never loaded.
 
 Nothing read from a store is ever unpickled: TorchRL pickles its prefetch queue
 (``prefetch.pkl``, transient: a buffer reloaded without it prefetches afresh) and
-``torch.save``-s a stateful transform's state (``transform.t``). :func:`dumps` leaves the
-first behind and refuses the second; :func:`loads` refuses a save holding either.
+``torch.save``-s a stateful transform's state (``transform.t``); tensordict pickles a
+non-tensor field of a state it memory-maps (``other.pickle``, ``pickle.pkl``).
+:func:`dumps` leaves the first behind and refuses the others; :func:`loads` refuses a save
+holding any of them. A sampler's ``.pt`` state (``ConsumingSampler``'s,
+``StreamingSliceSampler``'s) is read by ``torch.load``'s weights-only loader, which builds
+tensors and plain containers only; where torch would unpickle it instead (torch before 2.6,
+or ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``), :func:`loads` refuses it.
 """
 
 from __future__ import annotations
@@ -33,27 +38,34 @@ METADATA = "buffer_metadata.json"
 STORAGE = "storage"
 #: TorchRL's pickled state files: never stored (the prefetch queue) or refused (transforms).
 PREFETCH, TRANSFORM = "prefetch.pkl", "transform.t"
+#: The files in which tensordict's ``memmap`` pickles a non-tensor field (which its
+#: ``load_memmap`` unpickles): refused wherever they are in a save.
+TENSORDICT_PICKLES = ("other.pickle", "pickle.pkl")
 #: ``{state file: bytes}`` of a save, written just before :data:`METADATA`: a save that lost
 #: a file (a partial copy) is refused before anything is loaded.
 MANIFEST = "zstore-files.json"
+#: torch's switch that makes ``torch.load`` unpickle anything where its caller (TorchRL)
+#: does not pass ``weights_only``.
+_NO_WEIGHTS_ONLY = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 
 class _At:
     """A storage checkpointer that saves and loads with ``inner`` at ``spec``, whatever
     path it is called with (TorchRL calls it with ``local_dir/storage``)."""
 
-    def __init__(self, inner: Any, spec: StoreSpec):
+    def __init__(self, inner: Any, spec: StoreSpec | None):
         self.inner, self.spec = inner, spec
 
     def dumps(self, storage: Any, path: Any) -> Any:
-        return self.inner.dumps(storage, self.spec)
+        """Save at ``spec``; with no ``spec``, nothing (a dry run of the other state files)."""
+        return None if self.spec is None else self.inner.dumps(storage, self.spec)
 
     def loads(self, storage: Any, path: Any) -> None:
         self.inner.loads(storage, self.spec)
 
 
 @contextlib.contextmanager
-def _storage_at(rb: Any, spec: StoreSpec) -> Iterator[None]:
+def _storage_at(rb: Any, spec: StoreSpec | None) -> Iterator[None]:
     storage = rb.storage
     if not isinstance(storage, _z.Storage):
         raise TypeError(
@@ -91,20 +103,16 @@ def dumps(rb: Any, url: str | os.PathLike,
     refuse_inside_a_dataset(spec, "save a replay buffer")
     fs, root = spec.filesystem()
     previous = _previous_save(spec)
+    with tempfile.TemporaryDirectory(prefix="zstore-rb-") as probe, _storage_at(rb, None):
+        rb.dumps(probe)  # the state files alone: refused before anything at url changes
+        _refuse_pickles(_files_under(probe), spec)
     if fs.exists(f"{root}/{METADATA}"):
         fs.rm_file(f"{root}/{METADATA}")
     with tempfile.TemporaryDirectory(prefix="zstore-rb-") as local, \
             _storage_at(rb, StoreSpec(f"{spec.url}/{STORAGE}", dict(spec.storage_options))):
         rb.dumps(local)
-        files = sorted(os.path.relpath(os.path.join(d, f), local)
-                       for d, _, names in os.walk(local) for f in names)
-        if TRANSFORM in files:
-            raise ValueError(
-                f"cannot save this buffer at {spec.redacted()}: its transforms have state, which "
-                f"TorchRL saves with torch.save ({TRANSFORM}, a pickle), and zstore never stores "
-                "what it would have to unpickle. Save the transforms' state_dict() yourself "
-                "(e.g. as tensors), or use rb.dumps(local_path)")
-        files = [rel for rel in files if rel != PREFETCH]  # transient; a pickle
+        files = [rel for rel in _files_under(local) if rel != PREFETCH]  # transient; a pickle
+        _refuse_pickles(files, spec)  # (the state as saved now)
         with open(os.path.join(local, MANIFEST), "w") as file:
             json.dump({rel: os.path.getsize(os.path.join(local, rel)) for rel in files}, file)
         files.append(MANIFEST)
@@ -138,12 +146,17 @@ def loads(rb: Any, url: str | os.PathLike,
             f"no replay-buffer checkpoint at {spec.redacted()}: {METADATA} is missing "
             "(zstore.torchrl.dumps writes it last; save there first)")
     found = _state_files(spec)
-    pickled = sorted(set(found) & {PREFETCH, TRANSFORM})
-    if pickled:
+    if pickled := _pickles(found):
         raise ValueError(
             f"refusing to load the replay buffer at {spec.redacted()}: it holds {pickled}, "
             "pickles that TorchRL would unpickle (a pickle can run any code). "
-            "zstore.torchrl.dumps never writes them; remove them if this save is trusted")
+            "zstore.torchrl.dumps never writes them; load a trusted save with "
+            "rb.loads(local_copy) instead")
+    if any(rel.endswith(".pt") for rel in found) and (why := _torch_load_unpickles()):
+        raise ValueError(
+            f"refusing to load the replay buffer at {spec.redacted()}: {why}, so TorchRL's "
+            "torch.load of the sampler's .pt state would unpickle anything in it; load it "
+            "where torch reads it with its weights-only loader")
     expected = json.loads(fs.cat_file(f"{root}/{MANIFEST}")) if MANIFEST in found else {}
     missing = sorted(set(expected) - set(found))
     if missing:  # before anything is loaded: the buffer stays as it was
@@ -183,6 +196,48 @@ def _previous_save(spec: StoreSpec) -> list[str]:
         f"cannot save a replay buffer at {spec.redacted()}: it holds {len(found)} files that no "
         f"save wrote (e.g. {found[0]!r}), left unchanged; choose an empty location or an "
         "earlier save's")
+
+
+def _torch_load_unpickles() -> str:
+    """Why a ``torch.load`` that passes no ``weights_only`` (TorchRL's) unpickles anything
+    here, or ``""`` where it reads weights only."""
+    import torch
+
+    if os.environ.get(_NO_WEIGHTS_ONLY, "0").lower() in ("1", "y", "yes", "true"):
+        return f"{_NO_WEIGHTS_ONLY} is set"
+    if tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 6):
+        return f"torch {torch.__version__} predates 2.6, whose torch.load reads weights only"
+    return ""
+
+
+def _files_under(local: str) -> list[str]:
+    """The files below the local folder ``local``, as sorted paths relative to it."""
+    return sorted(os.path.relpath(os.path.join(folder, name), local)
+                  for folder, _, names in os.walk(local) for name in names)
+
+
+def _refuse_pickles(files: list[str], spec: StoreSpec) -> None:
+    """Refuse saving at ``spec`` a buffer whose state files (``files``) hold a pickle that a
+    load would unpickle (the prefetch queue aside: never stored)."""
+    if TRANSFORM in files:
+        raise ValueError(
+            f"cannot save this buffer at {spec.redacted()}: its transforms have state, which "
+            f"TorchRL saves with torch.save ({TRANSFORM}, a pickle), and zstore never stores "
+            "what it would have to unpickle. Save the transforms' state_dict() yourself "
+            "(e.g. as tensors), or use rb.dumps(local_path)")
+    if pickled := [rel for rel in _pickles(files) if rel != PREFETCH]:
+        raise ValueError(
+            f"cannot save this buffer at {spec.redacted()}: its state holds objects that are "
+            f"not tensors, which tensordict pickles ({pickled}), and zstore never stores what "
+            "it would have to unpickle. Keep the sampler's and writer's state in tensors, or "
+            "use rb.dumps(local_path)")
+
+
+def _pickles(files: list[str]) -> list[str]:
+    """The files among ``files`` (relative paths) that TorchRL or tensordict would unpickle
+    on loading them."""
+    return [rel for rel in files
+            if rel in (PREFETCH, TRANSFORM) or rel.rsplit("/", 1)[-1] in TENSORDICT_PICKLES]
 
 
 def _state_files(spec: StoreSpec) -> list[str]:
