@@ -132,9 +132,13 @@ def read_raw(spec: StoreSpec, targets: Sequence[tuple[str, np.ndarray, int, int]
 
         _each(load, spans)
         return
-    found: dict[str, Any] = fs.cat([key for key, _ in spans], on_error="omit")
-    for key, span in spans:
-        data = found.get(key)
+    # cat_ranges, not cat: cat expands glob characters, which a key's path may hold ("obs[0]")
+    fetched = fs.cat_ranges([key for key, _ in spans], None, None, on_error="return")
+    for (key, span), data in zip(spans, fetched):
+        if isinstance(data, FileNotFoundError):
+            data = None
+        elif isinstance(data, BaseException):
+            raise data
         if data is None:
             if all_stored:
                 raise missing_chunk_error(key)

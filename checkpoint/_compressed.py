@@ -98,7 +98,7 @@ def copy_files(src: StoreSpec, dst: StoreSpec, names: list[str]) -> None:
         source, target = f"{src_root.rstrip('/')}/{name}", f"{dst_root.rstrip('/')}/{name}"
         dst_fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
         if same:
-            src_fs.copy(source, target)
+            src_fs.cp_file(source, target)  # (copy would expand a key's glob characters)
         else:
             dst_fs.pipe_file(target, src_fs.cat_file(source))
         fault_point("write")

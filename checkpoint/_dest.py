@@ -253,7 +253,8 @@ class Destination:
         def one(pair: tuple[str, str]) -> int:
             fault_point("copy")
             try:
-                self.fs.copy(self.path_of(pair[0]), self.path_of(pair[1]))
+                # (copy would expand glob characters, which a key's path may hold)
+                self.fs.cp_file(self.path_of(pair[0]), self.path_of(pair[1]))
             except FileNotFoundError:
                 return 0
             return 1

@@ -326,6 +326,24 @@ def test_extend_larger_than_capacity_keeps_last(location):
     assert zstore.open(url, location.options)[:]["nested", "i"].tolist() == [10, 11, 7, 8, 9]
 
 
+@pytest.mark.parametrize("codec", ["zstd", None])
+def test_a_chunk_of_a_key_with_glob_characters_deleted_leaves_the_other_keys(location, codec):
+    """zarr deletes a chunk rewritten all zeros (it stores none of those) through fsspec's
+    ``rm``, which read the path of key ``*``'s chunk 1 as a pattern: chunk 1 of every key
+    went with it, and key ``k``'s rows 4-7 read as zeros."""
+    storage = location.memmap(8, chunks={"*": 2, "[k]": 4, "k": 4}, codec=codec)
+    ones, values = torch.ones(8), torch.arange(1.0, 9.0)
+    storage.set(torch.arange(8), TensorDict({"*": ones, "[k]": values, "k": values},
+                                            batch_size=[8]))
+    storage.flush()
+    storage.set(torch.arange(2, 4), TensorDict({"*": torch.zeros(2), "[k]": values[2:4],
+                                                "k": values[2:4]}, batch_size=[2]))
+    storage.close()
+    again = zstore.open(storage.scratch_dir, location.options, mode="r")[:]
+    assert again["k"].tolist() == again["[k]"].tolist() == values.tolist()
+    assert again["*"].tolist() == [1, 1, 0, 0, 1, 1, 1, 1]
+
+
 def test_ndim2_matches_lazy_tensor_storage(location):
     g = torch.Generator().manual_seed(3)
     storage = location.memmap(10, ndim=2, chunks=2, shards=2, codec="zstd")

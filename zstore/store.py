@@ -17,6 +17,7 @@ conditional writes always use s3fs (:meth:`StoreSpec.filesystem`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -472,7 +473,7 @@ class StoreSpec:
         self.filesystem()  # install hints for a missing backend
         kind = (_S3FsspecStore if self.protocol in ("s3", "s3a")
                 else _HttpFsspecStore if self.protocol in ("http", "https")
-                else _MemoryFsspecStore if self.is_memory else FsspecStore)
+                else _MemoryFsspecStore if self.is_memory else _ExactFsspecStore)
         return kind.from_url(self.url, storage_options=self._fsspec_options(),
                              read_only=self.read_only)
 
@@ -502,7 +503,37 @@ class StoreSpec:
             fs.rm(path, recursive=True)
 
 
-class _S3FsspecStore(FsspecStore):
+class _ExactFsspecStore(FsspecStore):
+    """zarr's FsspecStore, deleting objects by their exact paths: its deletes go through
+    fsspec's ``rm``, which reads ``*``, ``?`` and ``[`` in a path as a pattern, and a key
+    may hold them (rewriting chunk 1 of a key ``*`` with zeros deleted chunk 1 of every
+    key). Paths without them are deleted as zarr deletes them."""
+
+    async def delete(self, key: str) -> None:
+        """Delete the object at ``key`` (nothing where there is none)."""
+        path = f"{self.path.rstrip('/')}/{key}" if self.path.rstrip("/") else key
+        if not _has_pattern(path):
+            return await super().delete(key)
+        self._check_writable()
+        with contextlib.suppress(FileNotFoundError):
+            await self.fs._rm_file(path)
+
+    async def delete_dir(self, prefix: str) -> None:
+        """Delete every object below ``prefix``."""
+        path = f"{self.path.rstrip('/')}/{prefix}" if self.path.rstrip("/") else prefix
+        if not _has_pattern(path):
+            return await super().delete_dir(prefix)
+        self._check_writable()
+        found = await self.fs._find(path.rstrip("/"))
+        await asyncio.gather(*(self.fs._rm_file(name) for name in found))
+
+
+def _has_pattern(path: str) -> bool:
+    """Whether fsspec reads ``path`` as a glob pattern."""
+    return any(character in path for character in "*?[")
+
+
+class _S3FsspecStore(_ExactFsspecStore):
     """zarr's FsspecStore on s3fs, whose whole-object reads are ranged from byte 0.
 
     s3fs sends a plain GET only after a HEAD (sizing a concurrent download), a
@@ -541,7 +572,7 @@ def _http_in_flight() -> int:
     return int(told)
 
 
-class _HttpFsspecStore(FsspecStore):
+class _HttpFsspecStore(_ExactFsspecStore):
     """zarr's FsspecStore over HTTP(S), each key percent-encoded into its object's URL: a key
     path may hold ``?``, ``#`` or ``%`` (a field ``obs?x``), which a URL reads as the start
     of a query or fragment, or as an escape (every read of such a key missed its object).
@@ -571,7 +602,7 @@ def _http_slot() -> asyncio.Semaphore:
     return slots
 
 
-class _MemoryFsspecStore(FsspecStore):
+class _MemoryFsspecStore(_ExactFsspecStore):
     """zarr's FsspecStore on fsspec's memory filesystem, whose reads run on the event loop.
 
     zarr runs each call of a synchronous filesystem on a worker thread (``asyncio.to_thread``):
