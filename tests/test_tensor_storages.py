@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDict, tensorclass
 
 import zstore
-from zstore import LazyTensorStorage, TensorStorage
+from zstore import LazyTensorStorage, SchemaError, TensorStorage
 
 torchrl_data = pytest.importorskip("torchrl.data")
 
@@ -384,3 +384,32 @@ def test_a_key_the_rows_lack_is_zero_where_unwritten_as_torchrl(monkeypatch):
         rb.extend(TensorDict(obs=torch.ones(10, 3), batch_size=[10]))
         got[module] = rb.storage.get(torch.arange(64))["index"].tolist()
     assert got[zt] == got[T] == list(range(10)) + [0] * 54
+
+
+@pytest.mark.parametrize("write", ["extend", "add", "setitem"])
+@pytest.mark.parametrize("first_nested", [True, False], ids=["nested-then-tensor",
+                                                             "tensor-then-nested"])
+def test_a_key_that_changes_between_nested_and_tensor_is_refused_keeping_every_row(
+        write, first_nested):
+    """Before: a later batch whose ``nest`` was a tensor where the rows held a nested
+    TensorDict replaced that node in every row (``nest/c`` lost, zeros read); TorchRL's
+    extend refuses it. The reverse raised tensordict's bare KeyError."""
+    def batch(n: int, nested: bool, start: float) -> TensorDict:
+        values = torch.arange(start, start + n)
+        nest = TensorDict(c=values.unsqueeze(-1), batch_size=[n]) if nested else values
+        return TensorDict(a=values, nest=nest, batch_size=[n])
+
+    storage = LazyTensorStorage(16)
+    storage.set(torch.arange(4), batch(4, first_nested, 0.0))
+    before = storage.get(torch.arange(4)).clone()
+    later = batch(2, not first_nested, 100.0)
+    with pytest.raises(SchemaError, match="key 'nest' is a .* cannot become .*nothing was written"):
+        if write == "extend":
+            storage.set(torch.arange(4, 6), later)
+        elif write == "add":
+            storage.set(4, later[0])
+        else:
+            storage[0] = later[0]
+    after = storage.get(torch.arange(4))
+    assert set(after.keys(True, True)) == set(before.keys(True, True))
+    assert (after == before).all()

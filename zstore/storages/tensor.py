@@ -237,6 +237,7 @@ class TensorStorage(Storage):
                     type(data).get  # (a lazy stack is written item-wise: its values, unstacked)
                 _refuse_misfits(cursor, [(container.get(key), value_of(data, key), key)
                                          for key in keys if key in held])
+            _refuse_regrouping(held, [key for key in keys if key not in held])
             for key in (k for k in keys if k not in held):  # a key the rows lack: zeros where
                 value = data.get(key)                       # unwritten, as TorchRL's
                 lead = 0 if is_int(cursor) else 1
@@ -634,6 +635,28 @@ def _stacked_stand_in(data: LazyStackedTensorDict, key: Any) -> Any:
     dtypes = [part.dtype for part in parts]
     dtype = next((d for d in dtypes if d != dtypes[0]), dtypes[0])
     return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _refuse_regrouping(held: set, new: list) -> None:
+    """Raise before anything is written if a key the rows lack turns a nested TensorDict of
+    the rows into a tensor or the reverse (setting it would replace that node in every row)."""
+    def path(key: Any) -> tuple:
+        return key if isinstance(key, tuple) else (key,)
+
+    leaves = {path(key) for key in held}
+    below = {leaf[:depth]: leaf for leaf in leaves for depth in range(1, len(leaf))}
+    for key in map(path, new):
+        if key in below:  # the rows hold a nested TensorDict there
+            old, was, now = below[key], "a nested TensorDict", "a tensor"
+        elif parents := [key[:depth] for depth in range(1, len(key)) if key[:depth] in leaves]:
+            old, was, now = parents[0], "a tensor", "a nested TensorDict"
+        else:
+            continue
+        held_below = f" (they hold {'/'.join(old)!r})" if len(old) > len(key) else ""
+        raise SchemaError(
+            f"key {'/'.join(min(key, old, key=len))!r} is {was} in the rows{held_below} and "
+            f"cannot become {now}: nothing was written. Keep each key's kind, or give the new "
+            "data another key")
 
 
 def _refuse_misfits(cursor: Any, pairs: list) -> None:
