@@ -101,6 +101,19 @@ def test_second_writer_is_refused_and_readers_are_not(location, clock):
     storage.close()
 
 
+def test_a_lease_renewed_while_the_refused_writer_asked_reads_as_renewed_now(location, clock):
+    """The refused writer reads its clock before the request that finds the lease; one
+    renewed meanwhile was "renewed -0.9 s ago"."""
+    spec = StoreSpec.parse(location.new(), location.options)
+    other = Lease(spec, ttl=30)
+    other.ensure()
+    clock.now -= 0.9  # the refused writer's reading: before the holder's renewal
+    storage = zstore.LazyMemmapStorage(16, scratch_dir=spec.url, storage_options=location.options)
+    with pytest.raises(LeaseError, match=r"renewed 0\.0 s ago, ttl 30 s"):
+        storage.set(torch.arange(3), rows(0, 3))
+    other.release()
+
+
 def written_and_reopened(location):
     """A buffer with rows 0 and 1 committed by one storage, and a second storage object of
     the same process opened on it: ``(url, first, second)``."""

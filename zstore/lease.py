@@ -70,7 +70,8 @@ def _owner_id() -> str:
 
 
 def _describe(holder: dict[str, Any], now: float) -> str:
-    age = now - float(holder.get("renewed", 0.0))
+    # (at least 0: ``now`` was read before the request that found a lease renewed meanwhile)
+    age = max(0.0, now - float(holder.get("renewed", 0.0)))
     return (f"{holder.get('owner', '<unknown>')} (renewed {age:.1f} s ago, "
             f"ttl {float(holder.get('ttl', 0.0)):g} s)")
 
