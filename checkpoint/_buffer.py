@@ -54,7 +54,7 @@ from ._chunks import (
     storing_every_chunk,
     write_raw,
 )
-from ._dest import CheckpointError, Destination, fault_point, progress_bar
+from ._dest import CheckpointError, Destination, fault_point, progress_bar, refuse_newer_generation
 from ._state import TensorState, changed_rows, finish, prepare
 
 #: Bytes per chunk of a key on object stores: few objects (few requests to write, carry
@@ -387,6 +387,7 @@ def load_buffer(storage: TensorCheckpointable, dest: Destination,
                               f"is missing: {DAMAGED}") from None
     if record is not None:
         _require_agreement(meta, record, spec)
+        refuse_newer_generation(spec, meta.unknown)
     schema, lanes = meta.schema, tuple(meta.schema.lane_shape)
     high = _stored_rows(meta)
     all_stored = bool(record and record.get(ALL_STORED))

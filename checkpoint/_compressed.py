@@ -43,15 +43,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from zstore.format_version import unknown_fields
 from zstore.row_objects import chunk_key
 from zstore.lease import LEASE_NAME
+from zstore.storages.compressed import BLOCK_FIELDS
 from zstore.storages.checkpoint_contract import CompressedCheckpointable
 from zstore.store import StoreSpec
 
 from ._base import _Configured
 from ._buffer import _changed_chunks
 from ._chunks import DAMAGED, missing_chunk_error
-from ._dest import CheckpointError, Destination, fault_point
+from ._dest import CheckpointError, Destination, fault_point, refuse_newer_generation
 from ._state import changed_rows
 from ._torchrl import is_torchrl_dir
 
@@ -279,6 +281,7 @@ class CompressedListStorageCheckpointer(_Configured):
         block = storage.checkpoint_block(gen)
         if block is None:
             raise CheckpointError(f"{gen.redacted()}: the committed generation is missing")
+        refuse_newer_generation(gen, unknown_fields(block, BLOCK_FIELDS))
         if int(block["max_size"]) != storage.max_size:
             raise CheckpointError(f"{dest.redacted()} holds a CompressedListStorage of max_size "
                                   f"{block['max_size']}; this storage has max_size {storage.max_size}")

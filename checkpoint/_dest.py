@@ -86,6 +86,15 @@ def progress_bar(total: int, desc: str, enabled: bool):
                     delay=2.0, leave=False)
 
 
+def refuse_newer_generation(generation: StoreSpec, unknown: list[str]) -> None:
+    """Refuse loading a generation whose metadata holds fields this zstore does not know
+    (``unknown``): a newer zstore wrote it, and a load would read its rows without them."""
+    if unknown:
+        raise CheckpointError(f"{generation.redacted()} holds metadata this zstore does not know "
+                              f"({', '.join(unknown)}): a newer zstore wrote it. Upgrade zstore "
+                              "(pip install -U zstore) to load it; nothing was loaded")
+
+
 class Destination:
     """Where checkpoints of one storage go (see the module docstring)."""
 
@@ -126,13 +135,21 @@ class Destination:
         data = self.read_json(COMMIT_FILE)
         if not isinstance(data, Mapping):
             return None
-        record = (data.get("attributes") or {}).get(CHECKPOINT_ATTR)
-        if not isinstance(record, Mapping):
+        attributes = data.get("attributes")
+        record = attributes.get(CHECKPOINT_ATTR) if isinstance(attributes, Mapping) else None
+        if record is None:
             return None
+        if not isinstance(record, Mapping):
+            raise CheckpointError(f"{self.redacted()}: the commit record ({COMMIT_FILE}) is "
+                                  f"malformed: {CHECKPOINT_ATTR} is not an object")
         version = record.get("format_version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise CheckpointError(f"{self.redacted()}: checkpoint format {version!r} is not readable "
-                                  f"by this zstore (reads up to {FORMAT_VERSION})")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise CheckpointError(f"{self.redacted()}: the commit record ({COMMIT_FILE}) has no "
+                                  f"valid format_version (got {version!r})")
+        if version > FORMAT_VERSION:
+            raise CheckpointError(f"{self.redacted()}: checkpoint format {version} is not readable "
+                                  f"by this zstore (reads up to {FORMAT_VERSION}): upgrade zstore "
+                                  "(pip install -U zstore)")
         return dict(record)
 
     def uncommitted_error(self) -> CheckpointError:

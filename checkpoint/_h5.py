@@ -33,6 +33,7 @@ import torch
 from tensordict import TensorDict
 
 from zstore.dtypes import torch_dtype_from_name, torch_dtype_name
+from zstore.extras import import_h5py
 from zstore.layout import Schema
 from zstore.processes import process_tag, tag_gone_here
 from zstore.store import StoreSpec
@@ -139,7 +140,7 @@ class H5StorageCheckpointer(_Configured):
                 "another directory (or to a path ending in .h5), or delete that checkpoint first")
 
     def dumps(self, storage: Any, path: Any) -> DumpResult:
-        import h5py
+        h5py = import_h5py()
 
         start = time.perf_counter()
         dest, name = self._file(path)
@@ -216,7 +217,7 @@ class H5StorageCheckpointer(_Configured):
             fault_point("write")
 
     def loads(self, storage: Any, path: Any) -> None:
-        import h5py
+        h5py = import_h5py()
 
         dest, name = self._file(path)
         where = f"{dest.url}/{name}"

@@ -140,6 +140,35 @@ def test_round_trip(location, ckpt, kind, case):
     assert_same(again.get(slice(None)), target.get(slice(None)))
 
 
+@pytest.mark.parametrize("record, refusal", [
+    ({"format_version": 0}, "no valid format_version \\(got 0\\)"),
+    ({"format_version": -3}, "no valid format_version"),
+    ({"format_version": True}, "no valid format_version \\(got True\\)"),
+    ({"format_version": "1"}, "no valid format_version"),
+    ({"format_version": 2}, "format 2 is not readable.*pip install -U zstore"),
+    ("not a record", "malformed: zstore_checkpoint is not an object"),
+], ids=["zero", "negative", "bool", "string", "newer", "not an object"])
+def test_a_commit_record_without_a_valid_version_is_refused_naming_the_fault(location, record,
+                                                                             refusal):
+    """Before: versions 0, -3 and true loaded as 1; a record that is not an object was called
+    "an incomplete checkpoint: a dump was interrupted"; a newer format named no fix."""
+    import json
+
+    source = LazyTensorStorage(10)
+    source.set(torch.arange(5), TensorDict(x=torch.arange(5), batch_size=[5]))
+    url = location.new("ck")
+    source.dumps(StoreSpec.parse(url, location.options))
+    fs, root = StoreSpec.parse(url, location.options).filesystem()
+    doc = json.loads(fs.cat_file(f"{root}/zarr.json"))
+    held = doc["attributes"]["zstore_checkpoint"]
+    doc["attributes"]["zstore_checkpoint"] = {**held, **record} if isinstance(record, dict) else record
+    fs.pipe_file(f"{root}/zarr.json", json.dumps(doc).encode())
+    target = LazyTensorStorage(10)
+    with pytest.raises(CheckpointError, match=refusal) as info:
+        target.loads(StoreSpec.parse(url, location.options))
+    assert url.split("://")[-1] in str(info.value) and len(target) == 0
+
+
 def test_tensor_and_pytree_storages(location):
     for data in (torch.arange(24.0).reshape(12, 2),
                  {"a": torch.arange(12), "b": (torch.ones(12, 2), torch.zeros(12, dtype=torch.bool))}):

@@ -233,6 +233,24 @@ def test_info_shows_text_keys_long_keys_and_doubly_flagged_ends(capsys, tmp_path
     assert "episodes 3: 2 terminated, 2 truncated (2 both), 1 open;" in out, out  # last row dropped
 
 
+def test_without_h5py_hdf5_work_names_the_extra_to_install(capsys, tmp_path, monkeypatch):
+    """Before: the CLI blamed the destination and called it unexpected ("zstore: error:
+    ModuleNotFoundError: URL: No module named 'h5py' (unexpected: ...)"), and the Python
+    calls raised the bare ModuleNotFoundError."""
+    import checkpoint
+
+    (tmp_path / "d.hdf5").write_bytes(b"")
+    monkeypatch.setitem(sys.modules, "h5py", None)  # not installed
+    err = _run(capsys, "import", "d4rl", str(tmp_path / "d.hdf5"), str(tmp_path / "ds"),
+               "--no-progress", code=1)
+    _one_line(err, "needs h5py: pip install 'zstore[h5]'")
+    assert "unexpected" not in err and not (tmp_path / "ds").exists()
+    storage = zstore.LazyTensorStorage(4)
+    storage.set(torch.arange(2), TensorDict(x=torch.zeros(2), batch_size=[2]))
+    with pytest.raises(ImportError, match=r"pip install 'zstore\[h5\]'"):
+        checkpoint.H5StorageCheckpointer().dumps(storage, tmp_path / "ck.h5")
+
+
 def test_info_and_ls_on_a_compressed_list_storage(capsys, tmp_path):
     url = str(tmp_path / "frames")
     storage = zstore.CompressedListStorage(50, scratch_dir=url)

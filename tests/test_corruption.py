@@ -361,13 +361,16 @@ def _big_endian(doc: dict) -> None:
     (_big_endian, "big-endian values"),
     (lambda doc: doc.update(chunk_key_encoding={"name": "v2", "configuration": {"separator": "."}}),
      "chunk key encoding"),
-], ids=["big-endian", "v2 chunk keys"])
+    (lambda doc: doc.update(fill_value=7), "fill value 7"),
+], ids=["big-endian", "v2 chunk keys", "fill value"])
 @pytest.mark.parametrize("layout", ["crc32c", "raw", "sharded"])
 def test_array_metadata_that_would_misread_every_row_is_refused(location, layout, edit, refusal):
     """Before: a "big" byte order read every value byte-swapped (the crc32c covers the encoded
     bytes, so it passed), and another chunk key encoding read every row as zeros. A bucket's
     buffer is opened from the copy of its arrays' metadata in the root commit (one request):
-    the edited file is not read, and the rows come back right."""
+    the edited file is not read, and the rows come back right. A fill value other than 0
+    read zeros where plain zarr reads that value (rows never stored, or a chunk equal to it,
+    which zarr does not store)."""
     url, fs, root = build(location, layout)
     doc = json.loads(fs.cat_file(f"{root}/a/zarr.json"))
     edit(doc)

@@ -273,6 +273,83 @@ def test_newer_format_version(filled):
     assert len(zstore.open(url, options)) == 6
 
 
+def _add_fields(url: str, options: dict, block: dict, schema: dict | None = None) -> None:
+    """Add fields to the ``zstore`` block of the buffer at ``url`` (and to its schema), as a
+    newer zstore would."""
+    group = zarr.open_group(url, mode="r+", storage_options=options or None)
+    stored = dict(group.attrs["zstore"])
+    stored.update(block)
+    if schema:
+        stored["schema"] = {**stored["schema"], **schema}
+    group.attrs["zstore"] = stored
+
+
+def test_fields_of_a_newer_zstore_are_read_past_and_never_dropped_by_a_write(filled):
+    """A newer zstore grows the format by optional fields (format.md §5). This one reads such
+    a store, but refuses to write it, naming the fields: a commit rewrites the block from the
+    fields it knows, so a write erased them for good (a newer reader then misread the rows)."""
+    storage, url, options, before = filled
+    storage.close()
+    _add_fields(url, options, {"future": {"x": 1}}, schema={"future_leaves": [1]})
+    assert_same_snapshot(snapshot(url, options), before)  # read as before
+    with pytest.raises(FormatVersionError, match=r"\(future, schema\.future_leaves\).*mode='r'"):
+        zstore.open(url, options)
+    with pytest.raises(FormatVersionError, match="future"):
+        LazyMemmapStorage(10, scratch_dir=url, storage_options=options, existsok=True)
+    stored = zarr.open_group(url, mode="r", storage_options=options or None).attrs["zstore"]
+    assert stored["future"] == {"x": 1} and stored["schema"]["future_leaves"] == [1]
+    assert stored["length"] == 6
+
+    frames_url = url + "-frames"
+    frames = zstore.CompressedListStorage(10, scratch_dir=frames_url, storage_options=options)
+    frames.set(0, TensorDict(obs=torch.ones(3)))
+    frames.close()
+    _add_fields(frames_url, options, {"future": 1})
+    assert (zstore.open(frames_url, options, mode="r")[0]["obs"] == 1).all()
+    with pytest.raises(FormatVersionError, match="future"):
+        zstore.open(frames_url, options)
+    assert zarr.open_group(frames_url, mode="r",
+                           storage_options=options or None).attrs["zstore"]["future"] == 1
+
+    # a checkpoint of one: refused before the loading storage changes (it was emptied first)
+    import checkpoint
+
+    source = zstore.CompressedListStorage(10)
+    source.set(0, TensorDict(obs=torch.zeros(3)))
+    ck = zstore.StoreSpec.parse(url + "-ck", options)
+    generation = source.dumps(ck).generation
+    _add_fields(f"{ck.url}/{generation}", options, {"future": 1})
+    target = zstore.CompressedListStorage(10)
+    target.set(0, TensorDict(obs=torch.ones(3)))
+    with pytest.raises(checkpoint.CheckpointError, match=r"\(future\).*Upgrade zstore"):
+        target.loads(ck)
+    assert len(target) == 1 and (target[0]["obs"] == 1).all()
+    rows = zstore.LazyTensorStorage(10)  # a buffer's checkpoint likewise
+    rows.set(torch.arange(2), batch(2))
+    ck = zstore.StoreSpec.parse(url + "-ck2", options)
+    generation = rows.dumps(ck).generation
+    _add_fields(f"{ck.url}/{generation}", options, {"future": 1}, schema={"future_leaves": [1]})
+    target = zstore.LazyTensorStorage(10)
+    with pytest.raises(checkpoint.CheckpointError, match=r"\(future, schema\.future_leaves\)"):
+        target.loads(ck)
+    assert len(target) == 0
+
+
+def test_the_fields_zstore_writes_are_known_fields(filled):
+    """A writable open never refuses a store this version wrote: the fields a buffer's block
+    and schema hold, and those of a CompressedListStorage's root block, are known ones."""
+    from zstore.layout import BLOCK_FIELDS, Schema
+    from zstore.storages.compressed import BLOCK_FIELDS as CLS_BLOCK_FIELDS
+
+    storage, url, options, _ = filled
+    block = zarr.open_group(url, mode="r", storage_options=options or None).attrs["zstore"]
+    assert set(block) <= BLOCK_FIELDS and set(block["schema"]) <= Schema.FIELDS
+    frames = zstore.CompressedListStorage(10, scratch_dir=url + "-frames", storage_options=options)
+    frames.set(0, TensorDict(obs=torch.ones(3)))
+    assert set(frames._block()) == CLS_BLOCK_FIELDS
+    frames.close()
+
+
 @pytest.mark.parametrize("action", ["set", "setitem", "empty", "load_state_dict"])
 def test_read_only_refuses_writes(filled, action):
     storage, url, options, before = filled

@@ -235,8 +235,9 @@ def error_message(exc: BaseException, args: argparse.Namespace) -> str:
         destination = stores[-1].redacted() if stores else where  # DST, or the command's URL
         text = (f"{destination} already exists and holds a zstore buffer: choose another "
                 "destination, or delete it first")
-    elif isinstance(exc, ZStoreError):
-        text = str(exc)
+    elif isinstance(exc, ZStoreError) or (isinstance(exc, ImportError)
+                                          and "pip install" in str(exc)):
+        text = str(exc)  # (a missing extra: the error names it)
     elif (cause := _cause(exc, _denied)) and (local := _refused_locally(cause, stores)):
         # errors.folder_not_writable's (it names the folder, the file and the fix: kept, less
         # the Python-only option), or the OS's (a bare errno, maybe under advice for S3)

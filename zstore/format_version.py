@@ -1,11 +1,12 @@
-"""The version of zstore's on-store format, and the check every reader of a ``zstore`` block runs.
+"""The version of zstore's on-store format, the check every reader of a ``zstore`` block runs,
+and the refusal to write over fields a newer zstore added.
 
 Torch-free, so that ``zstore info`` reads a buffer's metadata without importing torch.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from .errors import FormatVersionError, NotAZStoreError
 
@@ -26,3 +27,19 @@ def check_format_version(block: Mapping[str, Any], where: str) -> None:
         raise FormatVersionError(
             f"{where} was written in zstore format v{version}; this zstore reads up to "
             f"v{TAIL_FORMAT_VERSION}: upgrade zstore (pip install -U zstore)")
+
+
+def unknown_fields(block: Mapping[str, Any], known: Collection[str], prefix: str = "") -> list[str]:
+    """The fields of ``block`` outside ``known`` (``prefix`` before each name): fields a
+    newer zstore added, which the format grows by without a new version (format.md §5)."""
+    return [prefix + name for name in sorted(set(block) - set(known))]
+
+
+def refuse_newer_fields(unknown: list[str], where: str) -> None:
+    """Refuse writing where a newer zstore recorded fields this one does not know: a commit
+    rewrites the block from the fields it knows, and would drop those for good."""
+    if unknown:
+        raise FormatVersionError(
+            f"{where} holds metadata this zstore does not know ({', '.join(unknown)}): a newer "
+            "zstore wrote it, and a write from this one would drop it. Open it read-only "
+            "(zstore.open(url, mode='r')), or upgrade zstore (pip install -U zstore) to write")

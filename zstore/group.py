@@ -408,6 +408,14 @@ def checked_arrays(group: zarr.Group, leaves, rows: int,
             for leaf, node in zip(leaves, sync(fetch_all()))}
 
 
+def _is_zero(value: Any) -> bool:
+    """Whether an array's fill value is zero (``False`` for one no number compares with)."""
+    try:
+        return bool((np.asarray(value) == 0).all())
+    except (TypeError, ValueError):
+        return False
+
+
 def _checked_array(node, leaf, rows: int, layout: tuple[int, int | None], where: str,
                    raw: bool) -> zarr.Array:
     from .dtypes import storage_numpy_dtype, torch_dtype_name
@@ -448,6 +456,9 @@ def _checked_array(node, leaf, rows: int, layout: tuple[int, int | None], where:
     recorded = recorded.get("torch_dtype") if isinstance(recorded, dict) else None
     if recorded is not None and recorded != torch_dtype_name(leaf.dtype):
         wrong.append(f"torch_dtype {recorded!r} (metadata says {torch_dtype_name(leaf.dtype)!r})")
+    if not _is_zero(array.fill_value):  # zarr reads unstored chunks as it
+        wrong.append(f"fill value {np.asarray(array.fill_value).tolist()!r} (zstore reads rows "
+                     "never stored as zeros)")
     if raw and (array.compressors or array.filters):
         wrong.append(f"codecs {array.compressors} (metadata says raw)")
     if wrong:

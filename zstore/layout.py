@@ -29,7 +29,7 @@ from .errors import (
     NotAZStoreError,
     SchemaError,
 )
-from .format_version import FORMAT_VERSION, TAIL_FORMAT_VERSION, check_format_version
+from .format_version import FORMAT_VERSION, TAIL_FORMAT_VERSION, check_format_version, unknown_fields
 from .row_objects import ALL_CHUNKS_STORED
 from .tail import Segment, record_from_json, record_to_json
 from .text import TEXT_BYTES, decode, encode, holds_value, is_text, non_tensor_leaves, width_for
@@ -184,6 +184,10 @@ class Schema:
     #: back as those classes where this process has imported them (as the root's class_name)
     classes: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)
     empty: tuple[str, ...] = dataclasses.field(default=(), compare=False)
+
+    #: the fields of the stored schema (:meth:`to_json`) this version reads
+    FIELDS = frozenset({"kind", "lane_shape", "leaves", "group_batch", "treespec", "class_name",
+                        "item_batch", "texts", "stack", "classes", "empty"})
 
     def __post_init__(self) -> None:
         self.by_path = {leaf.path: leaf for leaf in self.leaves}
@@ -685,6 +689,12 @@ def json_int(value: Any, name: str) -> int:
     return value
 
 
+#: the fields of a ``zstore`` block (:meth:`StoreMeta.to_json`) this version reads
+BLOCK_FIELDS = frozenset({"format_version", "storage_class", "max_size", "ndim", "rows", "length",
+                          "last_cursor", "high_water", "codec", "chunks", "schema", "read_only",
+                          "sealed", "extra", "created", "codecs", "tail"})
+
+
 @dataclasses.dataclass
 class StoreMeta:
     """The ``zstore`` block of a buffer's group attributes: everything needed to reopen it.
@@ -708,6 +718,9 @@ class StoreMeta:
     created: dict[str, Any] = dataclasses.field(default_factory=dict)
     key_codecs: dict[str, CodecSpec] = dataclasses.field(default_factory=dict)  # overrides of codec
     tail: dict[str, list[Segment]] = dataclasses.field(default_factory=dict)  # log segments
+    #: fields of the stored block (``schema.`` before the schema's) this version does not
+    #: know: a newer zstore's, which a write from this one would drop (not written back)
+    unknown: list[str] = dataclasses.field(default_factory=list, compare=False)
 
     def codec_of(self, path: str) -> CodecSpec:
         """The codec preset of key ``path`` (its override, else the buffer's ``codec``)."""
@@ -783,6 +796,8 @@ class StoreMeta:
                 key_codecs={str(path): CodecSpec.parse(dict(spec))
                             for path, spec in (data.get("codecs") or {}).items()},
                 tail=record_from_json(data.get("tail")),
+                unknown=unknown_fields(data, BLOCK_FIELDS)
+                + unknown_fields(data["schema"], Schema.FIELDS, "schema."),
                 **ints,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # wrong JSON types too

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData
 
+from ..extras import import_h5py
 from ..group import refuse_inside_a_dataset
 from ..progress import progress as progress_bar
 from ..store import StoreSpec
@@ -115,7 +116,7 @@ def export_h5(dataset, path: str | os.PathLike, *, layout: str = "d4rl",
 
 def _write_h5(dataset, path, layout: str, rows: torch.Tensor, lanes: torch.Tensor | None,
               lengths: torch.Tensor, progress: bool | None) -> None:
-    import h5py
+    h5py = import_h5py()
 
     total = len(rows)
     bar = progress_bar(total, f"export {layout}", enabled=progress, unit="rows", unit_scale=True, leave=False)
@@ -140,7 +141,7 @@ def _leaves(batch) -> list[tuple[str, np.ndarray]]:
     """``(path, values)`` of every leaf of the steps ``batch``: a tensor's as an array, a
     text leaf's as an array of HDF5 UTF-8 strings (``None`` as the empty string, as a
     buffer stores it)."""
-    import h5py
+    h5py = import_h5py()
 
     found = [(key, value.numpy())
              for key, value in batch.items(include_nested=True, leaves_only=True)]

@@ -49,6 +49,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from ..errors import MissingKeyError, SchemaError, SourceFileError, StoreExistsError
+from ..extras import import_h5py
 from ..group import existing_buffer, refuse_inside_a_dataset
 from ..progress import progress as progress_bar
 from ..storages import LazyMemmapStorage
@@ -90,7 +91,7 @@ def _flag(array: np.ndarray) -> torch.Tensor:
 
 def _is_text(data) -> bool:
     """Whether an HDF5 dataset holds strings (variable- or fixed-length)."""
-    import h5py
+    h5py = import_h5py()
 
     return h5py.check_string_dtype(data.dtype) is not None
 
@@ -136,7 +137,7 @@ def _longest_text(data) -> int:
 
 def _node(node: Any, rows: slice) -> Any:
     """Rows of an HDF5 dataset, or of every dataset in a group (nested dict)."""
-    import h5py
+    h5py = import_h5py()
 
     if isinstance(node, h5py.Dataset):
         return _column(node, rows)
@@ -279,7 +280,7 @@ def import_d4rl(h5_path: str | os.PathLike, url: str | os.PathLike,
                 storage_options: Mapping[str, Any] | None = None, *, codec: Any = DEFAULT_CODEC,
                 chunks: Any = None, progress: bool | None = None):
     """Import a D4RL-layout HDF5 file as a sealed dataset at ``url``; returns the opened Dataset."""
-    import h5py
+    h5py = import_h5py()
 
     from .open import open_dataset
 
@@ -393,7 +394,7 @@ def _copy_d4rl(f, sink: _Writer, total: int, has_next: bool, infos: list[str],
 
 def _datasets(group, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """``(relative path, dataset)`` of every dataset below ``group``."""
-    import h5py
+    h5py = import_h5py()
 
     for name, node in group.items():
         if isinstance(node, h5py.Dataset):
@@ -434,7 +435,7 @@ def _minari_facts(group, where: str) -> tuple[int, dict[str, tuple], int, list[s
     included, :func:`_split_extras`), the UTF-8 bytes of its longest string, and the paths
     of the arrays left out (beside the fields: not a value per step of a type stored, or at a
     TED key's path)."""
-    import h5py
+    h5py = import_h5py()
 
     _require(group, ("observations", "actions", "rewards", "terminations", "truncations"), where)
     steps = len(group["rewards"])
@@ -510,7 +511,7 @@ def source_file(layout: str, file: str | os.PathLike) -> str:
     ``file``. :class:`~zstore.errors.SourceFileError` for one that is missing, a directory
     (a Minari folder without its HDF5 file) or not HDF5, naming it and the fix (h5py's
     errors name neither)."""
-    import h5py
+    h5py = import_h5py()
 
     file = os.fspath(file)
     expected = ("the .hdf5 file of a D4RL dataset" if layout == "d4rl" else
@@ -573,7 +574,7 @@ def import_minari(h5_path: str | os.PathLike, url: str | os.PathLike,
     ``h5_path`` is the file, or the dataset folder Minari writes
     (``<dataset>/data/main_data.hdf5``).
     """
-    import h5py
+    h5py = import_h5py()
 
     from .open import open_dataset
 

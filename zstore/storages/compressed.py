@@ -57,6 +57,7 @@ from ..dtypes import torch_dtype_from_name, torch_dtype_name
 from ..errors import (InvalidKeyError, MissingKeyError, NotAZStoreError, SchemaError,
                       StoreExistsError, ZStoreError)
 from ..group import ZSTORE_ATTR, open_group, open_plain_group, put_attrs
+from ..format_version import refuse_newer_fields, unknown_fields
 from ..lease import DEFAULT_TTL, LEASE_NAME, refuse_while_held
 from ..layout import (FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, check_format_version,
                       json_int, key_to_path, path_to_key)
@@ -80,6 +81,14 @@ _RAGGED_TABLE = re.compile(r"index|(index|values)-\d+")  # a ragged key's, below
 def _key_name(path: str) -> str:
     """How a refusal names key ``path``: ``key ('a', 'b')``, or ``the item tensor``."""
     return "the item tensor" if path == SINGLE_TENSOR_KEY else f"key {tuple(path.split('/'))!r}"
+
+
+#: the fields of the root ``zstore`` block (``_block``) this version reads (a checkpoint
+#: generation's too)
+BLOCK_FIELDS = frozenset({"format_version", "storage_class", "max_size", "length", "newest",
+                           "kind", "class_name", "custom_codec", "compression_level", "codec",
+                           "codecs", "chunks", "dtypes", "fixed", "nodes", "items", "ragged",
+                           "created"})
 
 
 def _malformed(where: str, kind: str, exc: Exception) -> NotAZStoreError:
@@ -1058,6 +1067,8 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
     def _restore(self, block: Mapping[str, Any]) -> None:
         """Adopt the state recorded in a root block (arrays reopened, nothing read yet)."""
         where = self.spec.redacted()
+        if not self.spec.read_only:
+            refuse_newer_fields(unknown_fields(block, BLOCK_FIELDS), where)
         try:
             self._reset()
             self._named = set()

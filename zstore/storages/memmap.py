@@ -32,6 +32,7 @@ from ..errors import (LeaseError, MissingKeyError, SchemaError, StoreExistsError
 from ..display import KeyRow, Summary, dtype_name, text_dtype
 from ..group import (carrying_nodes, commit, create_group, existing_buffer, nodes_metadata,
                      open_group)
+from ..format_version import refuse_newer_fields
 from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta, ragged_keys
 from ..lease import DEFAULT_TTL, LEASE_NAME
 from ..processes import runs_here
@@ -252,6 +253,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, Comp
     def _attach(self, group, meta: StoreMeta) -> None:
         """Bind to an opened group: restore counters (unless they are shared with the
         processes writing it, :mod:`.sharing`, which know better) and open the table."""
+        if not (self.spec.read_only or meta.read_only):
+            refuse_newer_fields(meta.unknown, self.spec.redacted())
         self._group = group
         self._nodes_tried = False
         self._meta = meta
