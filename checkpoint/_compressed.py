@@ -64,6 +64,21 @@ FILES = "files"
 _SIGNATURE_FIELDS = ("ETag", "mtime", "ino", "created", "LastModified")
 
 
+def _needed(storage: Any, files: dict[str, Any]) -> dict[str, Any]:
+    """The objects of ``files`` (a :func:`listing` of ``storage``'s location) that its commit
+    names: the root's, the tables' and their parents' metadata. A table left behind (one a
+    later commit deletes, or an older zstore's) is not copied: an older reader of the
+    checkpoint paired it with the new tables, and read wrong items."""
+    tables = [f"{path}/" for path in storage.checkpoint_tables()]
+    def needed(name: str) -> bool:
+        folder = name.rpartition("/")[0]
+        return name.startswith(tuple(tables)) or (
+            name.rpartition("/")[2] == "zarr.json"
+            and (not folder or any(table.startswith(f"{folder}/") for table in tables)))
+
+    return {name: info for name, info in files.items() if needed(name)}
+
+
 def listing(spec: StoreSpec) -> dict[str, Mapping[str, Any]]:
     """``{relative path: fsspec-style info}`` of the objects below ``spec`` (no lease, no
     partials); local directories are walked directly (fsspec's ``find`` is several times
@@ -228,7 +243,7 @@ class CompressedListStorageCheckpointer(_Configured):
         if not len(storage):
             raise RuntimeError("Cannot save an empty or non-initialized CompressedListStorage.")
         storage.flush()
-        files = listing(storage.spec)
+        files = _needed(storage, listing(storage.spec))
         base = _carry_over(storage, dest, dest.read_commit(), files)
         carried = set() if base is None else base[1]
         gen = dest.new_generation()

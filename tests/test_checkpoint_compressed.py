@@ -243,6 +243,32 @@ def test_killed_incremental_dump_leaves_the_previous_checkpoint(killed, case):
     loads_as(dest, items, 64)
 
 
+def test_a_table_left_in_the_location_is_not_copied_into_a_checkpoint(location):
+    """A table the commit no longer names (left for a later commit to delete, or an older
+    zstore's ungenerationed ``ragged/<key>/index``) was copied into the generation: an older
+    zstore loading it paired that stale index with the new values, and read wrong items."""
+    storage, model = location.compressed(8), []
+    write(storage, model, range(6), make_items(6, seed=1))
+    storage.flush()
+    fs, root = storage.spec.filesystem()
+    live = sorted(storage.checkpoint_tables())
+    index = next(path for path in live if "/index-" in path)
+    stale = index.rsplit("-", 1)[0]  # ragged/tokens/index: the layout before generations
+    for name in listing(storage.spec):
+        if name.startswith(f"{index}/"):
+            if location.kind == "local":
+                fs.makedirs(f"{root}/{stale}/{name[len(index) + 1:]}".rsplit("/", 1)[0],
+                            exist_ok=True)
+            fs.pipe_file(f"{root}/{stale}/{name[len(index) + 1:]}",
+                         fs.cat_file(f"{root}/{name}"))
+    dest = spec(location, "ck")
+    storage.dumps(dest)
+    copied = listing(generation(dest, _record(dest)))
+    assert not [name for name in copied if name.startswith(f"{stale}/")]
+    assert {name.split("/")[0] for name in copied} >= {path.split("/")[0] for path in live}
+    loads_as(dest, model, 8)
+
+
 def test_revisions_find_overwrites_a_listing_cannot_see(tmp_path, monkeypatch):
     """Some fsspec stores list sizes only, and a chunk of random floats overwritten in place
     keeps its size: the write revisions alone must find it."""
