@@ -132,13 +132,7 @@ def read_raw(spec: StoreSpec, targets: Sequence[tuple[str, np.ndarray, int, int]
 
         _each(load, spans)
         return
-    # cat_ranges, not cat: cat expands glob characters, which a key's path may hold ("obs[0]")
-    fetched = fs.cat_ranges([key for key, _ in spans], None, None, on_error="return")
-    for (key, span), data in zip(spans, fetched):
-        if isinstance(data, FileNotFoundError):
-            data = None
-        elif isinstance(data, BaseException):
-            raise data
+    for (key, span), data in zip(spans, _fetched(fs, [key for key, _ in spans], spec)):
         if data is None:
             if all_stored:
                 raise missing_chunk_error(key)
@@ -147,6 +141,20 @@ def read_raw(spec: StoreSpec, targets: Sequence[tuple[str, np.ndarray, int, int]
             raise short_chunk_error(key, len(data), len(span))
         else:
             span[:] = np.frombuffer(data, dtype=np.uint8, count=len(span))
+
+
+def _fetched(fs: Any, keys: list[str], spec: StoreSpec) -> list[bytes | None]:
+    """The objects ``keys`` (``None``: missing), fetched at once. cat_ranges, not cat: cat
+    expands glob characters, which a key's path may hold ("obs[0]"). A request that failed
+    after the client's retries (a server error, a body damaged in transfer) raises naming
+    the object and the checkpoint."""
+    got = fs.cat_ranges(keys, None, None, on_error="return")
+    for key, data in zip(keys, got):
+        if isinstance(data, BaseException) and not isinstance(data, FileNotFoundError):
+            raise ConnectionError(f"cannot read {key} of the checkpoint at {spec.redacted()}: "
+                                  f"{type(data).__name__}: {data}; load it again once the "
+                                  "server answers") from data
+    return [None if isinstance(data, FileNotFoundError) else data for data in got]
 
 
 def short_chunk_error(key: str, got: int, expected: int) -> CheckpointError:

@@ -218,3 +218,71 @@ def test_a_conditional_write_whose_reply_is_lost_is_known_as_landed(faulty, lost
     storage.set(torch.arange(12, 14), rows(12, 2))  # the writer goes on
     storage.close()
     assert_rows(zstore.open(url, direct, mode="r"), 0, 14)
+
+
+@pytest.mark.parametrize("fault", ["slowdown", "error500"])
+def test_a_read_the_server_keeps_failing_is_a_connection_error_not_damage(faulty, fault):
+    """Before: a chunk GET the server kept answering 503/500 raised CorruptChunkError ("the
+    data is at fault"), and zstore's re-fetch of damaged chunks ran the client's whole
+    retry cycle three times over."""
+    proxy, options, direct, url = faulty
+    write_directly(url, direct, "chunks")
+    reader = zstore.open(url, options, mode="r")
+    proxy.add(Rule(fault, path=r"/x/c/", method="GET", count=10_000))
+    with pytest.raises(ConnectionError, match=r"key 'x'.*the data is not at fault") as info:
+        reader.get(torch.arange(12))
+    assert not isinstance(info.value, CorruptChunkError)
+    proxy.clear()
+    assert_rows(reader, 0, 12)  # nothing bad was cached
+
+
+def test_a_log_segment_damaged_in_transfer_is_fetched_again(faulty):
+    """Before: a segment body cut short (its Content-Length matching) raised CorruptChunkError
+    at once, where a chunk is fetched again."""
+    proxy, options, direct, url = faulty
+    writer = zstore.LazyMemmapStorage(64, scratch_dir=url, storage_options=direct, codec="zstd",
+                                      chunks=32, tail_log=True, autocommit_seconds=float("inf"))
+    writer.set(torch.arange(12), rows(0, 12))
+    writer.flush()  # the rows are in log segments, their chunk not yet stored
+    assert writer._meta.tail
+    proxy.add(Rule("truncate_lying", path=r"/zstore-tail/", method="GET", count=1))
+    assert_rows(zstore.open(url, options, mode="r"), 0, 12)
+    assert proxy.injected["truncate_lying"] == 1
+    writer.close()
+
+
+def test_a_lease_renewal_the_server_keeps_failing_names_the_store(faulty, monkeypatch):
+    """Before: a bare OSError('... injected by faultproxy') naming no store."""
+    import time
+
+    from zstore import lease
+
+    proxy, options, direct, url = faulty
+    storage = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=options,
+                                       codec="zstd", chunks=4, shards=4, lease_ttl=30)
+    storage.set(torch.arange(4), rows(0, 4))
+    storage.flush()
+    monkeypatch.setattr(lease, "clock", lambda: time.time() + 20)  # past half the ttl: renew
+    proxy.add(Rule("slowdown", path=r"zstore-lease\.json$", method="PUT", count=10_000))
+    with pytest.raises(ConnectionError, match=r"renew the write lease on s3://.*wrote nothing"):
+        storage.set(torch.arange(4, 8), rows(4, 4))
+    assert len(storage) == 4
+    proxy.clear()
+    storage.set(torch.arange(4, 8), rows(4, 4))
+    storage.close()
+    assert_rows(zstore.open(url, direct, mode="r"), 0, 8)
+
+
+def test_a_checkpoint_read_the_server_keeps_failing_names_the_object(faulty):
+    """Before: s3fs's bare OSError (or botocore's checksum error), naming no checkpoint."""
+    proxy, options, direct, url = faulty
+    source = zstore.LazyTensorStorage(16)
+    source.set(torch.arange(12), rows(0, 12))
+    source.dumps(zstore.StoreSpec.parse(url, direct))
+    target = zstore.LazyTensorStorage(16)
+    proxy.add(Rule("error500", path=r"/gen-[^/]*/x/c", method="GET", count=10_000))
+    with pytest.raises(ConnectionError, match=r"cannot read .*/x/c.* of the checkpoint at s3://"):
+        target.loads(zstore.StoreSpec.parse(url, options))
+    proxy.clear()
+    target.loads(zstore.StoreSpec.parse(url, options))
+    assert_rows(target, 0, 12)

@@ -28,7 +28,7 @@ from . import _faults
 from ._pages import gather_rows
 from .cache import ChunkCache
 from .chunkio import MAX_IN_FLIGHT, PARALLEL_BYTES, ColumnReader, Throttle
-from .credentials import credentials_error, unreachable_error
+from .credentials import credentials_error, damaged_in_transfer, failed_request, unreachable_error
 from .dtypes import compute_dtype, from_numpy, from_storage, storage_numpy_dtype, to_storage
 from .errors import CorruptChunkError, ZStoreError
 from .layout import Leaf
@@ -138,12 +138,17 @@ class BlockGroup:
         is not a corrupt object. A reader re-reads shard indexes on every fetch.
         """
         self.writes.drain()
+
+        def fetched() -> dict[str, list[np.ndarray | None]] | None:
+            out = self._fetch_once(blocks, into)
+            return out if self._overlay(blocks, out) else None  # (None: segments dropped)
+
         for _ in range(3):
             if self.keep_indexes and not self.remote:  # a local writer owns its store
-                out = self._fetch_once(blocks, into)
-            else:
-                out = with_retries(lambda: self._fetch_once(blocks, into), (CorruptChunkError,))
-            if self._overlay(blocks, out):
+                out = fetched()
+            else:  # (a damaged segment is fetched again too)
+                out = with_retries(fetched, (CorruptChunkError,))
+            if out is not None:
                 return out
         raise CorruptChunkError(f"the log segments of {self.where} keep changing under this "
                                 "reader: reopen it")
@@ -181,6 +186,28 @@ class BlockGroup:
                     out[leaf.path][i] = array
         return True
 
+    def _read_error(self, error: BaseException, what: str) -> BaseException:
+        """The error to raise for ``error``, met doing ``what`` (named in it): zstore's own as
+        they are; the server or the credentials (the data is not at fault) as a
+        ``ConnectionError`` / ``PermissionError``; a body damaged in transfer, or one that
+        failed to decode, as :class:`CorruptChunkError` (fetched again by :meth:`fetch`)."""
+        if isinstance(error, ZStoreError):  # a corrupt chunk, a store gone: said already
+            return error
+        named = credentials_error(error, self.where) or unreachable_error(error, self.where)
+        if named is not None:
+            named.__cause__ = error
+            return named
+        detail = f"{type(error).__name__}: {error}"
+        if not damaged_in_transfer(error) and (
+                isinstance(error, (ConnectionError, TimeoutError))
+                or (self.remote and failed_request(error))):
+            failure = ConnectionError(f"{what}: the request failed after the client's retries "
+                                      f"({detail}); the data is not at fault: read again later")
+        else:
+            failure = CorruptChunkError(f"{what}: {detail}")
+        failure.__cause__ = error
+        return failure
+
     def _read_segments(self, segments: list[Segment]) -> bool:
         """Decode each of ``segments`` not read yet into ``_segment_rows`` (False: one was
         dropped from the commit since this group listed it).
@@ -210,7 +237,7 @@ class BlockGroup:
         self._count_fetches(throttle)
         for seg, key, data in zip(missing, keys, results):
             if isinstance(data, BaseException):
-                raise data
+                raise self._read_error(data, f"cannot read log segment {key} of {self.where}")
             if data is None:
                 listed = None if self._listed is None else self._listed()
                 if listed is not None and seg not in listed:
@@ -339,19 +366,10 @@ class BlockGroup:
 
         out = {}
         for leaf, result in zip(self.leaves, sync(run())):
-            if isinstance(result, ZStoreError):  # a corrupt chunk, a store gone: said already
-                raise result
             if isinstance(result, BaseException):
-                what = (f"cannot read chunks {blocks[:8]}{'...' if len(blocks) > 8 else ''} of "
-                        f"key {leaf.path!r} in {self.where}")
-                named = credentials_error(result, self.where) or \
-                    unreachable_error(result, self.where)
-                if named is not None:  # the server or the credentials: the data is not at fault
-                    raise named from result
-                if isinstance(result, (ConnectionError, TimeoutError)):
-                    raise ConnectionError(f"{what}: the connection failed "
-                                          f"({type(result).__name__}: {result})") from result
-                raise CorruptChunkError(f"{what}: {type(result).__name__}: {result}") from result
+                raise self._read_error(result, f"cannot read chunks {blocks[:8]}"
+                                       f"{'...' if len(blocks) > 8 else ''} of key "
+                                       f"{leaf.path!r} in {self.where}")
             out[leaf.path] = result
         stats = self.cache.stats
         stats.loads += len(blocks)

@@ -60,6 +60,25 @@ _TLS_FAILED = {("botocore", "SSLError"), ("ssl", "SSLError"), ("ssl", "SSLCertVe
                ("aiohttp", "ClientConnectorCertificateError")}
 
 
+#: Errors of a response body damaged in transfer (a flipped byte botocore's checksum caught):
+#: fetched again, as a payload that fails to decode is.
+_DAMAGED = {("botocore", "FlexibleChecksumError"), ("botocore", "ChecksumError")}
+#: Where the errors of a request that failed come from (the HTTP clients).
+_CLIENTS = {"aiohttp", "botocore", "aiobotocore", "obstore", "urllib3", "http"}
+
+
+def damaged_in_transfer(exc: BaseException) -> bool:
+    """Whether ``exc`` says a response body arrived damaged (not the object stored)."""
+    return (type(exc).__module__.split(".")[0], type(exc).__name__) in _DAMAGED
+
+
+def failed_request(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a remote read, is its request's failure (a server error
+    after the client's retries, a connection cut mid-body), not bad data: an ``OSError``
+    (s3fs's wording of a 5xx) or an error of an HTTP client."""
+    return isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in _CLIENTS
+
+
 def unreachable_error(exc: BaseException, where: str) -> ConnectionError | None:
     """A ``ConnectionError`` naming the store at ``where`` and what to check when ``exc`` (or
     an error it comes from) says its server could not be reached; ``None`` otherwise."""

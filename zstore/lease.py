@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .conditional import Token, objects_for
-from .errors import LeaseError
+from .errors import LeaseError, ZStoreError
 from .processes import boot_id, gone_here, here, pid_namespace
 from .rebase import rebased
 from .sigterm import shielded
@@ -241,7 +241,16 @@ class Lease:
                 raise LeaseError(f"this writer does not hold the write lease on "
                                  f"{self.spec.redacted()}: it lost it, or never wrote")
             now = clock()
-            token = self.objects.replace(LEASE_NAME, self._record(now, self._acquired), self._token)
+            try:
+                token = self.objects.replace(LEASE_NAME, self._record(now, self._acquired),
+                                             self._token)
+            except ZStoreError:
+                raise
+            except OSError as exc:  # (s3fs's words for a 5xx name no store)
+                raise ConnectionError(
+                    f"cannot renew the write lease on {self.spec.redacted()}: the request failed "
+                    f"after the client's retries ({type(exc).__name__}: {exc}); this write was "
+                    "refused and wrote nothing: write again once the server answers") from exc
             if token is None:
                 self._token = self._metadata_token = None
                 self._lost = True
