@@ -286,3 +286,28 @@ def test_a_checkpoint_read_the_server_keeps_failing_names_the_object(faulty):
     proxy.clear()
     target.loads(zstore.StoreSpec.parse(url, options))
     assert_rows(target, 0, 12)
+
+
+def test_a_torchrl_save_whose_state_reads_keep_failing_names_the_file(faulty):
+    """Before: s3fs's bare OSError (botocore's checksum error for a damaged body)."""
+    T = pytest.importorskip("torchrl.data")
+    zt = pytest.importorskip("zstore.torchrl")
+
+    proxy, options, direct, url = faulty
+
+    def buffer(location_options):
+        return T.TensorDictReplayBuffer(storage=zt.LazyMemmapStorage(
+            16, scratch_dir=f"{url}-rb-{uuid.uuid4().hex[:6]}", storage_options=location_options))
+
+    saved = buffer(direct)
+    saved.extend(rows(0, 12))
+    zt.dumps(saved, f"{url}-save", direct)
+    fresh = buffer(options)
+    proxy.add(Rule("error500", path=r"-save/writer/", method="GET", count=10_000))
+    with pytest.raises(ConnectionError, match=r"cannot read writer/.* of the replay-buffer "
+                                              r"checkpoint at s3://.*nothing was loaded"):
+        zt.loads(fresh, f"{url}-save", options)
+    assert len(fresh) == 0
+    proxy.clear()
+    zt.loads(fresh, f"{url}-save", options)
+    assert len(fresh) == 12

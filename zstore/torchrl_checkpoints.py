@@ -157,7 +157,7 @@ def loads(rb: Any, url: str | os.PathLike,
             f"refusing to load the replay buffer at {spec.redacted()}: {why}, so TorchRL's "
             "torch.load of the sampler's .pt state would unpickle anything in it; load it "
             "where torch reads it with its weights-only loader")
-    expected = json.loads(fs.cat_file(f"{root}/{MANIFEST}")) if MANIFEST in found else {}
+    expected = json.loads(_read(fs, root, MANIFEST, spec)) if MANIFEST in found else {}
     missing = sorted(set(expected) - set(found))
     if missing:  # before anything is loaded: the buffer stays as it was
         raise FileNotFoundError(f"the replay-buffer checkpoint at {spec.redacted()} lacks "
@@ -166,7 +166,7 @@ def loads(rb: Any, url: str | os.PathLike,
     with tempfile.TemporaryDirectory(prefix="zstore-rb-") as local, \
             _storage_at(rb, StoreSpec(f"{spec.url}/{STORAGE}", dict(spec.storage_options))):
         for rel in found:
-            data = fs.cat_file(f"{root}/{rel}")
+            data = _read(fs, root, rel, spec)
             if rel in expected and len(data) != expected[rel]:
                 raise ValueError(f"the replay-buffer checkpoint at {spec.redacted()}: {rel} "
                                  f"holds {len(data)} bytes, {expected[rel]} were saved (cut "
@@ -196,6 +196,19 @@ def _previous_save(spec: StoreSpec) -> list[str]:
         f"cannot save a replay buffer at {spec.redacted()}: it holds {len(found)} files that no "
         f"save wrote (e.g. {found[0]!r}), left unchanged; choose an empty location or an "
         "earlier save's")
+
+
+def _read(fs: Any, root: str, rel: str, spec: StoreSpec) -> bytes:
+    """The state file ``rel`` of the save at ``spec``; a request that failed after the
+    client's retries (a server error, a body damaged in transfer) raises naming it."""
+    try:
+        return fs.cat_file(f"{root}/{rel}")
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # (s3fs's and botocore's own errors name no save)
+        raise ConnectionError(f"cannot read {rel} of the replay-buffer checkpoint at "
+                              f"{spec.redacted()}: {type(exc).__name__}: {exc}; nothing was "
+                              "loaded: load it again once the server answers") from exc
 
 
 def _torch_load_unpickles() -> str:
