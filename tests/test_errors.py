@@ -655,3 +655,20 @@ def test_an_https_endpoint_on_a_plain_http_server_is_named_with_the_fix(s3_optio
         zstore.open(url, options, mode="r")
     message = str(info.value)
     assert url in message and "speaks plain HTTP fails so (write http://)" in message, message
+
+
+def test_a_dtype_or_shape_refusal_names_the_key_s_path_and_the_fix(location):
+    """Before: "key ('nest', 'c'): dtype torch.int64 does not match the buffer's
+    torch.float32", naming no fix (LazyTensorStorage's says to cast first)."""
+    storage = LazyMemmapStorage(8, scratch_dir=location.new(), storage_options=location.options)
+    first = TensorDict(nest=TensorDict(c=torch.zeros(2, 3), batch_size=[2]), batch_size=[2])
+    storage.set(torch.arange(2), first)
+    with pytest.raises(SchemaError, match=r"key 'nest/c': dtype torch.int64 .* cast the data "
+                                          r"first, e.g. data.to\(torch.float32\); nothing"):
+        storage.set(torch.arange(2, 4), first.to(torch.int64))
+    with pytest.raises(SchemaError, match=r"key 'nest/c': shape \(2, 4\) .*\('N', 3\).* "
+                                          r"reshape the data"):
+        storage.set(torch.arange(2, 4), TensorDict(
+            nest=TensorDict(c=torch.zeros(2, 4), batch_size=[2]), batch_size=[2]))
+    assert len(storage) == 2
+    storage.close()

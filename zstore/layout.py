@@ -373,16 +373,17 @@ class Schema:
                 raise SchemaError(f"key {leaf.key!r}: expected a tensor, got {type(value).__name__}")
             if value.dtype != leaf.dtype:
                 raise SchemaError(
-                    f"key {leaf.key!r}: dtype {value.dtype} does not match the buffer's {leaf.dtype}"
-                )
+                    f"key {leaf.path!r}: dtype {value.dtype} does not match the buffer's "
+                    f"{leaf.dtype} (a buffer's dtypes are fixed at its first write): cast the "
+                    f"data first, e.g. data.to({leaf.dtype}); nothing was written")
             if not lead and value.shape == (1, *leaf.shape):  # one row as a batch of one: torch
                 value = out[path] = value[0]                  # writes it into the row, as TorchRL
             if tuple(value.shape[lead:]) != leaf.shape or value.ndim != lead + len(leaf.shape):
                 expected = ("N", *leaf.shape) if lead else leaf.shape
                 raise SchemaError(
-                    f"key {leaf.key!r}: shape {tuple(value.shape)} does not match the buffer's "
-                    f"{tuple(expected)}"
-                )
+                    f"key {leaf.path!r}: shape {tuple(value.shape)} does not match the buffer's "
+                    f"{tuple(expected)} (a buffer's shapes are fixed at its first write): "
+                    "reshape the data, or write it to another buffer; nothing was written")
             if lead_shape is None:
                 lead_shape = tuple(value.shape[:lead])
             elif tuple(value.shape[:lead]) != lead_shape:
