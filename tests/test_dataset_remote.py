@@ -326,3 +326,22 @@ def test_a_bucket_the_principal_may_not_list_is_not_called_missing(s3_bucket, s3
     with pytest.raises(zstore.StoreNotFoundError) as info:
         open_dataset(url, s3_options)
     assert "no zarr.json there" in str(info.value) and "bucket" not in str(info.value)
+
+
+@pytest.mark.parametrize("fault", ["error500", "truncate"])
+def test_a_transient_http_failure_is_read_again(http_server, fault):
+    """fsspec's HTTP filesystem retries no request: zstore reads a failed chunk request
+    again there (a 500, a connection cut mid-body), where a client that retries (s3fs,
+    obstore) has already done so."""
+    from faultproxy import FaultProxy, Rule
+
+    root, base = http_server
+    name = _unwarned_name()
+    _publish(str(root / name), {})
+    want = open_dataset(str(root / name)).get(torch.arange(600))
+    with FaultProxy(base) as proxy:
+        ds = open_dataset(f"{proxy.url}/{name}")
+        proxy.add(Rule(fault, path=r"/obs/c", method="GET", count=1))
+        got = ds.get(torch.arange(600))
+        assert proxy.injected[fault] == 1
+    assert torch.equal(got["obs"], want["obs"])

@@ -311,3 +311,17 @@ def test_a_torchrl_save_whose_state_reads_keep_failing_names_the_file(faulty):
     proxy.clear()
     zt.loads(fresh, f"{url}-save", options)
     assert len(fresh) == 12
+
+
+def test_a_codec_s_oserror_is_damage_and_a_client_s_is_a_failed_request():
+    """gzip's and bz2's decode errors are ``OSError``s without an errno: read as damage (and
+    fetched again), not as a request that failed; s3fs's wording of a 5xx has one."""
+    import errno
+    import gzip
+
+    from zstore.credentials import failed_request
+
+    assert not failed_request(gzip.BadGzipFile("Not a gzipped file (b'\\x00\\x01')"))
+    assert not failed_request(OSError("Invalid data stream"))  # bz2's
+    assert failed_request(OSError(errno.EBUSY, "SlowDown"))
+    assert failed_request(ConnectionResetError(errno.ECONNRESET, "reset by peer"))

@@ -146,8 +146,10 @@ class BlockGroup:
         for _ in range(3):
             if self.keep_indexes and not self.remote:  # a local writer owns its store
                 out = fetched()
-            else:  # (a damaged segment is fetched again too)
-                out = with_retries(fetched, (CorruptChunkError,))
+            else:  # (a damaged segment is fetched again too; a failed request where the
+                # store's client retries none, HTTP's, as well)
+                out = with_retries(fetched, (CorruptChunkError,) if getattr(
+                    self.store, "client_retries", True) else (CorruptChunkError, ConnectionError))
             if out is not None:
                 return out
         raise CorruptChunkError(f"the log segments of {self.where} keep changing under this "

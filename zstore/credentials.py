@@ -75,8 +75,10 @@ def damaged_in_transfer(exc: BaseException) -> bool:
 def failed_request(exc: BaseException) -> bool:
     """Whether ``exc``, raised by a remote read, is its request's failure (a server error
     after the client's retries, a connection cut mid-body), not bad data: an ``OSError``
-    (s3fs's wording of a 5xx) or an error of an HTTP client."""
-    return isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in _CLIENTS
+    with an errno (s3fs's wording of a 5xx; a codec's ``OSError``, gzip's or bz2's, has
+    none) or an error of an HTTP client."""
+    return ((isinstance(exc, OSError) and exc.errno is not None)
+            or type(exc).__module__.split(".")[0] in _CLIENTS)
 
 
 def unreachable_error(exc: BaseException, where: str) -> ConnectionError | None:

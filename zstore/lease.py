@@ -244,9 +244,9 @@ class Lease:
             try:
                 token = self.objects.replace(LEASE_NAME, self._record(now, self._acquired),
                                              self._token)
-            except ZStoreError:
-                raise
             except OSError as exc:  # (s3fs's words for a 5xx name no store)
+                if not self.spec.is_remote or isinstance(exc, (ZStoreError, PermissionError)):
+                    raise
                 raise ConnectionError(
                     f"cannot renew the write lease on {self.spec.redacted()}: the request failed "
                     f"after the client's retries ({type(exc).__name__}: {exc}); this write was "

@@ -578,6 +578,9 @@ class _HttpFsspecStore(_ExactFsspecStore):
     of a query or fragment, or as an escape (every read of such a key missed its object).
     At most :data:`HTTP_IN_FLIGHT` reads are in flight at once."""
 
+    #: fsspec's HTTP filesystem retries no request: zstore's reads retry a failed one
+    client_retries = False
+
     async def get(self, key: str, prototype: BufferPrototype,
                   byte_range: ByteRequest | None = None) -> Buffer | None:
         """The object at ``key`` (or ``byte_range`` of it); ``None`` when it is missing."""
