@@ -616,3 +616,19 @@ def test_unsigned_keys_at_the_root_and_under_next_round_trip(tmp_path, name, dty
     assert len(again) == n
     for key in ("count", ("next", "count")):
         assert again[:n][key].dtype == dtype and torch.equal(again[:n][key], data[key]), key
+
+
+@pytest.mark.s3
+def test_a_checkpoint_chunk_the_bucket_refuses_is_an_access_error(s3_options):
+    """A refused read of a generation's chunk is the credentials' fault, not the server's."""
+    from conftest import denying_bucket
+
+    bucket = denying_bucket(s3_options, "s3:GetObject", "ck/gen-*/x/c*")
+    source = LazyTensorStorage(16)
+    source.set(torch.arange(12), TensorDict(x=torch.arange(12.0), batch_size=[12]))
+    dest = StoreSpec.parse(f"s3://{bucket}/ck", s3_options)
+    source.dumps(dest)
+    target = LazyTensorStorage(16)
+    with pytest.raises(PermissionError, match=f"s3://{bucket}/ck") as info:
+        target.loads(dest)
+    assert not isinstance(info.value, ConnectionError) and len(target) == 0
