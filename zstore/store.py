@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import difflib
+import errno
 import functools
 import inspect
 import json
@@ -800,8 +801,10 @@ def _obstore_error(exc: Exception, where: str) -> Exception:
         return PermissionError(f"{where}: {first}")
     if "error sending request" in first:
         return ConnectionError(f"{where}: its server cannot be reached ({first}); {CHECK_ENDPOINT}")
-    if type(exc).__name__ == "GenericError":
-        return OSError(f"{where}: {first}")
+    if type(exc).__name__ == "GenericError":  # (an errno, as s3fs's: a failed request)
+        answered = OSError(f"{where}: {first}")
+        answered.errno = errno.EIO
+        return answered
     return exc
 
 
