@@ -20,7 +20,7 @@ import numpy as np
 
 from zstore.row_objects import (ALL_CHUNKS_STORED as ALL_STORED, chunk_key, key_separator,
                                row_object_keys)
-from zstore.credentials import credentials_error
+from zstore.credentials import request_error
 from zstore.store import StoreSpec
 
 from ._dest import CheckpointError, fault_point
@@ -152,11 +152,9 @@ def _fetched(fs: Any, keys: list[str], spec: StoreSpec) -> list[bytes | None]:
     got = fs.cat_ranges(keys, None, None, on_error="return")
     for key, data in zip(keys, got):
         if isinstance(data, BaseException) and not isinstance(data, FileNotFoundError):
-            if named := credentials_error(data, spec.redacted()):  # refused, not failed
-                raise named from data
-            raise ConnectionError(f"cannot read {key} of the checkpoint at {spec.redacted()}: "
-                                  f"{type(data).__name__}: {data}; load it again once the "
-                                  "server answers") from data
+            raise request_error(data, spec.redacted(), f"cannot read {key} of the checkpoint at "
+                                f"{spec.redacted()}", "load it again once the server answers",
+                                remote=spec.is_remote) or data
     return [None if isinstance(data, FileNotFoundError) else data for data in got]
 
 

@@ -28,7 +28,7 @@ from . import _faults
 from ._pages import gather_rows
 from .cache import ChunkCache
 from .chunkio import MAX_IN_FLIGHT, PARALLEL_BYTES, ColumnReader, Throttle
-from .credentials import credentials_error, damaged_in_transfer, failed_request, unreachable_error
+from .credentials import request_error
 from .dtypes import compute_dtype, from_numpy, from_storage, storage_numpy_dtype, to_storage
 from .errors import CorruptChunkError, ZStoreError
 from .layout import Leaf
@@ -195,19 +195,11 @@ class BlockGroup:
         failed to decode, as :class:`CorruptChunkError` (fetched again by :meth:`fetch`)."""
         if isinstance(error, ZStoreError):  # a corrupt chunk, a store gone: said already
             return error
-        named = credentials_error(error, self.where) or unreachable_error(error, self.where)
-        if named is not None:
-            named.__cause__ = error
-            return named
-        detail = f"{type(error).__name__}: {error}"
-        if not damaged_in_transfer(error) and (
-                isinstance(error, (ConnectionError, TimeoutError))
-                or (self.remote and failed_request(error))):
-            failure = ConnectionError(f"{what}: the request failed after the client's retries "
-                                      f"({detail}); the data is not at fault: read again later")
-        else:
-            failure = CorruptChunkError(f"{what}: {detail}")
-        failure.__cause__ = error
+        failure = request_error(error, self.where, what, "the data is not at fault: read again "
+                                "later", remote=self.remote)
+        if failure is None:
+            failure = CorruptChunkError(f"{what}: {type(error).__name__}: {error}")
+            failure.__cause__ = error
         return failure
 
     def _read_segments(self, segments: list[Segment]) -> bool:

@@ -81,6 +81,26 @@ def failed_request(exc: BaseException) -> bool:
             or type(exc).__module__.split(".")[0] in _CLIENTS)
 
 
+def request_error(exc: BaseException, where: str, doing: str, then: str, *,
+                  remote: bool = True) -> Exception | None:
+    """zstore's error for ``exc``, raised by a request to the store at ``where`` while
+    ``doing`` (named first in the message): :func:`credentials_error` or
+    :func:`unreachable_error`; else, for a request that failed after the client's retries
+    (a ``ConnectionError`` or ``TimeoutError``, or on a ``remote`` store
+    :func:`failed_request`), a ``ConnectionError`` saying so, then ``then`` (what to do).
+    ``None`` for anything else: zstore's own errors, a body damaged in transfer, bad data."""
+    if isinstance(exc, ZStoreError) or damaged_in_transfer(exc):
+        return None
+    error: Exception | None = credentials_error(exc, where) or unreachable_error(exc, where)
+    if error is None and (isinstance(exc, (ConnectionError, TimeoutError))
+                          or (remote and failed_request(exc))):
+        error = ConnectionError(f"{doing}: the request failed after the client's retries "
+                                f"({type(exc).__name__}: {exc}); {then}")
+    if error is not None:
+        error.__cause__ = exc
+    return error
+
+
 def unreachable_error(exc: BaseException, where: str) -> ConnectionError | None:
     """A ``ConnectionError`` naming the store at ``where`` and what to check when ``exc`` (or
     an error it comes from) says its server could not be reached; ``None`` otherwise."""

@@ -44,7 +44,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .conditional import Token, objects_for
-from .errors import LeaseError, ZStoreError
+from .credentials import request_error
+from .errors import LeaseError
 from .processes import boot_id, gone_here, here, pid_namespace
 from .rebase import rebased
 from .sigterm import shielded
@@ -245,12 +246,13 @@ class Lease:
                 token = self.objects.replace(LEASE_NAME, self._record(now, self._acquired),
                                              self._token)
             except OSError as exc:  # (s3fs's words for a 5xx name no store)
-                if not self.spec.is_remote or isinstance(exc, (ZStoreError, PermissionError)):
+                where = self.spec.redacted()
+                error = request_error(exc, where, f"cannot renew the write lease on {where}",
+                                      "this write was refused and wrote nothing: write again "
+                                      "once the server answers", remote=self.spec.is_remote)
+                if error is None:
                     raise
-                raise ConnectionError(
-                    f"cannot renew the write lease on {self.spec.redacted()}: the request failed "
-                    f"after the client's retries ({type(exc).__name__}: {exc}); this write was "
-                    "refused and wrote nothing: write again once the server answers") from exc
+                raise error from exc
             if token is None:
                 self._token = self._metadata_token = None
                 self._lost = True

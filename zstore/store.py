@@ -40,6 +40,7 @@ from zarr.abc.store import (ByteRequest, OffsetByteRequest, RangeByteRequest, St
                              SuffixByteRequest)
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import FsspecStore, LocalStore, ObjectStore
+from zarr.storage._common import _dereference_path  # (FsspecStore's own path rule)
 
 from ._aws_credentials import botocore_chain
 from .credentials import CHECK_ENDPOINT, no_credentials_error, store_errors_named
@@ -512,7 +513,7 @@ class _ExactFsspecStore(FsspecStore):
 
     async def delete(self, key: str) -> None:
         """Delete the object at ``key`` (nothing where there is none)."""
-        path = f"{self.path.rstrip('/')}/{key}" if self.path.rstrip("/") else key
+        path = _dereference_path(self.path, key)
         if not _has_pattern(path):
             return await super().delete(key)
         self._check_writable()
@@ -521,11 +522,11 @@ class _ExactFsspecStore(FsspecStore):
 
     async def delete_dir(self, prefix: str) -> None:
         """Delete every object below ``prefix``."""
-        path = f"{self.path.rstrip('/')}/{prefix}" if self.path.rstrip("/") else prefix
+        path = _dereference_path(self.path, prefix)
         if not _has_pattern(path):
             return await super().delete_dir(prefix)
         self._check_writable()
-        found = await self.fs._find(path.rstrip("/"))
+        found = await self.fs._find(path)
         await asyncio.gather(*(self.fs._rm_file(name) for name in found))
 
 

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any, Iterator
 
 from . import storages as _z
+from .credentials import request_error
 from .errors import StoreExistsError
 from .group import refuse_inside_a_dataset
 from .store import StoreSpec
@@ -206,9 +207,12 @@ def _read(fs: Any, root: str, rel: str, spec: StoreSpec) -> bytes:
     except FileNotFoundError:
         raise
     except Exception as exc:  # (s3fs's and botocore's own errors name no save)
-        raise ConnectionError(f"cannot read {rel} of the replay-buffer checkpoint at "
-                              f"{spec.redacted()}: {type(exc).__name__}: {exc}; nothing was "
-                              "loaded: load it again once the server answers") from exc
+        error = request_error(exc, spec.redacted(), f"cannot read {rel} of the replay-buffer "
+                              f"checkpoint at {spec.redacted()}", "nothing was loaded: load it "
+                              "again once the server answers", remote=spec.is_remote)
+        if error is None:
+            raise
+        raise error from exc
 
 
 def _torch_load_unpickles() -> str:
