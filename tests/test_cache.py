@@ -268,6 +268,50 @@ def test_gpu_tiers_refuse_clearly_without_cuda():
             zstore.cache_tier(tier)
 
 
+def test_a_device_the_cache_cannot_return_samples_on_is_refused_naming_the_fix(location):
+    """``zstore.open(url, device="cuda")`` of a host-cached buffer returned CPU samples (any
+    string passed, "garbage" too), where the constructor refused; and a refusal's advice
+    (cache='cuda') failed on a machine without CUDA. Every device is now checked against
+    the tier, naming the fix, before anything is written."""
+    import fsspec
+
+    storage = location.memmap(10, chunks=4)
+    storage.set(torch.arange(4), transitions(4))
+    storage.close()
+    compressed = zstore.CompressedListStorage(10, scratch_dir=location.new("cls"),
+                                              storage_options=location.options)
+    compressed.set(0, transitions(1)[0])
+    compressed.close()
+    cuda = torch.cuda.is_available()
+    refusals = {"garbage": r"device='garbage' is not a torch device",
+                "meta": r"does not fit cache='host'.*device='cpu'.*\.to\('meta'\)",
+                "cuda:0": (r"does not fit cache='host'.*cache='cuda'" if cuda
+                           else r"does not fit cache='host'.*CUDA is not available")}
+    for device, message in refusals.items():
+        with pytest.raises(ValueError, match=message):
+            zstore.open(storage.scratch_dir, location.options, mode="r", device=device)
+        fresh = location.new()
+        with pytest.raises(ValueError, match=message):
+            location.memmap(10, scratch_dir=fresh, device=device)
+        fs, path = fsspec.core.url_to_fs(fresh, **location.options)
+        assert not fs.exists(path)  # refused before anything was written
+    with pytest.raises(ValueError, match=r"does not fit cache='cuda'.*device='cuda'"):
+        zstore.cache_tier("cuda", "cpu")  # (checked before CUDA is looked for)
+    for device in (None, "auto", "cpu", "cpu:0", torch.device("cpu")):
+        reader = zstore.open(storage.scratch_dir, location.options, mode="r", device=device)
+        assert reader.device == torch.device("cpu")
+        assert (reader.get(torch.arange(4)) == transitions(4)).all()
+    if not cuda:  # a CompressedListStorage returns items on any device it is given
+        fresh = location.new("cls")
+        with pytest.raises(RuntimeError, match=r"device='cuda' needs CUDA.*device='cpu'"):
+            zstore.CompressedListStorage(10, scratch_dir=fresh, device="cuda",
+                                         storage_options=location.options)
+        fs, path = fsspec.core.url_to_fs(fresh, **location.options)
+        assert not fs.exists(path)
+        with pytest.raises(RuntimeError, match=r"device='cuda' needs CUDA"):
+            zstore.open(compressed.scratch_dir, location.options, mode="r", device="cuda")
+
+
 def test_nbytes_and_compression_ratio_measure_the_store(tmp_path):
     storage = zstore.LazyMemmapStorage(1000, scratch_dir=tmp_path / "rb", codec="zstd", chunks=100)
     storage.set(torch.arange(500), TensorDict(x=torch.zeros(500, 64), batch_size=[500]))

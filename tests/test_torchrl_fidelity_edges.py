@@ -386,3 +386,42 @@ def test_compressed_refuses_what_torchrl_keeps_naming_the_key_and_the_way_out(ca
         way_out.set(i, item)
     assert as_plain(way_out.get(list(range(len(items))))) == \
         as_plain(theirs.get(list(range(len(items)))))
+
+
+def test_a_meta_lazy_tensor_storage_takes_writes_as_torchrl_s_does():
+    """``LazyTensorStorage(n, device="meta")`` (a shape-only dry run) failed at its first
+    write ("Cannot copy out of meta tensor"): the positions, moved to the meta device, were
+    then read back for the range check. TorchRL's stores the rows and returns meta samples."""
+    data = TensorDict(obs=torch.ones(4, 2), action=torch.arange(4), batch_size=[4])
+    got = {}
+    for name, module in (("torchrl", T), ("zstore", zt)):
+        storage = module.LazyTensorStorage(10, device="meta")
+        storage.set(torch.arange(4), data)
+        storage.set(torch.tensor([5, 6]), data[:2])
+        sample = storage.get(torch.tensor([1, 2, 6]))
+        got[name] = (sample.device, sample["obs"].shape, sample["action"].dtype)
+        lengths = len(storage)
+    assert got["zstore"] == got["torchrl"] == (torch.device("meta"), torch.Size([3, 2]),
+                                               torch.int64)
+    assert lengths == 7  # (TorchRL's counts 6: its positions, moved to meta, are unknown)
+
+
+@pytest.mark.parametrize("kind", ["memory", "local"])
+def test_rows_are_stored_as_values_whether_cached_or_not(kind, tmp_path):
+    """Rows written with an autograd graph (a policy's outputs, outside ``no_grad``):
+    gradients reached the writer's graph through rows still in the cache and not through
+    rows read back from the store, and every write chained the cache onto the graph,
+    keeping it alive. A persistent storage stores values: samples never require grad,
+    whatever the cache holds (TorchRL's in-RAM storages keep the graph; docs/torchrl.md)."""
+    url = str(tmp_path / "rb") if kind == "local" else f"memory://grad-{uuid.uuid4().hex}"
+    weights = torch.ones(3, requires_grad=True)
+    for cache_bytes in (1 << 20, 1):
+        storage = zt.LazyMemmapStorage(8, scratch_dir=f"{url}-{cache_bytes}", chunks=2,
+                                       cache_bytes=cache_bytes)
+        rows = torch.arange(12.0).reshape(4, 3) * weights
+        storage.set(torch.arange(4), TensorDict(a=rows, batch_size=[4]))
+        storage.set(torch.arange(4, 8), TensorDict(a=torch.zeros(4, 3), batch_size=[4]))
+        sample = storage.get(torch.tensor([0, 1, 5]))["a"]
+        assert not sample.requires_grad and sample.grad_fn is None
+        assert sample.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [0.0, 0.0, 0.0]]
+        assert weights.grad is None

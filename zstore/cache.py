@@ -41,8 +41,10 @@ class CacheTier:
     """Where cached blocks live; chosen by name with :func:`cache_tier`."""
 
     name = "host"
+    #: The type of device this tier returns samples on.
+    device_type = "cpu"
 
-    def __init__(self, device: torch.device | str | None = None):
+    def __init__(self, device: torch.device | None = None):
         self.device = torch.device("cpu")
 
     def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -60,7 +62,7 @@ class PinnedTier(CacheTier):
 
     name = "pinned"
 
-    def __init__(self, device: torch.device | str | None = None):
+    def __init__(self, device: torch.device | None = None):
         if not torch.cuda.is_available():
             raise RuntimeError("the 'pinned' cache tier needs CUDA, which is not available here; "
                                "use cache='host'")
@@ -74,29 +76,73 @@ class CudaTier(CacheTier):
     """GPU memory: blocks are decoded once on the host, then gathered on the GPU."""
 
     name = "cuda"
+    device_type = "cuda"
 
-    def __init__(self, device: torch.device | str | None = None):
+    def __init__(self, device: torch.device | None = None):
         if not torch.cuda.is_available():
             raise RuntimeError("the 'cuda' cache tier needs CUDA, which is not available here; "
                                "use cache='host'")
-        device = torch.device(device if device is not None else "cuda")
-        if device.type != "cuda":
-            device = torch.device("cuda")
-        self.device = torch.device("cuda", device.index if device.index is not None
-                                   else torch.cuda.current_device())
+        index = device.index if device is not None else None
+        self.device = torch.device("cuda", index if index is not None else torch.cuda.current_device())
 
 
 _TIERS = {"host": CacheTier, "pinned": PinnedTier, "cuda": CudaTier}
 
 
 def cache_tier(name: str | CacheTier, device: torch.device | str | None = None) -> CacheTier:
-    """Resolve a tier by name: ``"host"``, ``"pinned"`` or ``"cuda"``."""
+    """Resolve a tier by name: ``"host"``, ``"pinned"`` or ``"cuda"``. ``device``: where
+    samples are returned, ``None`` or ``"auto"`` for the tier's own (the CPU; the current GPU
+    for ``"cuda"``); a device the tier cannot return samples on is refused, naming the fix."""
     if isinstance(name, CacheTier):
         return name
     try:
-        return _TIERS[name](device)
-    except KeyError:
+        kind = _TIERS[name]
+    except (KeyError, TypeError):
         raise ValueError(f"unknown cache tier {name!r}; choose one of {sorted(_TIERS)}") from None
+    wanted = _device(device)
+    if wanted is not None and wanted.type != kind.device_type:
+        raise ValueError(_mismatch(name, device, wanted))
+    return kind(wanted)
+
+
+def _device(device: torch.device | str | None) -> torch.device | None:
+    """``device`` parsed (``None`` for ``None`` and ``"auto"``), refused naming it."""
+    if device is None or (isinstance(device, str) and device == "auto"):
+        return None
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ValueError(f"device={device!r} is not a torch device ({exc}); pass 'cpu', "
+                         "'cuda', 'cuda:N' or None") from None
+
+
+def output_device(device: torch.device | str | None) -> torch.device | None:
+    """``device``, where a storage returns items, parsed (``None`` for ``None`` and
+    ``"auto"``); refused, naming it and the fix, when it is not a torch device or is a CUDA
+    device where CUDA is not available."""
+    wanted = _device(device)
+    if wanted is not None and wanted.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device={device!r} needs CUDA, which is not available here; "
+                           "pass device='cpu'")
+    return wanted
+
+
+def _mismatch(name: str, device: object, wanted: torch.device) -> str:
+    """Why the tier ``name`` cannot return samples on ``wanted`` (passed as ``device``), and
+    the fix."""
+    if name == "cuda":
+        return (f"device={device!r} does not fit cache='cuda', which returns samples on a CUDA "
+                "GPU: pass device='cuda' or 'cuda:N' (or leave it out), or cache='host' for "
+                "samples on the CPU")
+    fix = "pass device='cpu' (or leave it out)"
+    if wanted.type == "cuda":
+        fix += (", or cache='cuda' to cache the rows on the GPU and sample there"
+                if torch.cuda.is_available() else " (CUDA is not available here)")
+    else:
+        fix += (f" and move samples with .to({str(wanted)!r}): zstore caches rows in host "
+                "memory or on a CUDA GPU")
+    return (f"device={device!r} does not fit cache={name!r}, which returns samples on the "
+            f"CPU: {fix}")
 
 
 @dataclasses.dataclass

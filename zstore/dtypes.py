@@ -99,7 +99,10 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def to_storage(tensor: torch.Tensor) -> torch.Tensor:
-    """View ``tensor`` with its :func:`compute_dtype` (bit-exact, no copy)."""
+    """View ``tensor`` with its :func:`compute_dtype` (bit-exact, no copy), detached: a
+    stored row is a value, and no autograd graph outlives the write (gradients would
+    otherwise reach a writer's graph through cached rows only, and keep it alive)."""
+    tensor = tensor.detach()
     target = _COMPUTE.get(tensor.dtype)
     return tensor.view(target) if target is not None else tensor
 

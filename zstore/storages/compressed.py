@@ -50,7 +50,7 @@ from tensordict._td import _StringOnlyDict
 from zarr.errors import GroupNotFoundError, NodeNotFoundError
 
 from .. import _faults, autocommit
-from ..cache import DEFAULT_CACHE_BYTES, CacheStats, byte_budget
+from ..cache import DEFAULT_CACHE_BYTES, CacheStats, byte_budget, output_device
 from ..codecs import CodecSpec, checked_rows_per, is_remote, parse_codecs
 from ..display import KeyRow, Summary, dtype_name
 from ..dtypes import torch_dtype_from_name, torch_dtype_name
@@ -372,6 +372,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
                  chunks: int | Mapping[str, int] | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, lease_ttl: float | None = DEFAULT_TTL,
                  autocommit_seconds: float = 5.0):
+        output_device(device)  # (refused before anything is written)
         super().__init__(max_size, compilable=compilable, device=device)
         owned = scratch_dir is None
         if owned:
@@ -1108,6 +1109,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
             raise NotAZStoreError(
                 f"{spec.redacted()} was written with a custom compression_fn / decompression_fn, "
                 "which are not stored; unpickle the storage object instead of zstore.open(url)")
+        output_device(device)
         self = cls.__new__(cls)
         try:  # (a block of another storage class, edited to name this one, fails here)
             ListStorage.__init__(self, _count(block["max_size"], "max_size", 1),

@@ -61,8 +61,9 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, Comp
         scratch_dir: where the buffer lives: a local path or any fsspec URL
             (``memory://rb``, ``s3://bucket/rb`` ...). ``None``: a temporary
             local directory, deleted at exit.
-        device: where samples are returned: ``"cpu"``, or a CUDA device with
-            ``cache="cuda"``.
+        device: where samples are returned; ``None``: where the cache tier returns them
+            (the CPU, or the current GPU with ``cache="cuda"``). A CUDA device needs
+            ``cache="cuda"``; any other device is refused, naming the fix.
         ndim: cell dims (``2`` for ``[time, env]`` data).
         existsok: adopt a buffer already at ``scratch_dir`` (its rows, length,
             cursor, codecs and layout) instead of refusing it: when the storage is built,
@@ -113,7 +114,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, Comp
     3.0
     """
 
-    def __init__(self, max_size: int, *, scratch_dir: Any = None, device: Any = "cpu",
+    def __init__(self, max_size: int, *, scratch_dir: Any = None, device: Any = None,
                  ndim: int = 1, existsok: bool = False, compilable: bool = False,
                  shared_init: bool = False, auto_cleanup: bool | None = None,
                  storage_options: Mapping[str, Any] | None = None, codec: Any = None,
@@ -123,12 +124,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, Comp
                  read_only: bool = False, autocommit_seconds: float = 5.0,
                  tail_log: bool | None = None, lease_ttl: float | None = DEFAULT_TTL,
                  text_bytes: int = TEXT_BYTES):
-        tier = cache_tier(cache, device if device not in (None, "auto") else None)
-        device = "cpu" if device in (None, "auto") else device
-        if torch.device(device).type != tier.device.type:
-            raise ValueError(
-                f"Memory map device other than CPU isn't supported. To return samples on "
-                f"{device}, pass cache='cuda' (the cache then lives on that device).")
+        tier = cache_tier(cache, device)
         super().__init__(max_size, device=tier.device, ndim=ndim, compilable=compilable,
                          shared_init=shared_init)
         checked_rows_per("chunks", chunks)

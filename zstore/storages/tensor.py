@@ -225,8 +225,9 @@ class TensorStorage(Storage):
 
     def _write(self, cursor: Any, data: Any) -> None:
         container = self._storage
-        if isinstance(cursor, torch.Tensor):
-            cursor = cursor.to(_first_leaf(container).device)
+        device = _first_leaf(container).device
+        if isinstance(cursor, torch.Tensor) and getattr(device, "type", None) != "meta":
+            cursor = cursor.to(device)  # (not to meta: the positions are checked first)
         if is_tensor_collection(container) and is_tensor_collection(data):
             if isinstance(cursor, list) and cursor and all(isinstance(c, list) for c in cursor):
                 cursor = torch.tensor(cursor)  # (what a TensorDict takes it for; torch: a tuple)
