@@ -25,7 +25,7 @@ import weakref
 from typing import Any, Callable, Protocol
 
 from ._pools import at_exit_while_pools_work
-from .sigterm import exit_on_sigterm
+from .signals import exit_on_sigterm
 
 _log = logging.getLogger(__name__)
 

@@ -37,6 +37,7 @@ from . import _faults
 from .credentials import credentials_error, unreachable_error
 from .errors import (NoCredentialsError, NotAZStoreError, ReadOnlyError, StoreNotFoundError,
                      ZStoreError, checkpoint_not_a)
+from .signals import shielded
 from .store import StoreSpec
 
 if TYPE_CHECKING:  # layout and dtypes import torch: opening a group (zstore info) needs none
@@ -283,15 +284,20 @@ def create_group(spec: StoreSpec, meta: StoreMeta, lease: "Lease | None" = None,
                 raise NotAZStoreError(
                     f"{spec.redacted()} is not empty and holds no zstore buffer; choose an empty "
                     "location (zstore never writes among other files)") from None
-    try:
-        if overwrite:  # an interrupted creation: remove it, but not the lease the caller holds
-            sync(_remove_all_but(store, (LEASE_NAME,)))
-        group = _create_arrays(store, meta, key_separator)
-    except ZStoreError:
-        raise
-    except Exception as exc:  # the network after the client's retries: name the store
-        raise store_io_error("cannot create a buffer at", exc, spec.redacted()) from exc
-    commit(group, meta, lease, spec.redacted())
+        except ZStoreError:
+            raise
+        except (ContainsArrayError, ValueError, TypeError, KeyError) as exc:  # (JSON errors)
+            raise _not_a_group(spec, exc) from None
+    with shielded():  # a Ctrl-C waits for the creation: its writes would go on without it
+        try:
+            if overwrite:  # an interrupted creation: remove it, but not the caller's lease
+                sync(_remove_all_but(store, (LEASE_NAME,)))
+            group = _create_arrays(store, meta, key_separator)
+        except ZStoreError:
+            raise
+        except Exception as exc:  # the network after the client's retries: name the store
+            raise store_io_error("cannot create a buffer at", exc, spec.redacted()) from exc
+        commit(group, meta, lease, spec.redacted())
     return group
 
 

@@ -48,7 +48,7 @@ from .credentials import request_error
 from .errors import LeaseError
 from .processes import boot_id, gone_here, here, pid_namespace
 from .rebase import rebased
-from .sigterm import shielded
+from .signals import shielded
 from .store import StoreSpec, defer_memory_work, run_deferred
 
 LEASE_NAME = "zstore-lease.json"

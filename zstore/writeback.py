@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 from zarr.core.sync import _get_loop
 
+from .signals import shielded
+
 #: Bytes of encoded data a group keeps in flight before ``submit`` waits.
 DEFAULT_LIMIT_BYTES = 64 << 20
 
@@ -103,8 +105,9 @@ class WriteBehind:
     def _start(self, write: _Write) -> None:
         if self.keepalive is not None:
             self.keepalive()
-        write.future = asyncio.run_coroutine_threadsafe(write.start(), _get_loop())
-        self._pending.append(write)
+        with shielded():  # (a Ctrl-C in between: the write ran on, unwatched)
+            write.future = asyncio.run_coroutine_threadsafe(write.start(), _get_loop())
+            self._pending.append(write)
 
     def _restart_failed(self) -> None:
         """Start failed writes again (oldest first): before any later write of their units."""
@@ -113,12 +116,16 @@ class WriteBehind:
             self._start(write)
 
     def _await_oldest(self) -> None:
-        write = self._pending.popleft()
+        """Wait for the oldest write in flight. It stays in flight until it has ended: a
+        Ctrl-C during the wait leaves it there, for the next drain to wait for (popped
+        first, it went on unwatched, and a later write of its unit could land before it)."""
+        write = self._pending[0]
         try:
             write.future.result()
         except Exception as exc:  # noqa: BLE001 - kept with its data, retried, then raised
             self._failed.append(write)
             self._error = exc
+        self._pending.popleft()
 
     def _raise(self) -> None:
         raise OSError(

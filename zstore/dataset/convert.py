@@ -13,6 +13,7 @@ import torch
 from ..errors import NotAZStoreError
 from ..group import refuse_inside_a_dataset
 from ..progress import progress as progress_bar
+from ..signals import shielded
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
 from ..text import TEXT_BYTES
@@ -88,17 +89,19 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike,
             target.close()
         except BaseException:  # interrupted or failed, up to the close: remove the copy
             if created or target.initialized:
-                _discard(target)
+                discard_copy(target)
             raise
         return target
     finally:
         source.close()
 
 
-def _discard(target: LazyMemmapStorage) -> None:
-    """Delete the copy ``target`` that a conversion created, wherever it stopped: while
-    copying rows, or once sealed (read-only) or closed."""
-    if target.spec.read_only:  # sealed: every row stored, the lease given back
-        dataclasses.replace(target.spec, read_only=False, sealed=False).delete()
-    else:
-        target.cleanup()
+def discard_copy(target: LazyMemmapStorage) -> None:
+    """Delete the copy ``target`` that a conversion or an import created, wherever it
+    stopped: while copying rows, or once sealed (read-only) or closed. A Ctrl-C or SIGTERM
+    meanwhile is raised once it is deleted (a second Ctrl-C stops the deletion)."""
+    with shielded():
+        if target.spec.read_only:  # sealed: every row stored, the lease given back
+            dataclasses.replace(target.spec, read_only=False, sealed=False).delete()
+        else:
+            target.cleanup()

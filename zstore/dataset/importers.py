@@ -55,6 +55,7 @@ from ..progress import progress as progress_bar
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
 from ..text import TEXT_BYTES
+from .convert import discard_copy
 from .open import SOURCE
 
 #: Default codec of imported datasets: compressed and checksummed.
@@ -167,6 +168,7 @@ class _Writer:
                 "dataset (left unchanged); choose another destination, or delete it first")
         # committed only whole (by the seal): an import killed part way holds no row, so it is
         # never sealed and published truncated (sealing refuses 0 rows, naming the fix)
+        self.was_empty = spec.is_empty()  # (then all there is at the end is this import's)
         self.storage = LazyMemmapStorage(total, scratch_dir=url, storage_options=storage_options,
                                          codec=codec, chunks=chunks, auto_cleanup=False,
                                          text_bytes=text_bytes or TEXT_BYTES,
@@ -193,15 +195,26 @@ class _Writer:
         return self
 
     def __exit__(self, kind, exc, tb) -> None:
-        """Seal after a complete import; delete a partly written buffer after a failure."""
+        """Seal after a complete import; delete what the import wrote after a failure or an
+        interruption (Ctrl-C), the seal's included, so that running it again works."""
         self.bar.close()
-        if kind is None:
-            meta = self.storage._meta  # sealing commits it, the source's metadata with it
-            meta.extra = {**meta.extra, SOURCE: self.source}
-            self.storage.seal()
-            self.storage.close()
-        elif self.storage.initialized:  # created by this import (existsok=False): remove it
-            self.storage.cleanup()
+        try:
+            if kind is None:
+                meta = self.storage._meta  # sealing commits it, the source's metadata with it
+                meta.extra = {**meta.extra, SOURCE: self.source}
+                self.storage.seal()
+                self.storage.close()
+                return
+        except BaseException:
+            self._discard()
+            raise
+        self._discard()
+
+    def _discard(self) -> None:
+        """Delete the buffer this import was writing, wherever it stopped (its creation
+        included): only where the location was empty before it, so nothing else is lost."""
+        if self.was_empty:
+            discard_copy(self.storage)
 
 
 #: Values of more elements than this are left out of a source's metadata (kept small: it

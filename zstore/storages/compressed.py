@@ -1089,8 +1089,11 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
             self._ragged = {p: RaggedKey.reopen(self, p, r) for p, r in block["ragged"].items()}
             self._named = set(self.checkpoint_tables())
             self._committed_block = block
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # (wrong JSON types)
-            if isinstance(exc, ZStoreError) and where in str(exc):
+        except BaseException as exc:  # an interruption (Ctrl-C) too: no length without items
+            self._reset()
+            self._named = set()
+            if not isinstance(exc, (KeyError, TypeError, ValueError, AttributeError)) or (
+                    isinstance(exc, ZStoreError) and where in str(exc)):  # (wrong JSON types)
                 raise
             raise _malformed(where, type(self).__name__, exc) from None
 

@@ -32,6 +32,7 @@ from ..errors import NotAZStoreError, ReadOnlyError
 from ..group import commit, consolidate
 from ..layout import StoreMeta
 from ..row_objects import ALL_CHUNKS_STORED, key_separator, row_object_keys
+from ..signals import shielded
 
 #: Codec of the episode index arrays (small; checksummed like published data).
 INDEX_CODEC = CodecSpec.parse("zstd+crc32c")
@@ -55,21 +56,22 @@ def seal_storage(storage) -> int:
     storage._hold_lease()  # sealing is a write: one writer at a time
     with storage._commit_lock:  # every row in its chunk: a dataset holds no log segments,
         storage._flush(consolidate=True)  # Zarr alone reads it (and the index is made from it)
-    meta = storage._meta
-    group = storage._group
-    _store_skipped_objects(group, meta, storage.spec.objects())
-    index = compute_index(group, meta, meta.length, meta.last_cursor)
-    write_index(group, meta, index, INDEX_CODEC)
-    lease = storage._lease  # held since the flush (None where a store has no lease)
-    group = consolidate(group, lease)
-    meta.sealed = meta.read_only = True
-    meta.extra = {**meta.extra, "episodes": {"count": len(index), "path": INDEX_PATH},
-                  ALL_CHUNKS_STORED: True}
-    commit(group, meta, lease, where)
-    storage._group = group
-    storage.table.read_only = True
-    storage.spec = storage.spec.as_read_only(sealed=True)
-    storage._release_lease()  # a dataset has no writer
+    with shielded():  # a Ctrl-C waits for the metadata: its writes would go on without it
+        meta = storage._meta
+        group = storage._group
+        _store_skipped_objects(group, meta, storage.spec.objects())
+        index = compute_index(group, meta, meta.length, meta.last_cursor)
+        write_index(group, meta, index, INDEX_CODEC)
+        lease = storage._lease  # held since the flush (None where a store has no lease)
+        group = consolidate(group, lease)
+        meta.sealed = meta.read_only = True
+        meta.extra = {**meta.extra, "episodes": {"count": len(index), "path": INDEX_PATH},
+                      ALL_CHUNKS_STORED: True}
+        commit(group, meta, lease, where)
+        storage._group = group
+        storage.table.read_only = True
+        storage.spec = storage.spec.as_read_only(sealed=True)
+        storage._release_lease()  # a dataset has no writer
     return len(index)
 
 
