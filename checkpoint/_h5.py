@@ -145,6 +145,7 @@ class H5StorageCheckpointer(_Configured):
         start = time.perf_counter()
         dest, name = self._file(path)
         dest.spec.require_writable("write a checkpoint")
+        dest.spec.check_parent()  # a missing bucket: named before anything is encoded
         if name == self.checkpoint_file:
             self._check_directory(dest)
         state = TensorState.of(storage)

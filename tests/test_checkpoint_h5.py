@@ -395,3 +395,21 @@ def test_a_remote_load_leaves_no_temporary_file(s3_options, s3_bucket, tmp_path,
     with pytest.raises(CheckpointError, match="no H5 checkpoint"):
         target.loads(StoreSpec.parse(f"s3://{s3_bucket}/h5-none", s3_options))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("name", ["ck", "ck/run.h5"])
+def test_an_h5_dump_to_a_missing_bucket_names_it(s3_options, name):
+    """A dump to a missing bucket raised s3fs's "The specified bucket does not exist" from its
+    upload, naming no URL, after the file was encoded; the other checkpointers name it."""
+    from zstore.errors import StoreNotFoundError
+    from zstore.store import StoreSpec
+
+    storage = LazyTensorStorage(10)
+    storage.checkpointer = H5StorageCheckpointer()
+    storage.set(torch.arange(2), TensorDict(obs=torch.ones(2, 3), batch_size=[2]))
+    url = StoreSpec.parse(f"s3://zstore-no-such-bucket-4b1e/{name}", s3_options)
+    with pytest.raises(StoreNotFoundError, match=r"bucket 'zstore-no-such-bucket-4b1e' of "
+                                                 r"s3://zstore-no-such-bucket-4b1e.* does not "
+                                                 "exist; create it first"):
+        storage.dumps(url)

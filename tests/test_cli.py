@@ -599,7 +599,7 @@ def test_a_file_where_a_folder_belongs_is_named_with_the_fix(capsys, tmp_path, d
     _small_buffer(str(tmp_path / "rb"))
     file = tmp_path / "afile"
     file.write_text("hello")
-    is_a_file = f"{file} is a file; a zstore buffer is a directory: "
+    is_a_file = f"{file} is a file; a zstore buffer or dataset is a directory: "
     for argv, fix in [(["info", str(file)], "pass the buffer's folder"),
                       (["ls", str(file)], "pass the folder to search for buffers"),
                       (["convert", str(tmp_path / "rb"), str(file), "--no-progress"],

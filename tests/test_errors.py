@@ -620,7 +620,7 @@ def test_a_file_given_as_a_new_buffer_s_location_is_named(tmp_path):
     file = tmp_path / "notes.txt"
     file.write_text("mine")
     storage = LazyMemmapStorage(10, scratch_dir=str(file))
-    with pytest.raises(NotAZStoreError, match=f"^{file} is a file; a zstore buffer is a directory$"):
+    with pytest.raises(NotAZStoreError, match=f"^{file} is a file; a zstore buffer or dataset is a directory$"):
         storage.set(torch.arange(2), batch(2))
     with pytest.raises(NotAZStoreError, match="is a file"):
         zstore.CompressedListStorage(10, scratch_dir=str(file))
@@ -672,3 +672,66 @@ def test_a_dtype_or_shape_refusal_names_the_key_s_path_and_the_fix(location):
             nest=TensorDict(c=torch.zeros(2, 4), batch_size=[2]), batch_size=[2]))
     assert len(storage) == 2
     storage.close()
+
+
+def test_a_url_one_slash_short_is_refused_naming_the_url_it_means(tmp_path, monkeypatch):
+    """``s3:/bucket/rb`` (and ``memory:/x``) were local paths: a folder ``s3:`` was written in
+    the working directory and the S3 storage options were ignored, without a word."""
+    monkeypatch.chdir(tmp_path)
+    for url, meant in (("s3:/my-bucket/run-1/rb", "s3://my-bucket/run-1/rb"),
+                       ("memory:/x", "memory://x")):
+        with pytest.raises(zstore.InvalidURLError, match=f"one slash short.*'{meant}'"):
+            LazyMemmapStorage(10, scratch_dir=url).set(torch.arange(2), batch(2))
+        with pytest.raises(zstore.InvalidURLError, match=f"'{meant}'"):
+            zstore.open(url)
+    assert list(tmp_path.iterdir()) == []
+    storage = LazyMemmapStorage(10, scratch_dir=f"file:{tmp_path}/rb")  # RFC 8089's form
+    storage.set(torch.arange(2), batch(2))
+    assert storage.scratch_dir == str(tmp_path / "rb") and (tmp_path / "rb").is_dir()
+
+
+def test_storage_options_given_a_mode_name_the_keyword(tmp_path):
+    """``zstore.open(url, "r")`` (as ``builtins.open``) raised "dictionary update sequence
+    element #0 has length 1; 2 is required", naming nothing."""
+    with pytest.raises(TypeError, match=rf"storage_options of '{tmp_path}' must be a mapping.*"
+                                        r"write mode='r'"):
+        zstore.open(str(tmp_path), "r")
+
+
+@pytest.mark.parametrize("held", ["array", "damaged"])
+def test_a_new_buffer_where_zarr_metadata_cannot_be_a_group_is_refused_naming_it(tmp_path, held):
+    """A scratch_dir holding one Zarr array (a key's column of another buffer) or a damaged
+    zarr.json raised zarr's ContainsArrayError, or json's JSONDecodeError naming no path, at
+    the first write; the location is left as it was."""
+    url = tmp_path / "rb"
+    if held == "array":
+        zarr.create_array(str(url), shape=(4,), dtype="float32")
+    else:
+        url.mkdir()
+        (url / "zarr.json").write_text("{not json")
+    before = {p: p.read_bytes() for p in url.rglob("*") if p.is_file()}
+    why = "it holds one Zarr array" if held == "array" else "its zarr.json is not valid JSON"
+    for existsok in (False, True):
+        with pytest.raises(NotAZStoreError, match=f"^{url} is not a zstore buffer: {why}"):
+            LazyMemmapStorage(10, scratch_dir=str(url), existsok=existsok).set(
+                torch.arange(2), batch(2))
+    assert {p: p.read_bytes() for p in url.rglob("*") if p.is_file()} == before
+
+
+def test_an_hdf5_file_opened_as_a_dataset_names_the_importer(tmp_path):
+    """``open_dataset("hopper-medium-v2.hdf5")`` said "a zstore buffer is a directory" and
+    nothing of the import a D4RL file needs."""
+    path = tmp_path / "hopper-medium-v2.hdf5"
+    path.write_bytes(b"\x89HDF\r\n\x1a\n")
+    for opener in (zstore.open_dataset, zstore.open):
+        with pytest.raises(NotAZStoreError, match=r"is a file.*D4RL.*import_d4rl\(.*"
+                                                  r"zstore import d4rl"):
+            opener(str(path))
+
+
+def test_a_compression_level_out_of_range_names_the_argument():
+    """``CompressedListStorage(compression_level=99)`` named an internal codec string
+    (``'zstd:99+crc32c'``), not the argument."""
+    for level, why in ((99, "must be from -131072 to 22"), ("high", "must be an integer")):
+        with pytest.raises(ValueError, match=rf"^compression_level={level!r}: codec level {why}$"):
+            zstore.CompressedListStorage(10, compression_level=level)

@@ -507,6 +507,11 @@ def test_missing_credentials_name_the_store_and_the_fix(s3_server, s3_bucket, tr
     with pytest.raises(zstore.NoCredentialsError, match="key= and secret=") as info:
         zstore.LazyMemmapStorage(10).loads(StoreSpec.parse(f"{url}-ckpt", options))
     assert f"{url}-ckpt" in str(info.value)
+    storage = zstore.LazyTensorStorage(10)  # a dump: botocore's bare error until 2026-12-07
+    storage.set(torch.arange(2), TensorDict(obs=torch.ones(2, 3), batch_size=[2]))
+    with pytest.raises(zstore.NoCredentialsError, match="key= and secret=") as info:
+        storage.dumps(StoreSpec.parse(f"{url}-dump", options))
+    assert f"{url}-dump" in str(info.value)
 
 
 @pytest.mark.parametrize("transport", BOTH)

@@ -244,8 +244,19 @@ def refuse_inside_a_dataset(spec: StoreSpec, action: str) -> None:
     while (parent := fs._parent(path).rstrip("/")) and parent != path:
         path = parent
         try:
-            block = json.loads(fs.cat_file(f"{parent}/zarr.json"))["attributes"][ZSTORE_ATTR]
-        except (OSError, ValueError, KeyError, TypeError):  # none there, or not a zstore block
+            raw = fs.cat_file(f"{parent}/zarr.json")
+        except Exception as exc:  # none there; a parent this user may not read is none either
+            where = spec.redacted()
+            named = unreachable_error(exc, where) or (
+                None if isinstance(exc, PermissionError) else credentials_error(exc, where))
+            if named is not None:  # no server, or no credentials: named, with the fix
+                raise named from exc
+            if isinstance(exc, OSError):
+                continue
+            raise
+        try:
+            block = json.loads(raw)["attributes"][ZSTORE_ATTR]
+        except (ValueError, KeyError, TypeError):  # not a zstore block
             continue
         if isinstance(block, Mapping) and block.get("sealed"):
             where = parent if spec.is_local else fs.unstrip_protocol(parent)

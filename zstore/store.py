@@ -147,8 +147,14 @@ class StoreSpec:
         text = os.fspath(url)
         if not isinstance(text, str) or not text:
             raise InvalidURLError(f"a store URL must be a non-empty string or path, got {url!r}")
-        if text.startswith("file://"):
-            text = text[len("file://"):]
+        if text.startswith("file:/"):  # file:///path, and RFC 8089's file:/path
+            text = "/" + text[len("file:"):].lstrip("/")
+        _refuse_a_slash_short(text)
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise TypeError(f"storage_options of {text!r} must be a mapping (endpoint_url=..., "
+                            f"key=...), got {storage_options!r}" + (
+                                f": to open it read-only, write mode={storage_options!r}"
+                                if storage_options in ("r", "r+", "w", "a") else ""))
         if "://" not in text:  # ("..": resolved as the OS does, through symlinks before it, so
             text = os.path.expanduser(text)  # a folder has one spelling, as ensembles record)
             text = os.path.realpath(text) if ".." in Path(text).parts else str(Path(text).absolute())
@@ -450,8 +456,12 @@ class StoreSpec:
         caller's words)."""
         path = self.local_path
         if path is not None and path.exists() and not path.is_dir():
-            raise NotAZStoreError(f"{self.redacted()} is a file; a zstore buffer is a directory"
-                                  + (f": {fix}" if fix else ""))
+            if not fix and path.suffix.lower() in (".hdf5", ".h5"):
+                fix = ("an HDF5 file (a D4RL dataset?) is imported into one first: "
+                       f"zstore.dataset.import_d4rl({str(path)!r}, DEST), or `zstore import d4rl "
+                       "FILE DEST`")
+            raise NotAZStoreError(f"{self.redacted()} is a file; a zstore buffer or dataset is a "
+                                  "directory" + (f": {fix}" if fix else ""))
         if path is None or self.read_only:
             return
         parent = next((p for p in path.parents if p.exists()), None)
@@ -528,6 +538,17 @@ class _ExactFsspecStore(FsspecStore):
         self._check_writable()
         found = await self.fs._find(path)
         await asyncio.gather(*(self.fs._rm_file(name) for name in found))
+
+
+def _refuse_a_slash_short(text: str) -> None:
+    """Raise :class:`InvalidURLError` for a URL one slash short (``s3:/bucket/rb``): read as
+    a local path, it wrote a folder ``s3:`` in the working directory, its storage options
+    ignored."""
+    scheme, colon, rest = text.partition(":/")
+    if colon and not rest.startswith("/") and len(scheme) > 1 and scheme in (
+            set(fsspec.available_protocols()) - {"file"}):
+        raise InvalidURLError(f"{text!r} is one slash short of a URL: write it as "
+                              f"'{scheme}://{rest}'")
 
 
 def _has_pattern(path: str) -> bool:

@@ -396,6 +396,11 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
         self.compression_fn, self.decompression_fn = compression_fn, decompression_fn
         self.custom = compression_fn is not None
         preset = f"zstd:{compression_level}+crc32c"
+        try:
+            parse_codecs(preset, remote=False)
+        except ValueError as exc:  # (the message would name the preset, not the argument)
+            raise ValueError(f"compression_level={compression_level!r}: "
+                             f"{str(exc).replace(f'in {preset!r} ', '')}") from None
         if codec == "default":
             codec = preset
         elif isinstance(codec, Mapping) and "default" not in codec:
