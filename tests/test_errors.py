@@ -688,6 +688,8 @@ def test_a_url_one_slash_short_is_refused_naming_the_url_it_means(tmp_path, monk
     storage = LazyMemmapStorage(10, scratch_dir=f"file:{tmp_path}/rb")  # RFC 8089's form
     storage.set(torch.arange(2), batch(2))
     assert storage.scratch_dir == str(tmp_path / "rb") and (tmp_path / "rb").is_dir()
+    assert zstore.StoreSpec.parse("file://rel/rb").url == str(tmp_path / "rel" / "rb")
+    assert zstore.StoreSpec.parse(f"local:{tmp_path}/rb").url == str(tmp_path / "rb")
 
 
 def test_storage_options_given_a_mode_name_the_keyword(tmp_path):
@@ -727,6 +729,9 @@ def test_an_hdf5_file_opened_as_a_dataset_names_the_importer(tmp_path):
         with pytest.raises(NotAZStoreError, match=r"is a file.*D4RL.*import_d4rl\(.*"
                                                   r"zstore import d4rl"):
             opener(str(path))
+    with pytest.raises(NotAZStoreError, match=r"is a file; a zstore buffer or dataset is a "
+                                              r"directory$"):  # a write: no importer to name
+        LazyMemmapStorage(10, scratch_dir=str(path)).set(torch.arange(2), batch(2))
 
 
 def test_a_compression_level_out_of_range_names_the_argument():
@@ -735,3 +740,19 @@ def test_a_compression_level_out_of_range_names_the_argument():
     for level, why in ((99, "must be from -131072 to 22"), ("high", "must be an integer")):
         with pytest.raises(ValueError, match=rf"^compression_level={level!r}: codec level {why}$"):
             zstore.CompressedListStorage(10, compression_level=level)
+    assert zstore.CompressedListStorage(10, codec="lz4", compression_level=99).max_size == 10
+
+
+def test_a_failed_request_of_a_reader_that_fetches_nothing_again_names_it():
+    """A body damaged in transfer, met by a checkpoint's or a TorchRL save's read (which
+    fetch nothing again), was raised as botocore's bare error, naming no object; a chunk
+    read fetches it again (None here: not the request's failure)."""
+    from zstore.credentials import request_error
+
+    damaged = type("FlexibleChecksumError", (Exception,), {"__module__": "botocore.exceptions"})
+    for exc in (damaged("checksum mismatch"), OSError("no errno"), RuntimeError("client")):
+        error = request_error(exc, "s3://b/ck", "cannot read x of s3://b/ck", "load it again")
+        assert isinstance(error, ConnectionError) and error.__cause__ is exc
+        assert str(error).startswith("cannot read x of s3://b/ck: the request failed")
+    assert request_error(damaged("mismatch"), "s3://b/rb", "chunk 3", "", refetched=True) is None
+    assert request_error(OSError(5, "503"), "s3://b/rb", "chunk 3", "", refetched=True) is not None

@@ -123,7 +123,8 @@ def test_a_write_whose_wait_was_interrupted_stays_in_flight(ctrl_c):
     assert writes.in_flight == 0 and landed == [True]
 
 
-def test_an_interrupted_compressed_load_leaves_no_length_without_items(tmp_path, monkeypatch):
+def test_an_interrupted_compressed_load_leaves_no_length_without_items(tmp_path, monkeypatch,
+                                                                       ctrl_c):
     """A CompressedListStorage.loads interrupted while it reopened its item table kept the
     checkpoint's length: len 400, and get(0) raised IndexError. It is left empty; loading
     again works."""
@@ -143,6 +144,66 @@ def test_an_interrupted_compressed_load_leaves_no_length_without_items(tmp_path,
     monkeypatch.setattr(zstore.CompressedListStorage, "reopened_inner_table", reopen)
     target.loads(tmp_path / "ckpt")
     assert zstore.stack_items(target.get(torch.arange(400)))["x"].tolist() == list(range(400))
+    drop = zstore.CompressedListStorage._drop_arrays
+
+    def drop_then_ctrl_c(self):  # a Ctrl-C as the loaded storage's tables are deleted
+        drop(self)
+        ctrl_c()
+
+    monkeypatch.setattr(zstore.CompressedListStorage, "_drop_arrays", drop_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        target.loads(tmp_path / "ckpt")
+    assert len(target) == 0  # (it kept 400, whose items were deleted)
+    monkeypatch.setattr(zstore.CompressedListStorage, "_drop_arrays", drop)
+    target.loads(tmp_path / "ckpt")
+    assert zstore.stack_items(target.get(torch.arange(400)))["x"].tolist() == list(range(400))
+
+
+def d4rl_file(path, n: int = 300):
+    """A small D4RL-style HDF5 file at ``path``."""
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(path, "w") as f:
+        f["observations"] = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+        f["actions"] = np.zeros((n, 2), dtype=np.float32)
+        f["rewards"] = np.arange(n, dtype=np.float32)
+        f["terminals"] = np.arange(n) % 50 == 49
+        f["timeouts"] = np.zeros(n, dtype=bool)
+    return str(path)
+
+
+_KILLED_IN_CREATION = """
+import os, sys, zstore.storages.memmap as memmap
+from zstore.dataset import import_d4rl
+memmap.create_group = lambda *args, **kwargs: os._exit(9)  # killed once its lease is taken
+import_d4rl(sys.argv[1], sys.argv[2], progress=False)
+"""
+
+
+def test_an_import_over_one_killed_in_its_creation_is_deleted_when_it_fails(tmp_path,
+                                                                            monkeypatch):
+    """An import killed after it took its lease leaves only the lease; the next import
+    there, which takes it over, counted the location as not empty and kept its partial
+    buffer when it failed: the rerun was then refused (StoreExistsError)."""
+    import subprocess
+
+    from zstore.dataset import import_d4rl, importers
+
+    source, url = d4rl_file(tmp_path / "d.hdf5"), str(tmp_path / "ds")
+    killed = subprocess.run([sys.executable, "-c", _KILLED_IN_CREATION, source, url],
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert killed.returncode == 9 and os.listdir(url) == ["zstore-lease.json"], killed.stderr
+    write = importers._Writer.write
+
+    def failing(self, batch):
+        write(self, batch)
+        raise RuntimeError("the source failed part way")
+
+    monkeypatch.setattr(importers._Writer, "write", failing)
+    with pytest.raises(RuntimeError, match="part way"):
+        import_d4rl(source, url, progress=False)
+    assert not os.path.exists(url)
+    monkeypatch.setattr(importers._Writer, "write", write)
+    assert len(import_d4rl(source, url, progress=False)) > 0
 
 
 @pytest.mark.parametrize("where", ["creation", "seal"])
@@ -150,17 +211,9 @@ def test_an_interrupted_import_leaves_nothing_and_runs_again(tmp_path, monkeypat
     """A Ctrl-C in an import's creation of its buffer, or in its seal, left a partial store
     (key folders and no root zarr.json, or an unsealed buffer): running the import again was
     refused. The write in progress ends, the import deletes what it wrote, and runs again."""
-    h5py = pytest.importorskip("h5py")
     from zstore.dataset import import_d4rl
 
-    n = 300
-    path = tmp_path / "d.hdf5"
-    with h5py.File(path, "w") as f:
-        f["observations"] = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
-        f["actions"] = np.zeros((n, 2), dtype=np.float32)
-        f["rewards"] = np.arange(n, dtype=np.float32)
-        f["terminals"] = np.arange(n) % 50 == 49
-        f["timeouts"] = np.zeros(n, dtype=bool)
+    path = d4rl_file(tmp_path / "d.hdf5")
     module, name = {"creation": (zstore.group, "_create_arrays"),
                     "seal": (zstore.storages.sealing, "write_index")}[where]
     original = getattr(module, name)
@@ -179,3 +232,106 @@ def test_an_interrupted_import_leaves_nothing_and_runs_again(tmp_path, monkeypat
     reference = import_d4rl(str(path), str(tmp_path / "reference"), progress=False)
     assert len(dataset) == len(reference) > 0
     assert (dataset[:] == reference[:]).all()
+
+
+def test_a_ctrl_c_anywhere_in_a_block_s_ending_is_raised_once_and_leaves_no_trace(ctrl_c):
+    """A Ctrl-C landing while ``shielded()`` put SIGINT's handler back was swallowed (and
+    the next block's Ctrl-C raised at once), or left zstore's handler installed for good
+    (a Ctrl-C at the prompt then needed two presses). Sent at every line of the block's
+    code in turn, it is raised once, and a Ctrl-C after it behaves as before."""
+    code = signals.shielded.__wrapped__.__code__
+    lines = sorted({line for _, _, line in code.co_lines() if line is not None})
+    for line in lines:
+        fired = []
+
+        def tracer(frame, event, arg):
+            if frame.f_code is not code:
+                return None
+
+            def each_line(frame, event, arg):
+                if event == "line" and frame.f_lineno == line and not fired:
+                    fired.append(line)
+                    ctrl_c()
+                return each_line
+            return each_line
+
+        raised = 0
+        sys.settrace(tracer)
+        try:
+            with signals.shielded():
+                pass
+        except KeyboardInterrupt:
+            raised += 1
+        finally:
+            sys.settrace(None)
+        if not fired:
+            continue  # (a line the block never runs here: a worker thread's, say)
+        assert raised == 1, f"a Ctrl-C at line {line} was raised {raised} times"
+        assert signals._depth == 0
+        with pytest.raises(KeyboardInterrupt):  # outside any block: at once
+            ctrl_c()
+            for _ in range(1000):
+                pass
+        ran = []
+        with pytest.raises(KeyboardInterrupt):  # inside the next block: held to its end
+            with signals.shielded():
+                ctrl_c()
+                ran.append(line)
+        assert ran == [line]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_retry_of_failed_writes_interrupted_loses_none(ctrl_c):
+    """Failed writes left the list of failed ones all together, before they were started
+    again: a Ctrl-C (or a lease renewal that failed) during the first restart dropped the
+    others, and the next drain succeeded with them never written."""
+    landed, tries, armed = [], {}, []
+
+    def keepalive():  # a lease renewal before each start: the Ctrl-C lands in the first retry
+        if armed:
+            armed.clear()
+            ctrl_c()
+
+    def make(unit):
+        async def write():
+            tries[unit] = tries.get(unit, 0) + 1
+            if tries[unit] == 1:
+                raise OSError(5, "503 SlowDown")  # transient: retried
+            landed.append(unit)
+        return write
+
+    writes = WriteBehind("memory://test", keepalive=keepalive)
+    writes.submit(make("a"), 1, frozenset({"a"}))
+    writes.submit(make("b"), 1, frozenset({"b"}))
+    while writes.in_flight:  # both fail once
+        writes._await_oldest()
+    armed.append(True)
+    with pytest.raises(KeyboardInterrupt):
+        writes.drain()
+    writes.drain()
+    assert sorted(landed) == ["a", "b"]
+
+
+@pytest.mark.parametrize("cls", ["LazyMemmapStorage", "CompressedListStorage"])
+def test_a_ctrl_c_in_a_storage_s_first_write_lets_it_write_again(location, cls, ctrl_c,
+                                                                   monkeypatch):
+    """A Ctrl-C held through a buffer's creation was raised before the storage noted the
+    group it had created: writing again raised StoreExistsError ("holds a zstore buffer
+    ... 0 cells, pass existsok=True"), at that URL for every storage."""
+    original = zstore.group._create_arrays
+
+    def ctrl_c_then(*args, **kwargs):
+        ctrl_c()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(zstore.group, "_create_arrays", ctrl_c_then)
+    url = location.new()
+    storage = getattr(zstore, cls)(100, scratch_dir=url, storage_options=location.options)
+    with pytest.raises(KeyboardInterrupt):
+        storage.set(torch.arange(4), rows(0, 4))
+    monkeypatch.setattr(zstore.group, "_create_arrays", original)
+    storage.set(torch.arange(4), rows(0, 4))
+    storage.close()
+    got = zstore.open(url, location.options, mode="r").get(torch.arange(4))
+    got = zstore.stack_items(got) if isinstance(got, list) else got
+    assert got["x"].tolist() == [0, 1, 2, 3]

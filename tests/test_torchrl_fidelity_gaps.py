@@ -501,3 +501,21 @@ def test_rb_setitem_over_compressed_list_storage_replaces_the_item_as_torchrl(lo
     for key in ("px", "r"):
         assert torch.equal(ours[:8][key], theirs[:8][key])
     assert ours[4]["r"].item() == 99.0 and ours[:8]["index"].tolist() == list(range(8))
+
+
+def test_a_save_whose_manifest_was_cut_short_is_saved_over(location):
+    """A save stopped while its manifest was written (a Ctrl-C or a kill; a local file is
+    emptied, then written) left a location every later save to refused with json's
+    JSONDecodeError, until the file was deleted by hand."""
+    url, fs, root = _saved(location, 20)
+    fs.pipe_file(f"{root}/notes.txt", b"mine")
+    fs.pipe_file(f"{root}/zstore-files.json", b"")  # as left by a save stopped there
+    fs.rm_file(f"{root}/buffer_metadata.json")  # (which that save had removed first)
+    with pytest.raises(FileNotFoundError, match="interrupted"):
+        zt.loads(_url_buffer(location), url, location.options)
+    rb = _url_buffer(location)
+    rb.extend(transitions(30))
+    zt.dumps(rb, url, location.options)
+    fresh = _url_buffer(location)
+    zt.loads(fresh, url, location.options)
+    assert len(fresh) == 30 and fs.cat_file(f"{root}/notes.txt") == b"mine"

@@ -23,7 +23,8 @@ def open(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = Non
         mode: ``"r+"`` to keep writing, ``"r"`` for read-only.
         cache_bytes: byte budget of the hot-chunk cache.
         cache: cache tier: ``"host"``, ``"pinned"`` or ``"cuda"``.
-        device: CUDA device for the ``"cuda"`` tier.
+        device: where samples are returned; ``None``: the cache tier's (the CPU; the current
+            GPU for ``"cuda"``). A device the tier cannot return samples on is refused.
         lease_ttl: ttl of the single-writer lease a ``"r+"`` storage takes at its
             first write (docs/scaling.md); readers (``"r"``) take none.
         autocommit_seconds: a ``"r+"`` storage commits its rows at most this long after

@@ -196,7 +196,7 @@ class BlockGroup:
         if isinstance(error, ZStoreError):  # a corrupt chunk, a store gone: said already
             return error
         failure = request_error(error, self.where, what, "the data is not at fault: read again "
-                                "later", remote=self.remote)
+                                "later", remote=self.remote, refetched=True)
         if failure is None:
             failure = CorruptChunkError(f"{what}: {type(error).__name__}: {error}")
             failure.__cause__ = error

@@ -135,7 +135,7 @@ class LocalObjects(ConditionalObjects):
         return data, data
 
     def create(self, name: str, data: bytes) -> Token | None:
-        self.spec.refuse_a_file()  # the OS would say "File exists" about the lease's folder
+        self.spec.refuse_a_file(reading=False)  # the OS: "File exists" (the lease's folder)
         os.makedirs(self.spec.url, exist_ok=True)  # the lease comes before the group
         return super().create(name, data)
 

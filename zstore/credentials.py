@@ -82,17 +82,18 @@ def failed_request(exc: BaseException) -> bool:
 
 
 def request_error(exc: BaseException, where: str, doing: str, then: str, *,
-                  remote: bool = True) -> Exception | None:
+                  remote: bool = True, refetched: bool = False) -> Exception | None:
     """zstore's error for ``exc``, raised by a request to the store at ``where`` while
     ``doing`` (named first in the message): :func:`credentials_error` or
-    :func:`unreachable_error`; else, for a request that failed after the client's retries
-    (a ``ConnectionError`` or ``TimeoutError``, or on a ``remote`` store
-    :func:`failed_request`), a ``ConnectionError`` saying so, then ``then`` (what to do).
-    ``None`` for anything else: zstore's own errors, a body damaged in transfer, bad data."""
-    if isinstance(exc, ZStoreError) or damaged_in_transfer(exc):
+    :func:`unreachable_error`; else a ``ConnectionError`` saying the request failed after
+    the client's retries, then ``then`` (what to do). ``None`` for zstore's own errors.
+    A reader that fetches a damaged body again (``refetched``) gets ``None`` for it, and for
+    bad data: only a ``ConnectionError`` or ``TimeoutError``, or on a ``remote`` store
+    :func:`failed_request`, is the request's then."""
+    if isinstance(exc, ZStoreError) or (refetched and damaged_in_transfer(exc)):
         return None
     error: Exception | None = credentials_error(exc, where) or unreachable_error(exc, where)
-    if error is None and (isinstance(exc, (ConnectionError, TimeoutError))
+    if error is None and (not refetched or isinstance(exc, (ConnectionError, TimeoutError))
                           or (remote and failed_request(exc))):
         error = ConnectionError(f"{doing}: the request failed after the client's retries "
                                 f"({type(exc).__name__}: {exc}); {then}")

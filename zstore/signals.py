@@ -10,6 +10,10 @@ exit's included, failed with ``LeaseError`` and the rows written since the last 
 were lost (1 kill in 6-20 landed there; 1 Ctrl-C in 10-30 interrupted flushes). Inside
 :func:`shielded` the signal is remembered, and raised as the outermost block ends; a second
 Ctrl-C inside it interrupts at once (a request that hangs stays interruptible).
+
+SIGINT's handler is swapped for :func:`_hold_interrupt` while a block runs. Outside a block
+that handler passes a Ctrl-C straight on to the one it replaced, so a Ctrl-C landing while
+the swap is made or undone is raised at once, and never lost or held for a later block.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from typing import Any
 _depth = 0  # main-thread blocks entered and not yet left
 _received: int | None = None  # the SIGTERM that arrived inside one
 _exiting = False  # the exit is under way: another SIGTERM must not cut its commits short
-_interrupt: Any = None  # SIGINT's own handler, while the outermost block holds it off
-_interrupted = False  # a SIGINT arrived inside the block
+_interrupt: Any = None  # SIGINT's handler that _hold_interrupt replaced
+_interrupted = False  # a SIGINT arrived inside the current block
 
 
 def exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -47,12 +51,14 @@ def _exit(signum: int) -> None:
 
 
 def _hold_interrupt(signum: int, frame: Any) -> None:
-    """SIGINT's handler inside a block: remembered; the second one is handled at once."""
+    """SIGINT's handler while blocks run: the first Ctrl-C inside a block is remembered;
+    a second one, or one outside any block, goes to the handler it replaced at once."""
     global _interrupted
-    if not _interrupted:
+    if _depth and not _interrupted:
         _interrupted = True
-        sys.stderr.write("zstore: finishing a write to the store before stopping (press "
-                         "Ctrl-C again to stop at once)\n")
+        if sys.stderr is not None:
+            sys.stderr.write("zstore: finishing a write to the store before stopping (press "
+                             "Ctrl-C again to stop at once)\n")
         return
     _interrupted = False
     _interrupt(signum, frame)
@@ -66,21 +72,23 @@ def shielded() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    if not _depth and callable(handler := signal.getsignal(signal.SIGINT)):
-        _interrupt = handler  # (not SIG_IGN or SIG_DFL: those Python never runs)
-        signal.signal(signal.SIGINT, _hold_interrupt)
+    if not _depth:
+        _interrupted = False
+        handler = signal.getsignal(signal.SIGINT)
+        if handler is not _hold_interrupt and callable(handler):  # (SIG_IGN, SIG_DFL: not
+            _interrupt = handler                                   # Python's to run)
+            signal.signal(signal.SIGINT, _hold_interrupt)
     _depth += 1
     try:
         yield
     finally:
         _depth -= 1
         if not _depth:
-            handler, _interrupt = _interrupt, None
             interrupted, _interrupted = _interrupted, False
-            if handler is not None:
-                signal.signal(signal.SIGINT, handler)
+            if signal.getsignal(signal.SIGINT) is _hold_interrupt:
+                signal.signal(signal.SIGINT, _interrupt)
             if _received is not None:
                 signum, _received = _received, None
                 _exit(signum)
             if interrupted:
-                handler(signal.SIGINT, None)
+                _interrupt(signal.SIGINT, None)

@@ -147,8 +147,10 @@ class StoreSpec:
         text = os.fspath(url)
         if not isinstance(text, str) or not text:
             raise InvalidURLError(f"a store URL must be a non-empty string or path, got {url!r}")
-        if text.startswith("file:/"):  # file:///path, and RFC 8089's file:/path
-            text = "/" + text[len("file:"):].lstrip("/")
+        if text.startswith("file://"):
+            text = text[len("file://"):]
+        elif re.match(r"(file|local):/(?!/)", text):  # RFC 8089's file:/path
+            text = text.partition(":")[2]
         _refuse_a_slash_short(text)
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise TypeError(f"storage_options of {text!r} must be a mapping (endpoint_url=..., "
@@ -450,13 +452,13 @@ class StoreSpec:
             return None
         return None
 
-    def refuse_a_file(self, fix: str = "") -> None:
+    def refuse_a_file(self, fix: str = "", *, reading: bool = True) -> None:
         """:class:`NotAZStoreError` when this local path, or (to write) the nearest of its
         folders that exists, is a file: a store is a directory (``fix``: what to pass instead, in the
-        caller's words)."""
+        caller's words; for an HDF5 file, when ``reading``, the importer to use)."""
         path = self.local_path
         if path is not None and path.exists() and not path.is_dir():
-            if not fix and path.suffix.lower() in (".hdf5", ".h5"):
+            if not fix and reading and path.suffix.lower() in (".hdf5", ".h5"):
                 fix = ("an HDF5 file (a D4RL dataset?) is imported into one first: "
                        f"zstore.dataset.import_d4rl({str(path)!r}, DEST), or `zstore import d4rl "
                        "FILE DEST`")
@@ -546,7 +548,7 @@ def _refuse_a_slash_short(text: str) -> None:
     ignored."""
     scheme, colon, rest = text.partition(":/")
     if colon and not rest.startswith("/") and len(scheme) > 1 and scheme in (
-            set(fsspec.available_protocols()) - {"file"}):
+            set(fsspec.available_protocols()) - {"file", "local"}):
         raise InvalidURLError(f"{text!r} is one slash short of a URL: write it as "
                               f"'{scheme}://{rest}'")
 

@@ -189,7 +189,10 @@ def _previous_save(spec: StoreSpec) -> list[str]:
             "buffer or dataset, left unchanged); choose an empty location or an earlier save's")
     if MANIFEST in found:  # a save by zstore.torchrl.dumps, complete or cut short
         fs, root = spec.filesystem()
-        listed = set(json.loads(fs.cat_file(f"{root}/{MANIFEST}")))
+        try:
+            listed = set(json.loads(fs.cat_file(f"{root}/{MANIFEST}")))
+        except ValueError:  # cut short as it was written (a Ctrl-C, a kill), as its save:
+            listed = set()      # the new one is written over it, and nothing else deleted
         return sorted(set(found) & (listed | {METADATA, MANIFEST}))
     if METADATA in found or not found:  # a save without a manifest (TorchRL's rb.dumps), or none
         return found
@@ -209,7 +212,7 @@ def _read(fs: Any, root: str, rel: str, spec: StoreSpec) -> bytes:
     except Exception as exc:  # (s3fs's and botocore's own errors name no save)
         error = request_error(exc, spec.redacted(), f"cannot read {rel} of the replay-buffer "
                               f"checkpoint at {spec.redacted()}", "nothing was loaded: load it "
-                              "again once the server answers", remote=spec.is_remote)
+                              "again once the server answers")
         if error is None:
             raise
         raise error from exc

@@ -105,14 +105,17 @@ class WriteBehind:
     def _start(self, write: _Write) -> None:
         if self.keepalive is not None:
             self.keepalive()
-        with shielded():  # (a Ctrl-C in between: the write ran on, unwatched)
+        with shielded():  # (a Ctrl-C in between: the write ran on, unwatched, or was lost)
             write.future = asyncio.run_coroutine_threadsafe(write.start(), _get_loop())
             self._pending.append(write)
+            if write in self._failed:  # restarted: in flight now, and failed no more
+                self._failed.remove(write)
 
     def _restart_failed(self) -> None:
-        """Start failed writes again (oldest first): before any later write of their units."""
-        failed, self._failed = self._failed, []
-        for write in failed:
+        """Start failed writes again (oldest first): before any later write of their units.
+        Each leaves the failed ones as it starts: an interruption (a Ctrl-C, a lease renewal
+        that fails) leaves the others there, to be started by the next submit or drain."""
+        for write in list(self._failed):
             self._start(write)
 
     def _await_oldest(self) -> None:

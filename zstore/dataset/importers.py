@@ -50,7 +50,9 @@ from tensordict import NonTensorStack, TensorDict
 
 from ..errors import MissingKeyError, SchemaError, SourceFileError, StoreExistsError
 from ..extras import import_h5py
+from ..conditional import PROBE_PREFIX
 from ..group import existing_buffer, refuse_inside_a_dataset
+from ..lease import LEASE_NAME
 from ..progress import progress as progress_bar
 from ..storages import LazyMemmapStorage
 from ..store import StoreSpec
@@ -168,7 +170,9 @@ class _Writer:
                 "dataset (left unchanged); choose another destination, or delete it first")
         # committed only whole (by the seal): an import killed part way holds no row, so it is
         # never sealed and published truncated (sealing refuses 0 rows, naming the fix)
-        self.was_empty = spec.is_empty()  # (then all there is at the end is this import's)
+        # then all there is at the end is this import's (a lease or probe left by a killed
+        # creation is taken over by this one, as create_group does)
+        self.was_empty = spec.is_empty(ignore=(LEASE_NAME, PROBE_PREFIX))
         self.storage = LazyMemmapStorage(total, scratch_dir=url, storage_options=storage_options,
                                          codec=codec, chunks=chunks, auto_cleanup=False,
                                          text_bytes=text_bytes or TEXT_BYTES,

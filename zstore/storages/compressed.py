@@ -61,6 +61,7 @@ from ..format_version import refuse_newer_fields, unknown_fields
 from ..lease import DEFAULT_TTL, LEASE_NAME, refuse_while_held
 from ..layout import (FORMAT_VERSION, SINGLE_TENSOR_KEY, _flat_leaves, check_format_version,
                       json_int, key_to_path, path_to_key)
+from ..signals import shielded
 from ..store import StoreSpec, run_deferred
 from .base import ClosedByWith, CompressionRatio, sizes_listed, stored_bytes_under, unlisted_sizes_fact
 from .leasing import LeasedWriter
@@ -396,15 +397,13 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
         self.compression_fn, self.decompression_fn = compression_fn, decompression_fn
         self.custom = compression_fn is not None
         preset = f"zstd:{compression_level}+crc32c"
-        try:
-            parse_codecs(preset, remote=False)
-        except ValueError as exc:  # (the message would name the preset, not the argument)
-            raise ValueError(f"compression_level={compression_level!r}: "
-                             f"{str(exc).replace(f'in {preset!r} ', '')}") from None
-        if codec == "default":
-            codec = preset
-        elif isinstance(codec, Mapping) and "default" not in codec:
-            codec = {"default": preset, **codec}
+        if codec == "default" or (isinstance(codec, Mapping) and "default" not in codec):
+            try:  # (the level is used: checked, naming the argument, not the preset)
+                parse_codecs(preset, remote=False)
+            except ValueError as exc:
+                raise ValueError(f"compression_level={compression_level!r}: "
+                                 f"{str(exc).replace(f'in {preset!r} ', '')}") from None
+            codec = preset if codec == "default" else {"default": preset, **codec}
         self.default_codec, self.key_codecs = parse_codecs(codec, remote=is_remote(spec))
         self.spec = spec
         self.scratch_dir = spec.url
@@ -973,8 +972,9 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
         (a checkpoint's) to the location, then adopt them and commit."""
         self.spec.require_writable("load a checkpoint")
         self._hold_lease()  # a load rewrites the storage's location: as its one writer
-        self._drop_arrays()
-        self._reset()
+        with shielded():  # (interrupted in between: a length whose items were deleted)
+            self._drop_arrays()
+            self._reset()
         fill()
         self._root = _open_root(self.spec)
         self._restore(_root_block(self.spec))

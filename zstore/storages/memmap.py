@@ -37,6 +37,7 @@ from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta, ragged_keys
 from ..lease import DEFAULT_TTL, LEASE_NAME
 from ..processes import runs_here
 from ..sharing import count_rows, dirty_at, stamp_dirty
+from ..signals import shielded
 from ..store import StoreSpec, run_deferred
 from ..text import TEXT_BYTES, widest
 from ..table import ChunkedTable, MmapTable, Table
@@ -427,7 +428,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, Comp
                 f"{self.spec.redacted()}: cannot create a buffer of capacity {self.max_size} "
                 f"for these rows: {'; '.join(problems)}; nothing was written. Choose a smaller "
                 f"capacity (a key holds at most 2**48 elements, docs/format.md)")
-        self._attach(create_group(self.spec, meta, self._lease), meta)
+        with shielded():  # a Ctrl-C waits until this storage knows the group it created
+            self._attach(create_group(self.spec, meta, self._lease), meta)
 
     def _refuse_non_tensors(self, data: Any) -> None:
         """A non-tensor value other than strings (an object...) cannot be stored (it would
