@@ -153,7 +153,8 @@ def _fetched(fs: Any, keys: list[str], spec: StoreSpec) -> list[bytes | None]:
     for key, data in zip(keys, got):
         if isinstance(data, BaseException) and not isinstance(data, FileNotFoundError):
             raise request_error(data, spec.redacted(), f"cannot read {key} of the checkpoint at "
-                                f"{spec.redacted()}", "load it again once the server answers") or data
+                                f"{spec.redacted()}", "load it again once the server answers",
+                                remote=spec.is_remote) or data
     return [None if isinstance(data, FileNotFoundError) else data for data in got]
 
 

@@ -756,3 +756,5 @@ def test_a_failed_request_of_a_reader_that_fetches_nothing_again_names_it():
         assert str(error).startswith("cannot read x of s3://b/ck: the request failed")
     assert request_error(damaged("mismatch"), "s3://b/rb", "chunk 3", "", refetched=True) is None
     assert request_error(OSError(5, "503"), "s3://b/rb", "chunk 3", "", refetched=True) is not None
+    for local in (PermissionError(13, "Permission denied", "/ck/x"), OSError(5, "I/O error")):
+        assert request_error(local, "/ck", "cannot read x of /ck", "", remote=False) is None

@@ -234,28 +234,41 @@ def test_an_interrupted_import_leaves_nothing_and_runs_again(tmp_path, monkeypat
     assert (dataset[:] == reference[:]).all()
 
 
+def _block_lines(after: str = "") -> list[int]:
+    """The lines of ``shielded()``'s code (from the first holding ``after``)."""
+    import inspect
+
+    source, first = inspect.getsourcelines(signals.shielded.__wrapped__)
+    start = next(i for i, text in enumerate(source) if after in text)
+    return [first + i for i in range(start, len(source))]
+
+
+def _at_line(line: int, action) -> list:
+    """A tracer calling ``action()`` the first time ``shielded()`` runs ``line``, and the
+    list that notes it did; run with :func:`_traced`."""
+    code, fired = signals.shielded.__wrapped__.__code__, []
+
+    def tracer(frame, event, arg):
+        if frame.f_code is not code:
+            return None
+
+        def each_line(frame, event, arg):
+            if event == "line" and frame.f_lineno == line and not fired:
+                fired.append(line)
+                action()
+            return each_line
+        return each_line
+    return tracer, fired
+
+
 def test_a_ctrl_c_anywhere_in_a_block_s_ending_is_raised_once_and_leaves_no_trace(ctrl_c):
     """A Ctrl-C landing while ``shielded()`` put SIGINT's handler back was swallowed (and
     the next block's Ctrl-C raised at once), or left zstore's handler installed for good
     (a Ctrl-C at the prompt then needed two presses). Sent at every line of the block's
     code in turn, it is raised once, and a Ctrl-C after it behaves as before."""
-    code = signals.shielded.__wrapped__.__code__
-    lines = sorted({line for _, _, line in code.co_lines() if line is not None})
-    for line in lines:
-        fired = []
-
-        def tracer(frame, event, arg):
-            if frame.f_code is not code:
-                return None
-
-            def each_line(frame, event, arg):
-                if event == "line" and frame.f_lineno == line and not fired:
-                    fired.append(line)
-                    ctrl_c()
-                return each_line
-            return each_line
-
-        raised = 0
+    for line in _block_lines():
+        tracer, fired = _at_line(line, ctrl_c)
+        raised, previous = 0, sys.gettrace()
         sys.settrace(tracer)
         try:
             with signals.shielded():
@@ -263,7 +276,7 @@ def test_a_ctrl_c_anywhere_in_a_block_s_ending_is_raised_once_and_leaves_no_trac
         except KeyboardInterrupt:
             raised += 1
         finally:
-            sys.settrace(None)
+            sys.settrace(previous)
         if not fired:
             continue  # (a line the block never runs here: a worker thread's, say)
         assert raised == 1, f"a Ctrl-C at line {line} was raised {raised} times"
@@ -279,6 +292,47 @@ def test_a_ctrl_c_anywhere_in_a_block_s_ending_is_raised_once_and_leaves_no_trac
                 ran.append(line)
         assert ran == [line]
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_sigterm_held_in_a_block_is_never_lost_to_a_ctrl_c_as_the_block_ends(ctrl_c,
+                                                                             monkeypatch):
+    """A SIGTERM held in a block, then a Ctrl-C as the block ended: the KeyboardInterrupt
+    was raised in place of the exit, and the exit was lost, or made by some later block.
+    Until SIGINT's handler is back the exit wins; after it, the Ctrl-C is raised and the
+    exit is made as the next block ends (a loop that catches KeyboardInterrupt goes on to
+    its next write, not for ever)."""
+    previous = signal.signal(signal.SIGTERM, signals.exit_on_sigterm)
+    outcomes = set()
+    try:
+        for line in _block_lines(after="finally:"):
+            monkeypatch.setattr(signals, "_exiting", False)
+            tracer, fired = _at_line(line, ctrl_c)
+            trace = sys.gettrace()
+            sys.settrace(tracer)
+            try:
+                with signals.shielded():
+                    os.kill(os.getpid(), signal.SIGTERM)
+            except SystemExit as exc:
+                outcomes.add("exit")
+                assert exc.code == 128 + signal.SIGTERM
+            except KeyboardInterrupt:
+                outcomes.add("interrupt, then the exit")
+                assert fired, "a KeyboardInterrupt nobody sent"
+                monkeypatch.setattr(signals, "_exiting", False)
+                with pytest.raises(SystemExit) as later:
+                    with signals.shielded():
+                        pass
+                assert later.value.code == 128 + signal.SIGTERM, f"line {line}"
+            else:
+                pytest.fail(f"the SIGTERM was lost (Ctrl-C at line {line})")
+            finally:
+                sys.settrace(trace)
+            assert signals._received is None and signals._depth == 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert "exit" in outcomes
+    monkeypatch.setattr(signals, "_exiting", False)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_retry_of_failed_writes_interrupted_loses_none(ctrl_c):
@@ -335,3 +389,42 @@ def test_a_ctrl_c_in_a_storage_s_first_write_lets_it_write_again(location, cls, 
     got = zstore.open(url, location.options, mode="r").get(torch.arange(4))
     got = zstore.stack_items(got) if isinstance(got, list) else got
     assert got["x"].tolist() == [0, 1, 2, 3]
+
+
+_HOLDS_THE_LEASE = """
+import sys, torch, zstore
+from tensordict import TensorDict
+running = zstore.LazyMemmapStorage(1000, scratch_dir=sys.argv[1])
+running._hold_lease()  # as an import that took its lease and is creating its buffer
+print("held", flush=True)
+sys.stdin.readline()
+running.set(torch.arange(4), TensorDict(x=torch.arange(4), batch_size=[4]))
+running.close()
+print("written", flush=True)
+"""
+
+
+def test_a_failed_import_leaves_an_import_running_there_alone(tmp_path):
+    """An import refused by the lease of another import creating its buffer there (the
+    location empty but for that lease) deleted the location, the other's lease included:
+    both failed, and nothing was left."""
+    import subprocess
+
+    from zstore.dataset import import_d4rl
+
+    source, url = d4rl_file(tmp_path / "d.hdf5"), str(tmp_path / "ds")
+    with subprocess.Popen([sys.executable, "-c", _HOLDS_THE_LEASE, url], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as other:
+        try:
+            assert other.stdout.readline().strip() == "held", other.stderr.read()
+            with pytest.raises(zstore.LeaseError, match="being written"):
+                import_d4rl(source, url, progress=False)
+            assert os.listdir(url) == ["zstore-lease.json"]
+            other.stdin.write("go\n")
+            other.stdin.flush()
+            assert other.stdout.readline().strip() == "written", other.stderr.read()
+        finally:
+            if other.poll() is None:
+                other.stdin.close()  # (it ends once its write is done, or at once if refused)
+                other.wait(timeout=120)
+    assert zstore.open(url, mode="r").get(torch.arange(4))["x"].tolist() == [0, 1, 2, 3]

@@ -85,16 +85,17 @@ def request_error(exc: BaseException, where: str, doing: str, then: str, *,
                   remote: bool = True, refetched: bool = False) -> Exception | None:
     """zstore's error for ``exc``, raised by a request to the store at ``where`` while
     ``doing`` (named first in the message): :func:`credentials_error` or
-    :func:`unreachable_error`; else a ``ConnectionError`` saying the request failed after
-    the client's retries, then ``then`` (what to do). ``None`` for zstore's own errors.
-    A reader that fetches a damaged body again (``refetched``) gets ``None`` for it, and for
-    bad data: only a ``ConnectionError`` or ``TimeoutError``, or on a ``remote`` store
-    :func:`failed_request`, is the request's then."""
+    :func:`unreachable_error`; else, for a request that failed after the client's retries,
+    a ``ConnectionError`` saying so, then ``then`` (what to do); ``None`` for any other
+    error (zstore's own; a local file's, which names it). A failed request is a
+    ``ConnectionError`` or ``TimeoutError``, or any error of a ``remote`` store's client;
+    for a reader that fetches a damaged body again (``refetched``), only
+    :func:`failed_request` of those (a damaged body and bad data: ``None``)."""
     if isinstance(exc, ZStoreError) or (refetched and damaged_in_transfer(exc)):
         return None
     error: Exception | None = credentials_error(exc, where) or unreachable_error(exc, where)
-    if error is None and (not refetched or isinstance(exc, (ConnectionError, TimeoutError))
-                          or (remote and failed_request(exc))):
+    if error is None and (isinstance(exc, (ConnectionError, TimeoutError))
+                          or (remote and (not refetched or failed_request(exc)))):
         error = ConnectionError(f"{doing}: the request failed after the client's retries "
                                 f"({type(exc).__name__}: {exc}); {then}")
     if error is not None:

@@ -249,8 +249,7 @@ class Lease:
                 where = self.spec.redacted()
                 error = request_error(exc, where, f"cannot renew the write lease on {where}",
                                       "this write was refused and wrote nothing: write again "
-                                      "once the server answers", remote=self.spec.is_remote,
-                                      refetched=not self.spec.is_remote)
+                                      "once the server answers", remote=self.spec.is_remote)
                 if error is None:
                     raise
                 raise error from exc

@@ -13,7 +13,8 @@ Ctrl-C inside it interrupts at once (a request that hangs stays interruptible).
 
 SIGINT's handler is swapped for :func:`_hold_interrupt` while a block runs. Outside a block
 that handler passes a Ctrl-C straight on to the one it replaced, so a Ctrl-C landing while
-the swap is made or undone is raised at once, and never lost or held for a later block.
+the swap is made or undone is raised once, not held for a later block (the swap may then
+stay made: the handler goes on passing Ctrl-C on). A SIGTERM's exit wins over a Ctrl-C.
 """
 
 from __future__ import annotations
@@ -45,15 +46,20 @@ def exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _exit(signum: int) -> None:
-    global _exiting
+    global _exiting, _received
+    exit_now = SystemExit(128 + signum)  # (built first: a call runs pending signal handlers)
     _exiting = True
-    raise SystemExit(128 + signum)
+    _received = None
+    raise exit_now
 
 
 def _hold_interrupt(signum: int, frame: Any) -> None:
     """SIGINT's handler while blocks run: the first Ctrl-C inside a block is remembered;
-    a second one, or one outside any block, goes to the handler it replaced at once."""
+    a second one, or one outside any block, goes to the handler it replaced at once; one
+    while SIGTERM's exit is due or under way is dropped (the exit wins)."""
     global _interrupted
+    if _exiting or _received is not None:
+        return
     if _depth and not _interrupted:
         _interrupted = True
         if sys.stderr is not None:
@@ -87,8 +93,7 @@ def shielded() -> Iterator[None]:
             interrupted, _interrupted = _interrupted, False
             if signal.getsignal(signal.SIGINT) is _hold_interrupt:
                 signal.signal(signal.SIGINT, _interrupt)
-            if _received is not None:
-                signum, _received = _received, None
-                _exit(signum)
+            if _received is not None:  # the exit wins (a Ctrl-C from here on: raised, and
+                _exit(_received)       # the exit is still due at the next block's end)
             if interrupted:
                 _interrupt(signal.SIGINT, None)

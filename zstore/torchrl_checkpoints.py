@@ -212,7 +212,7 @@ def _read(fs: Any, root: str, rel: str, spec: StoreSpec) -> bytes:
     except Exception as exc:  # (s3fs's and botocore's own errors name no save)
         error = request_error(exc, spec.redacted(), f"cannot read {rel} of the replay-buffer "
                               f"checkpoint at {spec.redacted()}", "nothing was loaded: load it "
-                              "again once the server answers")
+                              "again once the server answers", remote=spec.is_remote)
         if error is None:
             raise
         raise error from exc

@@ -216,8 +216,12 @@ class _Writer:
 
     def _discard(self) -> None:
         """Delete the buffer this import was writing, wherever it stopped (its creation
-        included): only where the location was empty before it, so nothing else is lost."""
-        if self.was_empty:
+        included): only where the location was empty before it, and once this import took
+        it (created the buffer, or holds its lease), so nothing else is lost: not another
+        import's, running there, whose lease refused this one."""
+        lease = self.storage._lease
+        if self.was_empty and (self.storage.initialized or (lease is not None and lease.active
+                                                            and lease.held)):
             discard_copy(self.storage)
 
 
