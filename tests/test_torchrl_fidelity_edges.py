@@ -425,3 +425,21 @@ def test_rows_are_stored_as_values_whether_cached_or_not(kind, tmp_path):
         assert not sample.requires_grad and sample.grad_fn is None
         assert sample.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [0.0, 0.0, 0.0]]
         assert weights.grad is None
+
+
+@pytest.mark.parametrize("kind", ["memory", "local"])
+def test_a_key_indexes_every_row_written_as_torchrl_s_memmap_storage(kind, tmp_path):
+    """``storage["obs"]`` of a LazyMemmapStorage raised torch's "new(): invalid data type
+    'str'"; TorchRL's returns that key of every row written (a missing key: KeyError)."""
+    data = TensorDict(obs=torch.arange(8.0).view(4, 2),
+                      next=TensorDict(reward=torch.arange(4.0), batch_size=[4]), batch_size=[4])
+    url = str(tmp_path / "rb") if kind == "local" else f"memory://key-{uuid.uuid4().hex}"
+    ours = zt.LazyMemmapStorage(10, scratch_dir=url)
+    theirs = T.LazyMemmapStorage(10, scratch_dir=str(tmp_path / "torchrl"))
+    for storage in (ours, theirs):
+        storage.set(torch.arange(4), data)
+    for key in ("obs", ("next", "reward")):
+        assert torch.equal(ours[key], theirs[key]) and torch.equal(ours.get(key), theirs.get(key))
+    for storage in (ours, theirs):
+        with pytest.raises(KeyError):
+            storage["missing"]

@@ -48,9 +48,9 @@ import numpy as np
 import torch
 from tensordict import NonTensorStack, TensorDict
 
+from ..conditional import PROBE_PREFIX
 from ..errors import MissingKeyError, SchemaError, SourceFileError, StoreExistsError
 from ..extras import import_h5py
-from ..conditional import PROBE_PREFIX
 from ..group import existing_buffer, refuse_inside_a_dataset
 from ..lease import LEASE_NAME
 from ..progress import progress as progress_bar

@@ -46,7 +46,8 @@ from .checkpoint_contract import TensorExport
 from .leasing import LeasedWriter
 from .sealing import seal_storage
 from .lifecycle import shared_temporary_store, temporary_store, track, untrack
-from .row_index import as_index_tensor, broadcast_tensor_index, is_int, is_negative, rows_of
+from .row_index import (as_index_tensor, broadcast_tensor_index, is_int, is_key, is_negative,
+                        rows_of)
 from .stored_rows import StoredRows
 from .tensor import LazyTensorStorage, TensorStorage, map_leaves, non_text_keys
 
@@ -591,6 +592,8 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, Comp
                 "write them with storage.set(index, data, set_cursor=False)")
 
     def _read(self, index: Any) -> Any:
+        if is_key(index):  # as TorchRL's reads it: that key of every row written
+            return self._read(slice(None))[index]
         n = self._len_along_dim0
         if isinstance(index, slice) and self._maps_writable:
             start, stop, step = index.indices(n)
