@@ -563,23 +563,25 @@ def test_rows_per_chunk_or_shard_below_one_are_refused_naming_the_argument(tmp_p
 
 
 
-@pytest.mark.parametrize("bad", [{"cache_bytes": -1}, {"autocommit_seconds": -1},
+@pytest.mark.parametrize("bad", [{"cache_bytes": -1}, {"cache_bytes": "1X"},
+                                 {"autocommit_seconds": -1}, {"autocommit_seconds": "5"},
                                  {"autocommit_seconds": float("nan")}], ids=str)
 @pytest.mark.parametrize("cls", [LazyMemmapStorage, zstore.CompressedListStorage],
                          ids=lambda cls: cls.__name__)
 def test_a_negative_cache_budget_or_commit_interval_is_refused_naming_it(tmp_path, cls, bad):
     """``cache_bytes=-1`` was taken as no cache, ``autocommit_seconds=-1`` as commit at
     every write and ``nan`` as never, silently; by the constructor, by ``zstore.open``
-    (where a ``CompressedListStorage`` called its own block "malformed") and by the setter."""
+    (where a ``CompressedListStorage`` called its own block "malformed") and by the setter.
+    ``"1X"`` and ``"5"`` raised Python's "invalid literal for int()" and "'>=' not supported"."""
     name = next(iter(bad))
-    with pytest.raises(ValueError, match=rf"^{name} must be a number of .* >= 0"):
+    with pytest.raises(ValueError, match=rf"^{name}\b.* >= 0"):
         cls(10, scratch_dir=str(tmp_path / "new"), **bad)
     assert not (tmp_path / "new").exists()
     storage = cls(10, scratch_dir=str(tmp_path / "rb"))
     storage.set(0, TensorDict(a=torch.ones(3)) if cls is zstore.CompressedListStorage
                 else TensorDict(a=torch.ones(1, 3), batch_size=[1])[0])
     storage.close()
-    with pytest.raises(ValueError, match=rf"^{name} must be a number of .* >= 0"):
+    with pytest.raises(ValueError, match=rf"^{name}\b.* >= 0"):
         zstore.open(str(tmp_path / "rb"), **bad)
     reopened = zstore.open(str(tmp_path / "rb"))  # (the refused open held no lease)
     if name == "autocommit_seconds":
@@ -588,6 +590,50 @@ def test_a_negative_cache_budget_or_commit_interval_is_refused_naming_it(tmp_pat
         assert reopened.autocommit_seconds == 5.0
     assert len(reopened) == 1
     reopened.close()
+
+
+@pytest.mark.parametrize("name", ["LazyMemmapStorage", "LazyTensorStorage"])
+def test_a_capacity_is_taken_as_torchrl_takes_it_and_a_wrong_argument_is_named(tmp_path, name):
+    """``max_size="10"`` (a capacity read from a config file) works with TorchRL's storages
+    and raised "'<' not supported between 'str' and 'int'" with zstore's; ``ndim="2"``
+    raised Python's error at the first write (TorchRL's too), ``ndim=0`` a capacity error,
+    ``scratch_dir=5`` "expected str, bytes or os.PathLike object"."""
+    torchrl_data = pytest.importorskip("torchrl.data")
+    import zstore.torchrl
+
+    rows = TensorDict(obs=torch.arange(6.0).reshape(3, 2), batch_size=[3])
+    made = {}
+    for lib in (torchrl_data, zstore.torchrl):
+        storage = getattr(lib, name)("10")
+        storage.set(torch.arange(3), rows)
+        made[lib] = storage
+    assert made[zstore.torchrl].max_size == made[torchrl_data].max_size == 10
+    ours, theirs = (made[lib].get(torch.arange(3)) for lib in (zstore.torchrl, torchrl_data))
+    assert (ours == theirs).all()
+    with pytest.raises(ValueError, match=rf"^{name}: max_size='ten' is not a number of cells; "
+                                         rf"give the capacity as a whole number"):
+        getattr(zstore.torchrl, name)("ten")
+    for ndim in ("2", 0, 1.5, True):
+        with pytest.raises(ValueError, match=rf"^{name}: ndim={ndim!r}: give the number of "
+                                             rf"leading dimensions .* >= 1"):
+            getattr(zstore.torchrl, name)(10, ndim=ndim)
+    if name == "LazyMemmapStorage":
+        with pytest.raises(zstore.InvalidURLError, match="must be a non-empty string or path, "
+                                                         "got 5$"):
+            LazyMemmapStorage(10, scratch_dir=5)
+
+
+@pytest.mark.parametrize("size,budget", [("512MB", 512 * 10**6), ("4 GiB", 4 << 30),
+                                         ("2.5kib", 2560), ("1000", 1000), (1e6, 10**6)])
+def test_a_cache_budget_may_be_written_as_a_size(tmp_path, size, budget):
+    """``cache_bytes="4GiB"`` raised "invalid literal for int()"; sizes with decimal (``MB``)
+    or binary (``MiB``) units are read as such, by every constructor and ``zstore.open``."""
+    storage = LazyMemmapStorage(10, scratch_dir=str(tmp_path / "rb"), cache_bytes=size)
+    assert storage.cache_bytes == budget
+    storage.set(0, TensorDict(obs=torch.ones(1, 2), batch_size=[1])[0])
+    storage.close()
+    assert zstore.open(str(tmp_path / "rb"), cache_bytes=size).cache_bytes == budget
+    assert zstore.CompressedListStorage(10, cache_bytes=size).cache_bytes == budget
 
 _UNREADABLE_STORE = r'''
 import os, sys, torch, zstore

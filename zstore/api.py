@@ -21,7 +21,7 @@ def open(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = Non
         url: a local path or any fsspec URL.
         storage_options: fsspec options (``endpoint_url``, ``key``, ``secret``, ``anon`` ...).
         mode: ``"r+"`` to keep writing, ``"r"`` for read-only.
-        cache_bytes: byte budget of the hot-chunk cache.
+        cache_bytes: byte budget of the hot-chunk cache: bytes, or a size ("512MB", "4GiB").
         cache: cache tier: ``"host"``, ``"pinned"`` or ``"cuda"``.
         device: where samples are returned; ``None``: the cache tier's (the CPU; the current
             GPU for ``"cuda"``). A device the tier cannot return samples on is refused.

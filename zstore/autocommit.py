@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import os
 import signal
 import threading
@@ -38,7 +39,7 @@ _monotonic = time.monotonic
 def commit_interval(seconds: float) -> float:
     """``autocommit_seconds``, refused unless a number of seconds ``>= 0`` (NaN would
     never come due; ``math.inf``: no timed commit)."""
-    if not seconds >= 0:
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not seconds >= 0:
         raise ValueError(f"autocommit_seconds must be a number of seconds >= 0 (math.inf: no "
                          f"timed commit), got {seconds!r}")
     return seconds

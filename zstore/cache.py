@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Mapping
 
 import torch
@@ -28,12 +29,26 @@ from ._pages import host_empty
 DEFAULT_CACHE_BYTES = 1 << 30
 
 
-def byte_budget(cache_bytes: int) -> int:
-    """``cache_bytes`` as an int, refused unless it is a number of bytes ``>= 0``."""
-    budget = int(cache_bytes)
-    if budget < 0:
-        raise ValueError(f"cache_bytes must be a number of bytes >= 0 (0: no cache), "
-                         f"got {cache_bytes!r}")
+#: The units a ``cache_bytes`` string may name (``"512MB"``, ``"1 GiB"``): powers of 1000
+#: with a ``B`` or none, powers of 1024 with ``iB``.
+_SIZE_UNITS = {"": 1, "b": 1, **{p + s: (1000 if s in ("", "b") else 1024) ** (i + 1)
+                                  for i, p in enumerate("kmgt") for s in ("", "b", "ib")}}
+
+
+def byte_budget(cache_bytes: int | str) -> int:
+    """``cache_bytes`` as an int: a number of bytes ``>= 0``, or a size such as ``"512MB"``
+    or ``"4GiB"``; anything else is refused naming the argument."""
+    try:
+        if isinstance(cache_bytes, str):
+            number, unit = re.fullmatch(r"\s*(.*?)\s*([a-zA-Z]*)\s*", cache_bytes).groups()
+            budget = int(float(number) * _SIZE_UNITS[unit.lower()])
+        else:
+            budget = int(cache_bytes)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        budget = -1
+    if budget < 0 or isinstance(cache_bytes, bool):
+        raise ValueError(f"cache_bytes={cache_bytes!r}: give a number of bytes >= 0 (0: no "
+                         f"cache), e.g. 1 << 30, or a size such as '512MB' or '4GiB'")
     return budget
 
 

@@ -144,7 +144,7 @@ class StoreSpec:
         """Normalise a path or URL (``~`` expanded, local paths made absolute)."""
         if isinstance(url, StoreSpec):
             return dataclasses.replace(url, read_only=url.read_only or read_only)
-        text = os.fspath(url)
+        text = os.fspath(url) if isinstance(url, (str, os.PathLike)) else None
         if not isinstance(text, str) or not text:
             raise InvalidURLError(f"a store URL must be a non-empty string or path, got {url!r}")
         if text.startswith("file://"):

@@ -48,7 +48,7 @@ class Storage:
     _last_cursor_value = counter("last_cursor")
 
     def __init__(self, max_size: int, checkpointer: Any = None, compilable: bool = False):
-        self.max_size = int(max_size)
+        self.max_size = capacity(type(self).__name__, max_size)
         self._compilable = compilable
         self._attached_entities_list: list = []
         self._counts = Counters()
@@ -226,6 +226,16 @@ class Storage:
         state = self.__dict__.copy()
         state.pop("_rng", None)
         return state
+
+
+def capacity(owner: str, max_size: Any) -> int:
+    """``max_size`` as TorchRL's storages take it (``int(max_size)``: ``"10"`` and ``10.0``
+    too), or a ``ValueError`` naming the argument."""
+    try:
+        return int(max_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"{owner}: max_size={max_size!r} is not a number of cells; give the "
+                         f"capacity as a whole number, e.g. max_size=100_000") from None
 
 
 def refuse_spawn_sharing(storage: Storage, why: str, fix: str) -> None:

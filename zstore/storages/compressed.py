@@ -347,7 +347,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
             corrupted chunk raise :class:`~zstore.CorruptChunkError`).
         chunks: items per chunk (an int or ``{key path: rows}``; default about
             1 MiB of each key).
-        cache_bytes: byte budget of each table's hot-chunk cache.
+        cache_bytes: byte budget of each table's hot-chunk cache (bytes, or "512MB", "4GiB").
         lease_ttl: the single-writer lease's ttl in seconds, taken at the first
             write (see :class:`~zstore.LazyMemmapStorage`); ``None``: no lease.
         autocommit_seconds: items are committed at most this long after they were

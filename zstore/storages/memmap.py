@@ -85,7 +85,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, Comp
             about 1 MiB of each key).
         shards: rows per shard object, likewise (default: about 32 MiB of each
             key on object stores, none elsewhere).
-        cache_bytes: byte budget of the hot-chunk cache.
+        cache_bytes: byte budget of the hot-chunk cache: bytes, or a size ("512MB", "4GiB").
         cache: cache tier, ``"host"``, ``"pinned"`` or ``"cuda"``.
         read_only: refuse every write.
         autocommit_seconds: rows are committed at most this long after they were

@@ -33,7 +33,7 @@ from ..errors import SchemaError
 from ..layout import Schema
 from ..sharing import InitRendezvous, count_rows, counter
 from ..text import TEXT_BYTES, holds_value, is_text, non_tensor_leaves, widest
-from .base import Storage, refuse_spawn_sharing
+from .base import Storage, capacity, refuse_spawn_sharing
 from .checkpoint_contract import TensorExport
 from .row_index import is_int, is_negative, without_new_axes
 from .row_stamps import RowStamps
@@ -115,6 +115,12 @@ class TensorStorage(Storage):
                  ndim: int = 1, compilable: bool = False):
         if storage is None and max_size is None:
             raise ValueError("Expected storage to be non-null.")
+        if max_size is not None:
+            max_size = capacity(type(self).__name__, max_size)
+        if isinstance(ndim, bool) or not hasattr(ndim, "__index__") or ndim < 1:
+            raise ValueError(f"{type(self).__name__}: ndim={ndim!r}: give the number of leading "
+                             f"dimensions the storage indexes, a whole number >= 1 (1: rows)")
+        ndim = int(ndim)
         if storage is None and max_size < 1:  # (else refused at the first write, unnamed)
             raise ValueError(f"{type(self).__name__}: max_size={max_size} holds no row; "
                              "give the capacity, a positive number of cells")
