@@ -18,6 +18,7 @@ EXPECTED = {
     "memory://rb": (False, True, False, False, False, True),
     "/tmp/zstore-rb": (True, False, False, False, False, True),
     "file:///tmp/zstore-rb": (True, False, False, False, False, True),
+    "local:///tmp/zstore-rb": (True, False, False, False, False, True),  # (fsspec: local files)
     "s3://bucket/rb": (False, False, True, True, True, False),
     "s3a://bucket/rb": (False, False, True, True, True, False),
     "gs://bucket/rb": (False, False, True, True, False, False),

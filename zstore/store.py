@@ -147,8 +147,8 @@ class StoreSpec:
         text = os.fspath(url) if isinstance(url, (str, os.PathLike)) else None
         if not isinstance(text, str) or not text:
             raise InvalidURLError(f"a store URL must be a non-empty string or path, got {url!r}")
-        if text.startswith("file://"):
-            text = text[len("file://"):]
+        if text.startswith(("file://", "local://")):  # (fsspec's two names of local files)
+            text = text.partition("://")[2]
         elif re.match(r"(file|local):/(?!/)", text):  # RFC 8089's file:/path
             text = text.partition(":")[2]
         _refuse_a_slash_short(text)
