@@ -93,7 +93,7 @@ def request_error(exc: BaseException, where: str, doing: str, then: str, *,
     :func:`failed_request` of those (a damaged body and bad data: ``None``)."""
     if isinstance(exc, ZStoreError) or (refetched and damaged_in_transfer(exc)):
         return None
-    error: Exception | None = credentials_error(exc, where) or unreachable_error(exc, where)
+    error: Exception | None = named_store_error(exc, where)
     if error is None and (isinstance(exc, (ConnectionError, TimeoutError))
                           or (remote and (not refetched or failed_request(exc)))):
         error = ConnectionError(f"{doing}: the request failed after the client's retries "
@@ -124,14 +124,20 @@ def unreachable_error(exc: BaseException, where: str) -> ConnectionError | None:
     return None
 
 
+def named_store_error(exc: BaseException, where: str) -> Exception | None:
+    """:func:`credentials_error` or :func:`unreachable_error` of ``exc`` (about the store at
+    ``where``): ``None`` when it is neither."""
+    return credentials_error(exc, where) or unreachable_error(exc, where)
+
+
 @contextlib.contextmanager
 def store_errors_named(where: str) -> Iterator[None]:
-    """Raise :func:`credentials_error` or :func:`unreachable_error` (about the store at
-    ``where``) in place of the errors of the block that it covers."""
+    """Raise :func:`named_store_error` (about the store at ``where``) in place of the errors
+    of the block that it covers."""
     try:
         yield
     except Exception as exc:
-        error = credentials_error(exc, where) or unreachable_error(exc, where)
+        error = named_store_error(exc, where)
         if error is None:
             raise
         raise error from exc

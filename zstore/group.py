@@ -34,7 +34,7 @@ from zarr.errors import ContainsArrayError, GroupNotFoundError, NodeNotFoundErro
 from zarr.storage import LocalStore, MemoryStore, StorePath
 
 from . import _faults
-from .credentials import credentials_error, unreachable_error
+from .credentials import credentials_error, named_store_error, unreachable_error
 from .errors import (NoCredentialsError, NotAZStoreError, ReadOnlyError, StoreNotFoundError,
                      ZStoreError, checkpoint_not_a)
 from .signals import shielded
@@ -247,8 +247,7 @@ def refuse_inside_a_dataset(spec: StoreSpec, action: str) -> None:
             raw = fs.cat_file(f"{parent}/zarr.json")
         except Exception as exc:  # none there; a parent this user may not read is none either
             where = spec.redacted()
-            named = unreachable_error(exc, where) or (
-                None if isinstance(exc, PermissionError) else credentials_error(exc, where))
+            named = None if isinstance(exc, PermissionError) else named_store_error(exc, where)
             if named is not None:  # no server, or no credentials: named, with the fix
                 raise named from exc
             if isinstance(exc, OSError):
