@@ -156,3 +156,126 @@ def test_pytree_keys_that_cannot_be_given_back_exactly_are_refused(tmp_path):
         storage.set(torch.arange(2), {(1, 2): torch.ones(2)})
     with pytest.raises(zstore.errors.InvalidKeyError, match="same column twice"):
         storage.set(torch.arange(2), {3: torch.ones(2), "<int>3": torch.ones(2)})
+
+
+def test_a_key_named_as_the_episode_index_is_refused_and_never_sealed_over(tmp_path, monkeypatch):
+    """A key ``__episodes__`` was written, then ``seal()`` replaced its arrays with the episode
+    index: the dataset could not be opened at all ("'__episodes__' is a group, the metadata
+    says an array"), and an import of a file with such a key left that store behind. A new
+    buffer refuses the key before anything is written; one written before is not sealed."""
+    from zstore.errors import InvalidKeyError
+
+    url = str(tmp_path / "rb")
+    storage = zstore.LazyMemmapStorage(4, scratch_dir=url)
+    for key in ("__episodes__", ("__episodes__", "start")):
+        with pytest.raises(InvalidKeyError, match="'__episodes__' cannot be stored: it is where a "
+                                                  "sealed dataset keeps its episode index"):
+            storage.set(torch.arange(2), TensorDict({key: torch.ones(2), "obs": torch.ones(2)}, [2]))
+    assert not storage.initialized and list((tmp_path / "rb").iterdir()) == []
+    monkeypatch.setattr(zstore.layout, "refuse_new_keys", lambda paths: None)  # (an old buffer)
+    old = zstore.LazyMemmapStorage(4, scratch_dir=str(tmp_path / "old"))
+    old.set(torch.arange(2), TensorDict({"__episodes__": torch.arange(2.0)}, [2]))
+    with pytest.raises(InvalidKeyError, match=r"cannot seal .*old: its key '__episodes__' is where "
+                                              r"a dataset keeps its episode index"):
+        old.seal()
+    old.close()
+    assert zstore.open(str(tmp_path / "old"))[:]["__episodes__"].tolist() == [0.0, 1.0]
+
+
+def test_an_import_of_a_key_named_as_the_episode_index_leaves_nothing(tmp_path):
+    """``import_d4rl`` of a file with a per-step array ``__episodes__`` imported it, then its
+    seal made a store nothing could open, left behind: a rerun was refused."""
+    h5py = pytest.importorskip("h5py")
+    from zstore.dataset import import_d4rl
+    from zstore.errors import InvalidKeyError
+
+    source = tmp_path / "d.hdf5"
+    with h5py.File(source, "w") as f:
+        f["observations"] = torch.arange(12.0).reshape(6, 2).numpy()
+        f["actions"] = torch.zeros(6, 1).numpy()
+        f["rewards"] = torch.ones(6).numpy()
+        f["terminals"] = torch.tensor([0, 0, 1, 0, 0, 1], dtype=torch.bool).numpy()
+        f["timeouts"] = torch.zeros(6, dtype=torch.bool).numpy()
+        f["__episodes__"] = torch.arange(6).numpy()
+    with pytest.raises(InvalidKeyError, match="'__episodes__' cannot be stored"):
+        import_d4rl(str(source), str(tmp_path / "ds"))
+    assert not (tmp_path / "ds").exists() or list((tmp_path / "ds").iterdir()) == []
+
+
+@pytest.mark.parametrize("location", ["memory", "local", "s3"], indirect=True)
+def test_control_characters_are_refused_in_new_keys_and_shown_escaped_in_old_ones(
+        location, monkeypatch):
+    """A key holding a newline failed on S3 through s3fs ("Not Found", naming no key), and
+    obstore refused it only at the first write; ``repr`` and ``zstore info`` printed such
+    keys raw, so a newline split the table and an escape sequence reached the terminal."""
+    from zstore.errors import InvalidKeyError
+
+    url = location.new()
+    storage = zstore.LazyMemmapStorage(4, scratch_dir=url, storage_options=location.options)
+    for key in ("a\nb", ("next", "r\tw"), "obs\x1b[2K"):
+        with pytest.raises(InvalidKeyError, match="cannot be stored: it holds a control character"):
+            storage.set(torch.arange(2), TensorDict({key: torch.ones(2)}, [2]))
+    assert not storage.initialized
+    if location.kind != "local":
+        return
+    monkeypatch.setattr(zstore.layout, "refuse_new_keys", lambda paths: None)  # (an old buffer)
+    storage.set(torch.arange(2), TensorDict({"a\nb": torch.ones(2), "obs\x1b[2K": torch.ones(2)}, [2]))
+    storage.close()
+    text = repr(zstore.open(url))
+    assert "a\\nb" in text and "obs\\x1b[2K" in text and "\x1b" not in text and "a\nb" not in text
+
+
+@pytest.mark.parametrize("name", ["chunks", "shards"])
+def test_per_key_chunks_and_shards_take_a_nested_key_as_a_tuple_as_codec_does(tmp_path, name):
+    """``codec={("next", "reward"): None}`` worked; ``chunks={("next", "reward"): 2}`` said
+    the data lacked the key it has ("the data does not have ... keys: ['next/reward' ...")."""
+    td = TensorDict({"obs": torch.zeros(8, 3), ("next", "reward"): torch.zeros(8, 1)}, [8])
+    given = {("next", "reward"): 4 if name == "shards" else 2}
+    options = {"chunks": 2, name: given}
+    storage = zstore.LazyMemmapStorage(8, scratch_dir=str(tmp_path / "rb"), **options)
+    storage.set(torch.arange(8), td)
+    storage.close()
+    reopened = zstore.open(str(tmp_path / "rb"))
+    assert getattr(reopened, name)["next/reward"] == given[("next", "reward")]
+    assert (reopened[:] == td).all()
+
+
+@pytest.mark.parametrize("item", [
+    TensorDict({"obs": torch.ones(7), ".root": TensorDict({"x": torch.ones(7, 3)}, [7, 3])}, [7]),
+    TensorDict({"a.b": TensorDict({"x": torch.ones(2)}, [2]),
+                "a": TensorDict({"b": TensorDict({"y": torch.ones(4)}, [4])}, [])}, []),
+    TensorDict({("__zstore__", "batch", "a"): torch.ones(1), "obs": torch.ones(2)}, []),
+], ids=["root", "a.b-beside-a/b", "__zstore__"])
+def test_a_compressed_list_storage_refuses_keys_that_share_a_name_with_its_own(tmp_path, item):
+    """Its nested TensorDicts' batch dims live in columns under ``__zstore__/batch``, the
+    item's under ``.root``: a sub-TensorDict ``.root`` read back with the wrong batch size
+    (an invalid TensorDict), ``a.b`` beside ``("a", "b")`` made every read raise
+    ``KeyError``, and a user key under ``__zstore__`` was dropped. Refused at the first
+    write, naming the key, and the storage takes other items after."""
+    from zstore.errors import InvalidKeyError
+
+    storage = zstore.CompressedListStorage(10, scratch_dir=str(tmp_path / "rb"))
+    with pytest.raises(InvalidKeyError, match=r"CompressedListStorage cannot store .*"
+                                              r"(rename the key|rename one of them)"):
+        storage.set(0, item)
+    assert len(storage) == 0
+    storage.set(0, TensorDict({"obs": torch.ones(2)}, []))
+    assert storage.get(0)["obs"].tolist() == [1.0, 1.0]
+
+
+def test_a_compressed_list_storage_stores_a_key_named_as_its_plain_tensor_item():
+    """A TensorDict with a key ``_-single-tensor-_`` (the name a plain tensor item is stored
+    under) was taken once, then every later item was refused as "a tensor, and the first
+    item was not"; TorchRL's storage takes them all."""
+    from torchrl.data import CompressedListStorage as TorchRLCompressed
+
+    items = [TensorDict({"_-single-tensor-_": torch.full((2,), float(i)), "obs": torch.ones(3) * i}, [])
+             for i in range(3)]
+    ours, theirs = zstore.CompressedListStorage(5), TorchRLCompressed(5)
+    for storage in (ours, theirs):
+        for i, item in enumerate(items):
+            storage.set(i, item)
+    assert len(ours) == len(theirs) == 3
+    for i in range(3):
+        assert (ours.get(i) == theirs.get(i)).all()
+    assert "(tensor)" not in repr(ours)

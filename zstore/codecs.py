@@ -191,9 +191,10 @@ def choose_layout(leaves, rows: int, *, mmap: bool, object_store: bool,
     return layout
 
 
-def checked_rows_per(name: str, value: "int | Mapping[str, int] | None") -> None:
-    """Refuse a ``chunks=`` / ``shards=`` argument (``name``) that is not a positive row
-    count, or a ``{key path: rows}`` mapping of them: ``ValueError`` naming the key."""
+def checked_rows_per(name: str,
+                     value: "int | Mapping[Any, int] | None") -> "int | dict[str, int] | None":
+    """A ``chunks=`` / ``shards=`` argument (``name``): a positive row count, or a mapping of
+    them by key path or tuple key, returned by key path; else ``ValueError`` naming the key."""
     given = value.items() if isinstance(value, Mapping) else [(None, value)]
     for path, rows in given:
         if rows is None:
@@ -206,6 +207,9 @@ def checked_rows_per(name: str, value: "int | Mapping[str, int] | None") -> None
             where = f"{name}={value!r}" if path is None else f"{name}[{path!r}]={rows!r}"
             raise ValueError(f"{where}: rows per {name[:-1]} must be a whole number of at least "
                              f"1 (or None for the default)")
+    if not isinstance(value, Mapping):
+        return value
+    return {key if isinstance(key, str) else "/".join(key): rows for key, rows in value.items()}
 
 
 def _override(value: "int | Mapping[str, int] | None", path: str) -> int | None:

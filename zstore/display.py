@@ -238,8 +238,14 @@ def _header(s: Summary) -> list[tuple[str, str]]:
     return out
 
 
+def _shown_key(key: str) -> str:
+    """``key`` with what a terminal would act on (a newline, an escape sequence ...) written
+    as Python escapes it: a key of someone else's store cannot break or rewrite the table."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in key)
+
+
 def _row_cells(row: KeyRow, with_codec: bool, with_bytes: bool) -> list[str]:
-    cells = [row.key, _shape_text(row.shape), row.dtype]
+    cells = [_shown_key(row.key), _shape_text(row.shape), row.dtype]
     if with_codec:
         cells.append(row.codec or "")
     if with_bytes:

@@ -13,7 +13,8 @@ import dataclasses
 import datetime
 import math
 import sys
-from typing import Any, Mapping, Sequence
+import unicodedata
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 import torch.utils._pytree as pytree
@@ -85,16 +86,29 @@ def key_to_path(key: str | tuple[str, ...]) -> str:
 #: How the names of zstore's own objects beside the arrays begin (its lease, its tail log,
 #: its conditional-write probes): a new buffer refuses top-level keys that begin so.
 ZSTORE_OBJECT_PREFIX = "zstore-"
+#: The sub-group where a sealed dataset keeps its episode index: no key of a buffer's.
+EPISODE_INDEX_NAME = "__episodes__"
 
 
-def refuse_zstore_names(leaves: Sequence["Leaf"]) -> None:
-    """Refuse leaves whose top-level key part is named as zstore's own objects are."""
-    for leaf in leaves:
-        if leaf.key[0].startswith(ZSTORE_OBJECT_PREFIX):
+def refuse_new_keys(paths: Iterable[str]) -> None:
+    """Refuse key ``paths`` (Zarr paths) that a new buffer does not take: a top-level part
+    named as zstore's own objects are, or as a dataset's episode index, and control
+    characters (an object store's URL cannot carry them all: s3fs and obstore fail on them;
+    a buffer written before this rule still opens)."""
+    for path in paths:
+        top = path.split("/")[0]
+        if top.startswith(ZSTORE_OBJECT_PREFIX):
             raise InvalidKeyError(
-                f"key {leaf.key[0]!r} cannot be stored: top-level names beginning "
+                f"key {top!r} cannot be stored: top-level names beginning "
                 f"{ZSTORE_OBJECT_PREFIX!r} are zstore's own objects (its lease, tail log and "
                 "probes); rename the key")
+        if top == EPISODE_INDEX_NAME:
+            raise InvalidKeyError(f"key {top!r} cannot be stored: it is where a sealed dataset "
+                                  "keeps its episode index; rename the key")
+        if any(unicodedata.category(char) == "Cc" for char in path):
+            raise InvalidKeyError(
+                f"key {tuple(path.split('/'))!r} cannot be stored: it holds a control character "
+                "(a newline, a tab ...), which object stores' URLs cannot all carry; rename the key")
 
 
 def _class_name(cls: type) -> str:
@@ -260,7 +274,7 @@ class Schema:
                     empty.append(key_to_path(key))
             if not leaves:
                 raise SchemaError("cannot store an item without any tensor")
-            refuse_zstore_names(leaves)
+            refuse_new_keys([leaf.path for leaf in leaves] + empty)
             if is_tensorclass(example):
                 return cls(tuple(leaves), "tensorclass", lane_shape, groups,
                            class_name=_class_name(type(example)), item_batch=item_batch,
@@ -280,9 +294,7 @@ class Schema:
                 "a tensorclass or a pytree of tensors"
             )
         leaves = tuple(Leaf(_keypath(path), v.dtype, tuple(v.shape)) for path, v in flat)
-        for leaf in leaves:
-            key_to_path(leaf.key)
-        refuse_zstore_names(leaves)
+        refuse_new_keys([key_to_path(leaf.key) for leaf in leaves])
         paths = [leaf.path for leaf in leaves]
         if len(set(paths)) != len(paths):
             twice = sorted({p for p in paths if paths.count(p) > 1})

@@ -137,6 +137,11 @@ def _check_block(block: Mapping[str, Any], max_size: int) -> None:
         _count(record["used"], f"ragged {path!r}: used", 0)
 
 
+def _kind_of(data: Any) -> str:
+    """What an item is to the storage: ``"tensor"`` or ``"tensordict"`` (a tensorclass too)."""
+    return "tensor" if isinstance(data, torch.Tensor) else "tensordict"
+
+
 def _batch_column(node: str) -> str:
     """Column holding the batch dims of TensorDict node ``node`` (one path part, no nesting)."""
     return f"{_BATCH}/{node.replace('/', '.')}"
@@ -407,8 +412,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
         self.default_codec, self.key_codecs = parse_codecs(codec, remote=is_remote(spec))
         self.spec = spec
         self.scratch_dir = spec.url
-        checked_rows_per("chunks", chunks)
-        self.chunks = chunks
+        self.chunks = checked_rows_per("chunks", chunks)
         self.cache_bytes = byte_budget(cache_bytes)
         self._owned = owned
         self._root = None  # the root Zarr group, once committed
@@ -585,13 +589,18 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
         for key in td.keys(include_nested=True):
             sub = td.get(key)
             if is_tensor_collection(sub):
-                key = (key,) if isinstance(key, str) else key
-                nodes["/".join(key)] = tuple(sub.batch_size[lead:])
+                path = key if isinstance(key, str) else "/".join(key)
+                if path == _ROOT:  # (the item's own entry)
+                    raise InvalidKeyError(f"{type(self).__name__} cannot store {_key_name(path)}: "
+                                          "a nested TensorDict of that name would share its batch "
+                                          "dims' entry with the item's own; rename the key")
+                nodes[path] = tuple(sub.batch_size[lead:])
         return leaves, {node: b for node, b in nodes.items() if b}
 
     def _first(self, leaves: dict[str, torch.Tensor], nodes: dict[str, tuple], data: Any,
                lead: int) -> None:
-        self._kind = "tensor" if isinstance(data, torch.Tensor) else "tensordict"
+        self._refuse_own_column_names(leaves, nodes)
+        self._kind = _kind_of(data)
         self._tensorclass = type(data) if is_tensorclass(data) else None
         unknown = sorted(set(self.key_codecs) - set(leaves))
         if unknown:
@@ -606,6 +615,25 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
             self._fixed = {p: tuple(v.shape[lead:]) for p, v in leaves.items()}
         self._table = self._new_table()
 
+    def _refuse_own_column_names(self, leaves: Mapping[str, torch.Tensor],
+                             nodes: Mapping[str, tuple]) -> None:
+        """Refuse a first item whose keys would share a name with the columns this storage
+        keeps of its own: its nested TensorDicts' batch dims, under ``__zstore__/batch``."""
+        own = _BATCH.split("/")[0]
+        taken = next((path for path in leaves if path.split("/")[0] == own), None)
+        if taken is not None:
+            raise InvalidKeyError(f"{type(self).__name__} cannot store {_key_name(taken)}: the "
+                                  f"top-level key {own!r} holds columns of its own (the batch "
+                                  "dims of nested TensorDicts); rename the key")
+        columns: dict[str, str] = {}
+        for node in nodes:
+            other = columns.setdefault(_batch_column(node), node)
+            if other != node:
+                raise InvalidKeyError(
+                    f"{type(self).__name__} cannot store the nested TensorDicts "
+                    f"{_key_name(other)} and {_key_name(node)}: both have batch dims of their "
+                    "own, which it would keep in one column; rename one of them")
+
     def _refusal(self, what: str) -> str:
         """The message refusing an item: ``what`` differs, and the way out."""
         return (f"{type(self).__name__} cannot store this data: {what}. Its items must be tensors "
@@ -613,9 +641,10 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
                 "of dims of the first item (shapes may vary); TorchRL's keeps any item as it is. "
                 "Store such items in a zstore.ListStorage or LazyStackStorage instead")
 
-    def _check(self, leaves: dict[str, torch.Tensor], nodes: dict[str, tuple], lead: int) -> None:
-        if (SINGLE_TENSOR_KEY in leaves) != (self._kind == "tensor"):
-            got = "a tensor" if SINGLE_TENSOR_KEY in leaves else "a TensorDict"
+    def _check(self, leaves: dict[str, torch.Tensor], nodes: dict[str, tuple], lead: int,
+               kind: str) -> None:
+        if (kind == "tensor") != (self._kind == "tensor"):
+            got = "a tensor" if kind == "tensor" else "a TensorDict"
             raise SchemaError(self._refusal(f"it is {got}, and the first item was not"))
         if set(leaves) != set(self._dtypes):
             raise MissingKeyError(self._refusal(f"it {_key_difference(self._dtypes, leaves)}, "
@@ -690,7 +719,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
         if self._kind is not None:
             if update:
                 self._keep_left_out(rows, leaves)
-            self._check(leaves, nodes, 1)
+            self._check(leaves, nodes, 1, _kind_of(data))
             self._write_columns(rows, leaves, nodes)
             return
         try:
@@ -1255,7 +1284,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
             ragged = path in self._ragged
             where = f"ragged/{path}" if ragged else f"items-{self._table_gen}/{path}"
             shape = "ragged" if ragged else self._fixed[path]
-            rows.append(KeyRow("(tensor)" if path == SINGLE_TENSOR_KEY else path, shape,
+            rows.append(KeyRow("(tensor)" if self._kind == "tensor" else path, shape,
                                dtype_name(dtype), codec=codec or str(self.codec_of(path)),
                                stored_bytes=stored_bytes_under(self.spec, where) if listed else None,
                                raw_bytes=self._raw_bytes_of(path)))

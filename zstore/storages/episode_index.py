@@ -39,11 +39,11 @@ from ..episodes import (flags_of, key_path, lane_episode_bounds, ring_order, rin
                         segment_sums)
 from ..errors import CorruptChunkError
 from ..group import TENSORDICT_ATTR, new_group
-from ..layout import StoreMeta, dimension_names
+from ..layout import EPISODE_INDEX_NAME, StoreMeta, dimension_names
 from ..row_objects import REBUILD_INDEX, require_index_stored
 
 #: Sub-group of the dataset group holding the episode index.
-INDEX_PATH = "__episodes__"
+INDEX_PATH = EPISODE_INDEX_NAME
 #: The index's columns (``lane`` only for ``ndim > 1``).
 FIELDS = ("start", "stop", "length", "return", "terminated", "truncated")
 #: Zarr paths of the TED keys read (see :mod:`zstore.episodes`).

@@ -33,7 +33,7 @@ from ..display import KeyRow, Summary, dtype_name, text_dtype
 from ..group import (carrying_nodes, commit, create_group, existing_buffer, nodes_metadata,
                      open_group)
 from ..format_version import refuse_newer_fields
-from ..layout import SINGLE_TENSOR_KEY, Schema, StoreMeta, ragged_keys
+from ..layout import Schema, StoreMeta, ragged_keys
 from ..lease import DEFAULT_TTL, LEASE_NAME
 from ..processes import runs_here
 from ..sharing import count_rows, dirty_at, stamp_dirty
@@ -129,8 +129,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, Comp
         tier = cache_tier(cache, device)
         super().__init__(max_size, device=tier.device, ndim=ndim, compilable=compilable,
                          shared_init=shared_init)
-        checked_rows_per("chunks", chunks)
-        checked_rows_per("shards", shards)
+        chunks, shards = checked_rows_per("chunks", chunks), checked_rows_per("shards", shards)
         temporary = scratch_dir is None
         if temporary:
             scratch_dir = tempfile.mkdtemp(prefix="zstore_")
@@ -1203,7 +1202,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, Comp
         lanes = len(self._schema.lane_shape)
         texts = self._schema.texts  # strings, stored as uint8 cells of UTF-8 (zstore.text)
         rows = tuple(
-            KeyRow("(tensor)" if leaf.path == SINGLE_TENSOR_KEY else leaf.path,
+            KeyRow("(tensor)" if self._schema.kind == "tensor" else leaf.path,
                    leaf.shape[lanes:-1] if leaf.path in texts else leaf.shape[lanes:],
                    text_dtype(leaf.shape[-1]) if leaf.path in texts else dtype_name(leaf.dtype),
                    codec=str(self.key_codecs.get(leaf.path, self.codec)),

@@ -28,7 +28,7 @@ import zarr
 
 from ..codecs import CodecSpec
 from .episode_index import INDEX_PATH, compute_index, write_index
-from ..errors import NotAZStoreError, ReadOnlyError
+from ..errors import InvalidKeyError, NotAZStoreError, ReadOnlyError
 from ..group import commit, consolidate
 from ..layout import StoreMeta
 from ..row_objects import ALL_CHUNKS_STORED, key_separator, row_object_keys
@@ -53,6 +53,12 @@ def seal_storage(storage) -> int:
             f"cannot seal {where}: it holds no rows (length 0), so there is nothing to publish; "
             "write rows first (an import or `zstore convert` that was interrupted left it: "
             "delete it and run it again)")
+    taken = [leaf.path for leaf in storage._meta.schema.leaves
+             if leaf.path.split("/")[0] == INDEX_PATH]
+    if taken:  # (a buffer written before new buffers refused the name)
+        raise InvalidKeyError(f"cannot seal {where}: its key {taken[0]!r} is where a dataset "
+                              f"keeps its episode index; write its rows with the key renamed to a "
+                              f"new buffer, and seal that one")
     storage._hold_lease()  # sealing is a write: one writer at a time
     with storage._commit_lock:  # every row in its chunk: a dataset holds no log segments,
         storage._flush(consolidate=True)  # Zarr alone reads it (and the index is made from it)
