@@ -325,3 +325,37 @@ def test_a_codec_s_oserror_is_damage_and_a_client_s_is_a_failed_request():
     assert not failed_request(OSError("Invalid data stream"))  # bz2's
     assert failed_request(OSError(errno.EBUSY, "SlowDown"))
     assert failed_request(ConnectionResetError(errno.ECONNRESET, "reset by peer"))
+
+
+def test_a_metadata_read_cut_short_is_read_again(faulty):
+    """``rclone serve s3`` rewrites an object in place, and a read landing meanwhile gets it
+    cut short: a reader opening a healthy buffer while its writer committed was told it was
+    "not a zstore buffer: its zarr.json is not valid JSON" (1 open in 100-400 on rclone)."""
+    proxy, options, direct, url = faulty
+    write_directly(url, direct, "chunks")
+    proxy.add(Rule("truncate_lying", path=r"/zarr\.json$", method="GET", count=1))
+    assert_rows(zstore.open(url, options, mode="r"), 0, 12)
+    assert proxy.injected["truncate_lying"] == 1
+
+
+def test_a_lease_read_cut_short_is_read_again_then_named(faulty):
+    """A second writer whose read of the live lease was cut short (a dropped connection, or
+    rclone rewriting it) got aiohttp's bare ``ClientPayloadError`` from ``set()``, naming no
+    store: it reads it again (and is refused, the lease being held), and a read that keeps
+    failing raises ``ConnectionError`` naming the store."""
+    proxy, options, direct, url = faulty
+    first = zstore.LazyMemmapStorage(16, scratch_dir=url, storage_options=direct)
+    first.set(torch.arange(4), rows(0, 4))
+    first.flush()
+    proxy.add(Rule("truncate", path=r"/zstore-lease\.json$", method="GET", count=1))
+    second = zstore.open(url, options)
+    with pytest.raises(zstore.LeaseError, match="is being written by"):
+        second.set(torch.arange(4, 8), rows(4, 4))
+    assert proxy.injected["truncate"] == 1
+    proxy.add(Rule("truncate", path=r"/zstore-lease\.json$", method="GET", count=1000))
+    with pytest.raises(ConnectionError, match=rf"cannot read zstore-lease\.json of {url} .*: the "
+                                              r"request failed after the client's retries"):
+        second.set(torch.arange(4, 8), rows(4, 4))
+    proxy.clear()
+    first.close()
+    assert_rows(zstore.open(url, direct, mode="r"), 0, 4)

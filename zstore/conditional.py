@@ -28,8 +28,9 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from .credentials import store_errors_named
+from .credentials import request_error, store_errors_named
 from .errors import folder_not_writable
+from .retry import with_retries
 from .store import StoreSpec
 
 #: Name prefix of the scratch objects of :meth:`S3Objects.atomic`'s probe (one left by a
@@ -243,10 +244,19 @@ class S3Objects(ConditionalObjects):
         return enforced
 
     def read(self, name: str) -> tuple[bytes, Token] | None:
+        """The object's bytes and ETag; a body cut short (a connection dropped in it, or a
+        server such as rclone rewriting the object in place) is fetched again, and after
+        the last attempt raises ``ConnectionError`` naming the store."""
+        from aiohttp import ClientPayloadError  # (s3fs's client; its retries end before the body)
+
         try:
-            out = self._call("get_object", name)
+            out = with_retries(lambda: self._call("get_object", name), (ClientPayloadError,))
         except FileNotFoundError:
             return None
+        except ClientPayloadError as exc:
+            where = self.spec.redacted()
+            raise request_error(exc, where, f"cannot read {name} of {where}",
+                                "check the connection to the server and try again") from exc
         return out["Data"], out["ETag"]
 
     def _write(self, name: str, data: bytes) -> Token:

@@ -34,9 +34,11 @@ from zarr.errors import ContainsArrayError, GroupNotFoundError, NodeNotFoundErro
 from zarr.storage import LocalStore, MemoryStore, StorePath
 
 from . import _faults
-from .credentials import credentials_error, named_store_error, unreachable_error
+from .credentials import (credentials_error, damaged_in_transfer, named_store_error,
+                          unreachable_error)
 from .errors import (NoCredentialsError, NotAZStoreError, ReadOnlyError, StoreNotFoundError,
                      ZStoreError, checkpoint_not_a)
+from .retry import with_retries
 from .signals import shielded
 from .store import StoreSpec
 
@@ -196,6 +198,11 @@ def _not_a_group(spec: StoreSpec, exc: Exception) -> NotAZStoreError:
     return NotAZStoreError(f"{spec.redacted()} is not a zstore buffer: {what}")
 
 
+def _torn(exc: Exception) -> bool:
+    """Whether a remote metadata read that raised ``exc`` may succeed when read again."""
+    return isinstance(exc, json.JSONDecodeError) or damaged_in_transfer(exc)
+
+
 def open_zarr_group(spec: StoreSpec) -> zarr.Group:
     """The Zarr group of the buffer at ``spec``, its ``zstore`` block not yet read.
 
@@ -205,9 +212,14 @@ def open_zarr_group(spec: StoreSpec) -> zarr.Group:
     if spec.is_local and not spec.exists():  # zarr would create the directory
         raise not_found(spec)
     store = spec.open()
-    try:
-        group = open_plain_group(store, "r" if spec.read_only else "r+",
-                                 None if spec.read_only else False)
+
+    def read() -> zarr.Group:
+        return open_plain_group(store, "r" if spec.read_only else "r+",
+                                None if spec.read_only else False)
+
+    try:  # (a remote zarr.json damaged in transfer is read again, and so is one that is not
+        # JSON: rclone's server, for one, lets a read see an object it is rewriting cut short)
+        group = with_retries(read, _torn) if spec.is_remote else read()
     except (GroupNotFoundError, NodeNotFoundError, FileNotFoundError) as exc:
         if not spec.exists():
             raise not_found(spec) from None

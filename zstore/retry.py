@@ -26,17 +26,21 @@ READ_ATTEMPTS = 3
 BASE_DELAY = 0.05
 
 
-def with_retries(call: Callable[[], T], retry_on: tuple[type[BaseException], ...],
+def with_retries(call: Callable[[], T],
+                 retry_on: tuple[type[BaseException], ...] | Callable[[Exception], bool],
                  attempts: int = READ_ATTEMPTS, base_delay: float = BASE_DELAY) -> T:
-    """``call()``, repeated after ``base_delay * 2**i`` s while it raises ``retry_on``.
+    """``call()``, repeated after ``base_delay * 2**i`` s while it raises ``retry_on`` (exception
+    types, or a predicate of the exception).
 
     The last attempt's exception propagates unchanged (it names the object).
     """
+    wanted = retry_on if not isinstance(retry_on, tuple) else (
+        lambda exc: isinstance(exc, retry_on))
     for attempt in range(attempts):
         try:
             return call()
-        except retry_on:
-            if attempt == attempts - 1:
+        except Exception as exc:
+            if attempt == attempts - 1 or not wanted(exc):
                 raise
             time.sleep(base_delay * 2 ** attempt)
     raise ValueError(f"attempts must be >= 1, got {attempts}")
