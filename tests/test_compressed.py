@@ -510,3 +510,34 @@ def test_a_write_of_another_thread_during_close_is_kept(location, monkeypatch):
     storage.close()  # the write's own commit
     reader = zstore.open(url, location.options, mode="r")
     assert [t.tolist() for t in reader.get([0, 1, 2, 3])] == [[float(i)] * 2 for i in range(4)]
+
+
+@pytest.mark.parametrize("on", ["main thread", "fsspec's event loop"])
+def test_a_collected_temporary_s3_store_is_deleted_whichever_thread_collects(s3_options,
+                                                                            s3_bucket, on):
+    """A collection runs on any thread that allocates. On fsspec's event loop thread the
+    deletion of a temporary S3 store could not run its requests there (it failed, silently,
+    and the store was left in the bucket); on an in-process S3 server's thread, TorchRL's
+    test suite run on S3 hung for good. The deletion runs on a thread of its own."""
+    import concurrent.futures
+
+    import fsspec.asyn
+
+    from zstore.storages import lifecycle
+
+    url = f"s3://{s3_bucket}/collected-{uuid.uuid4().hex[:8]}"
+    storage = LazyMemmapStorage(10, scratch_dir=url, storage_options=s3_options, auto_cleanup=True)
+    storage.set(torch.arange(3), TensorDict(a=torch.ones(3), batch_size=[3]))
+    storage.close()
+    spec = storage.spec
+    storage.cycle = storage  # (only a collection of cycles finds it)
+    del storage
+    assert spec.exists()
+    if on == "main thread":
+        gc.collect()
+    else:
+        collected = concurrent.futures.Future()
+        fsspec.asyn.get_loop().call_soon_threadsafe(lambda: collected.set_result(gc.collect()))
+        collected.result(timeout=60)
+    lifecycle.finish_deletions()
+    assert not spec.exists()
