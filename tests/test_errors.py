@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import os
 
+import numpy as np
 import pytest
 import torch
 import zarr
@@ -564,7 +565,7 @@ def test_rows_per_chunk_or_shard_below_one_are_refused_naming_the_argument(tmp_p
 
 
 @pytest.mark.parametrize("bad", [{"cache_bytes": -1}, {"cache_bytes": "1X"},
-                                 {"autocommit_seconds": -1}, {"autocommit_seconds": "5"},
+                                 {"autocommit_seconds": -1}, {"autocommit_seconds": "soon"},
                                  {"autocommit_seconds": float("nan")}], ids=str)
 @pytest.mark.parametrize("cls", [LazyMemmapStorage, zstore.CompressedListStorage],
                          ids=lambda cls: cls.__name__)
@@ -572,7 +573,8 @@ def test_a_negative_cache_budget_or_commit_interval_is_refused_naming_it(tmp_pat
     """``cache_bytes=-1`` was taken as no cache, ``autocommit_seconds=-1`` as commit at
     every write and ``nan`` as never, silently; by the constructor, by ``zstore.open``
     (where a ``CompressedListStorage`` called its own block "malformed") and by the setter.
-    ``"1X"`` and ``"5"`` raised Python's "invalid literal for int()" and "'>=' not supported"."""
+    ``"1X"`` and ``"soon"`` raised Python's "invalid literal for int()" and "'>=' not
+    supported"."""
     name = next(iter(bad))
     with pytest.raises(ValueError, match=rf"^{name}\b.* >= 0"):
         cls(10, scratch_dir=str(tmp_path / "new"), **bad)
@@ -613,6 +615,9 @@ def test_a_capacity_is_taken_as_torchrl_takes_it_and_a_wrong_argument_is_named(t
     with pytest.raises(ValueError, match=rf"^{name}: max_size='ten' is not a number of cells; "
                                          rf"give the capacity as a whole number"):
         getattr(zstore.torchrl, name)("ten")
+    with pytest.raises(ValueError, match=rf"^{name}: max_size=inf is not a number of cells"):
+        getattr(zstore.torchrl, name)(float("inf"))
+    assert getattr(zstore.torchrl, name)(10, ndim=np.int64(2)).ndim == 2
     for ndim in ("2", 0, 1.5, True):
         with pytest.raises(ValueError, match=rf"^{name}: ndim={ndim!r}: give the number of "
                                              rf"leading dimensions .* >= 1"):
@@ -736,6 +741,10 @@ def test_a_url_one_slash_short_is_refused_naming_the_url_it_means(tmp_path, monk
     assert storage.scratch_dir == str(tmp_path / "rb") and (tmp_path / "rb").is_dir()
     assert zstore.StoreSpec.parse("file://rel/rb").url == str(tmp_path / "rel" / "rb")
     assert zstore.StoreSpec.parse(f"local:{tmp_path}/rb").url == str(tmp_path / "rb")
+    for url in ("file://", "local://"):  # (were the working directory, or a remote store)
+        with pytest.raises(zstore.InvalidURLError, match=rf"'{url}' names no location: write it "
+                                                         rf"as {url}/PATH"):
+            zstore.StoreSpec.parse(url)
 
 
 def test_storage_options_given_a_mode_name_the_keyword(tmp_path):

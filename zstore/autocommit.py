@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
 import os
 import signal
 import threading
@@ -37,12 +36,16 @@ _monotonic = time.monotonic
 
 
 def commit_interval(seconds: float) -> float:
-    """``autocommit_seconds``, refused unless a number of seconds ``>= 0`` (NaN would
-    never come due; ``math.inf``: no timed commit)."""
-    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not seconds >= 0:
+    """``autocommit_seconds`` as a float, refused unless a number of seconds ``>= 0`` (NaN
+    would never come due; ``math.inf``: no timed commit)."""
+    try:
+        interval = float(seconds) if not isinstance(seconds, bool) else math.nan
+    except (TypeError, ValueError):
+        interval = math.nan
+    if not interval >= 0:
         raise ValueError(f"autocommit_seconds must be a number of seconds >= 0 (math.inf: no "
                          f"timed commit), got {seconds!r}")
-    return seconds
+    return interval
 
 
 class Committable(Protocol):

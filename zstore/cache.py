@@ -30,9 +30,9 @@ DEFAULT_CACHE_BYTES = 1 << 30
 
 
 #: The units a ``cache_bytes`` string may name (``"512MB"``, ``"1 GiB"``): powers of 1000
-#: with a ``B`` or none, powers of 1024 with ``iB``.
+#: with a ``B`` or none, powers of 1024 with ``i`` or ``iB``.
 _SIZE_UNITS = {"": 1, "b": 1, **{p + s: (1000 if s in ("", "b") else 1024) ** (i + 1)
-                                  for i, p in enumerate("kmgt") for s in ("", "b", "ib")}}
+                                  for i, p in enumerate("kmgtp") for s in ("", "b", "i", "ib")}}
 
 
 def byte_budget(cache_bytes: int | str) -> int:
@@ -41,7 +41,8 @@ def byte_budget(cache_bytes: int | str) -> int:
     try:
         if isinstance(cache_bytes, str):
             number, unit = re.fullmatch(r"\s*(.*?)\s*([a-zA-Z]*)\s*", cache_bytes).groups()
-            budget = int(float(number) * _SIZE_UNITS[unit.lower()])
+            scale = _SIZE_UNITS[unit.lower()]
+            budget = int(number) * scale if number.isdigit() else int(float(number) * scale)
         else:
             budget = int(cache_bytes)
     except (KeyError, TypeError, ValueError, OverflowError):

@@ -209,7 +209,15 @@ def checked_rows_per(name: str,
                              f"1 (or None for the default)")
     if not isinstance(value, Mapping):
         return value
-    return {key if isinstance(key, str) else "/".join(key): rows for key, rows in value.items()}
+    by_path: dict[Any, int] = {}
+    for key, rows in value.items():
+        path = "/".join(key) if isinstance(key, tuple) and all(
+            isinstance(part, str) for part in key) else key
+        if path in by_path:
+            raise ValueError(f"{name}={value!r} names key {path!r} twice (as a path and as a "
+                             f"tuple): give it once")
+        by_path[path] = rows
+    return by_path
 
 
 def _override(value: "int | Mapping[str, int] | None", path: str) -> int | None:

@@ -90,11 +90,9 @@ ZSTORE_OBJECT_PREFIX = "zstore-"
 EPISODE_INDEX_NAME = "__episodes__"
 
 
-def refuse_new_keys(paths: Iterable[str]) -> None:
-    """Refuse key ``paths`` (Zarr paths) that a new buffer does not take: a top-level part
-    named as zstore's own objects are, or as a dataset's episode index, and control
-    characters (an object store's URL cannot carry them all: s3fs and obstore fail on them;
-    a buffer written before this rule still opens)."""
+def refuse_zstore_names(paths: Iterable[str]) -> None:
+    """Refuse key ``paths`` (Zarr paths) whose top-level part is named as zstore's own
+    objects are."""
     for path in paths:
         top = path.split("/")[0]
         if top.startswith(ZSTORE_OBJECT_PREFIX):
@@ -102,13 +100,22 @@ def refuse_new_keys(paths: Iterable[str]) -> None:
                 f"key {top!r} cannot be stored: top-level names beginning "
                 f"{ZSTORE_OBJECT_PREFIX!r} are zstore's own objects (its lease, tail log and "
                 "probes); rename the key")
-        if top == EPISODE_INDEX_NAME:
-            raise InvalidKeyError(f"key {top!r} cannot be stored: it is where a sealed dataset "
-                                  "keeps its episode index; rename the key")
-        if any(unicodedata.category(char) == "Cc" for char in path):
+
+
+def refuse_keys_of_a_new_buffer(paths: Iterable[str], *, sealable: bool, remote: bool) -> None:
+    """Refuse key ``paths`` (Zarr paths) that a new buffer cannot keep where it is: where it
+    may be sealed, the top-level name of a dataset's episode index (sealing would replace
+    that key); on a remote store, control characters (S3's clients fail on them). A buffer
+    written before these rules still opens."""
+    for path in paths:
+        if sealable and path.split("/")[0] == EPISODE_INDEX_NAME:
+            raise InvalidKeyError(f"key {EPISODE_INDEX_NAME!r} cannot be stored: it is where a "
+                                  "sealed dataset keeps its episode index; rename the key")
+        if remote and any(unicodedata.category(char) == "Cc" for char in path):
             raise InvalidKeyError(
-                f"key {tuple(path.split('/'))!r} cannot be stored: it holds a control character "
-                "(a newline, a tab ...), which object stores' URLs cannot all carry; rename the key")
+                f"key {tuple(path.split('/'))!r} cannot be stored in a remote store: it holds a "
+                "control character (a newline, a tab ...), which S3's clients cannot carry in "
+                "an object's name; rename the key")
 
 
 def _class_name(cls: type) -> str:
@@ -274,7 +281,7 @@ class Schema:
                     empty.append(key_to_path(key))
             if not leaves:
                 raise SchemaError("cannot store an item without any tensor")
-            refuse_new_keys([leaf.path for leaf in leaves] + empty)
+            refuse_zstore_names([leaf.path for leaf in leaves] + empty)
             if is_tensorclass(example):
                 return cls(tuple(leaves), "tensorclass", lane_shape, groups,
                            class_name=_class_name(type(example)), item_batch=item_batch,
@@ -294,7 +301,7 @@ class Schema:
                 "a tensorclass or a pytree of tensors"
             )
         leaves = tuple(Leaf(_keypath(path), v.dtype, tuple(v.shape)) for path, v in flat)
-        refuse_new_keys([key_to_path(leaf.key) for leaf in leaves])
+        refuse_zstore_names([key_to_path(leaf.key) for leaf in leaves])
         paths = [leaf.path for leaf in leaves]
         if len(set(paths)) != len(paths):
             twice = sorted({p for p in paths if paths.count(p) > 1})

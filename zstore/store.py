@@ -148,7 +148,9 @@ class StoreSpec:
         if not isinstance(text, str) or not text:
             raise InvalidURLError(f"a store URL must be a non-empty string or path, got {url!r}")
         if text.startswith(("file://", "local://")):  # (fsspec's two names of local files)
-            text = text.partition("://")[2]
+            scheme, _, text = text.partition("://")
+            if not text:  # (else the working directory)
+                raise InvalidURLError(f"{url!r} names no location: write it as {scheme}:///PATH")
         elif re.match(r"(file|local):/(?!/)", text):  # RFC 8089's file:/path
             text = text.partition(":")[2]
         _refuse_a_slash_short(text)

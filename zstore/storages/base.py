@@ -233,7 +233,7 @@ def capacity(owner: str, max_size: Any) -> int:
     too), or a ``ValueError`` naming the argument."""
     try:
         return int(max_size)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{owner}: max_size={max_size!r} is not a number of cells; give the "
                          f"capacity as a whole number, e.g. max_size=100_000") from None
 

@@ -79,11 +79,6 @@ _ITEMS_TABLE = re.compile(r"items-\d+")
 _RAGGED_TABLE = re.compile(r"index|(index|values)-\d+")  # a ragged key's, below its path
 
 
-def _key_name(path: str) -> str:
-    """How a refusal names key ``path``: ``key ('a', 'b')``, or ``the item tensor``."""
-    return "the item tensor" if path == SINGLE_TENSOR_KEY else f"key {tuple(path.split('/'))!r}"
-
-
 #: the fields of the root ``zstore`` block (``_block``) this version reads (a checkpoint
 #: generation's too)
 BLOCK_FIELDS = frozenset({"format_version", "storage_class", "max_size", "length", "newest",
@@ -145,6 +140,11 @@ def _kind_of(data: Any) -> str:
 def _batch_column(node: str) -> str:
     """Column holding the batch dims of TensorDict node ``node`` (one path part, no nesting)."""
     return f"{_BATCH}/{node.replace('/', '.')}"
+
+
+def _key_name(path: str) -> str:
+    """How a refusal names key ``path``: ``key ('a', 'b')``."""
+    return f"key {tuple(path.split('/'))!r}"
 
 
 class ItemList(list):
@@ -634,6 +634,11 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
                     f"{_key_name(other)} and {_key_name(node)}: both have batch dims of their "
                     "own, which it would keep in one column; rename one of them")
 
+    def _column_name(self, path: str) -> str:
+        """How a refusal names the stored items' column ``path``: ``key ('a', 'b')``, or
+        ``the item tensor``."""
+        return "the item tensor" if self._kind == "tensor" else _key_name(path)
+
     def _refusal(self, what: str) -> str:
         """The message refusing an item: ``what`` differs, and the way out."""
         return (f"{type(self).__name__} cannot store this data: {what}. Its items must be tensors "
@@ -651,8 +656,9 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
                                                 "next to the first item's keys"))
         for path, value in leaves.items():
             if value.dtype != self._dtypes[path]:
-                raise SchemaError(self._refusal(f"{_key_name(path)} has dtype {value.dtype}, the "
-                                                f"first item's {self._dtypes[path]}"))
+                raise SchemaError(self._refusal(f"{self._column_name(path)} has dtype "
+                                                f"{value.dtype}, the first item's "
+                                                f"{self._dtypes[path]}"))
         if {n: len(b) for n, b in nodes.items()} != self._nodes:
             raise SchemaError(self._refusal(f"its batch dims {nodes} differ in number from the "
                                             f"first item's {self._nodes} (TensorDict node -> "
@@ -662,7 +668,8 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
             item_dims.update({path: rg.ndim for path, rg in self._ragged.items() if rg is not None})
         for path, ndim in item_dims.items():
             if leaves[path].ndim - lead != ndim:
-                raise SchemaError(self._refusal(f"{_key_name(path)} has {leaves[path].ndim - lead} "
+                raise SchemaError(self._refusal(f"{self._column_name(path)} has "
+                                                f"{leaves[path].ndim - lead} "
                                                 f"dims, the first item's {ndim}"))
         for path, shape in list(self._fixed.items()):
             value = leaves[path]
@@ -693,7 +700,7 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
         without the ``"index"`` key a ``TensorDictReplayBuffer`` adds); items never
         written, or an update bringing a key of its own, are left to :meth:`_check`."""
         missing = set(self._dtypes) - set(leaves)
-        if not missing or not leaves or set(leaves) - set(self._dtypes) or SINGLE_TENSOR_KEY in missing \
+        if not missing or not leaves or set(leaves) - set(self._dtypes) or self._kind == "tensor" \
                 or int(rows.max()) >= self._len:
             return
         stored = [self._flatten(self._get_locked(int(row)), 0)[0] for row in rows]
@@ -915,9 +922,13 @@ class CompressedListStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, 
                                 "written)") from None
             layout = ({p: v.dtype for p, v in leaves.items()},
                       {p: v.ndim for p, v in leaves.items()} if not self.custom else {},
-                      {n: len(b) for n, b in nodes.items()})
+                      {n: len(b) for n, b in nodes.items()}, _kind_of(item))
             if first is None:
                 first = layout
+            elif layout[3] != first[3]:
+                raise SchemaError(self._refusal(
+                    f"item {position} of this write is a {layout[3]}, item 0 a {first[3]} "
+                    "(nothing was written)"))
             elif set(layout[0]) != set(first[0]):
                 raise MissingKeyError(self._refusal(
                     f"item {position} of this write {_key_difference(first[0], layout[0])}, "

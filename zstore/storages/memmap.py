@@ -33,7 +33,7 @@ from ..display import KeyRow, Summary, dtype_name, text_dtype
 from ..group import (carrying_nodes, commit, create_group, existing_buffer, nodes_metadata,
                      open_group)
 from ..format_version import refuse_newer_fields
-from ..layout import Schema, StoreMeta, ragged_keys
+from ..layout import Schema, StoreMeta, ragged_keys, refuse_keys_of_a_new_buffer
 from ..lease import DEFAULT_TTL, LEASE_NAME
 from ..processes import runs_here
 from ..sharing import count_rows, dirty_at, stamp_dirty
@@ -115,6 +115,9 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, Comp
     >>> s.flush(); zstore.open("memory://doc-rb").get(3)["obs"].item()
     3.0
     """
+
+    #: whether a container (a ``CompressedListStorage``) keeps its items in this storage
+    _inner_table = False
 
     def __init__(self, max_size: int, *, scratch_dir: Any = None, device: Any = None,
                  ndim: int = 1, existsok: bool = False, compilable: bool = False,
@@ -245,6 +248,7 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, Comp
         if self._table is not None:
             raise RuntimeError("a storage's store lease is set before its table is opened")
         self._store_lease = lease
+        self._inner_table = True
         return self
 
     def _attach(self, group, meta: StoreMeta) -> None:
@@ -406,6 +410,9 @@ class LazyMemmapStorage(autocommit.CommitClock, LeasedWriter, ClosedByWith, Comp
         schema = Schema.from_example(example, self.ndim, max(self.text_bytes, text_bytes))
         if is_tensorclass(example):
             schema.tensorclass = type(example)
+        refuse_keys_of_a_new_buffer(  # (a container's inner table is never sealed)
+            [leaf.path for leaf in schema.leaves] + list(schema.empty),
+            sealable=not self._inner_table, remote=self.spec.is_remote)
         found = existing_buffer(self.spec)  # (again: another creation may have come first)
         if found is not None:
             self._refuse_taken(found)
