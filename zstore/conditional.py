@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from .credentials import request_error, store_errors_named
+from .credentials import body_cut_short, request_error, store_errors_named
 from .errors import folder_not_writable
 from .retry import with_retries
 from .store import StoreSpec
@@ -247,13 +247,13 @@ class S3Objects(ConditionalObjects):
         """The object's bytes and ETag; a body cut short (a connection dropped in it, or a
         server such as rclone rewriting the object in place) is fetched again, and after
         the last attempt raises ``ConnectionError`` naming the store."""
-        from aiohttp import ClientPayloadError  # (s3fs's client; its retries end before the body)
-
-        try:
-            out = with_retries(lambda: self._call("get_object", name), (ClientPayloadError,))
+        try:  # (s3fs's retries end before the body is read)
+            out = with_retries(lambda: self._call("get_object", name), body_cut_short)
         except FileNotFoundError:
             return None
-        except ClientPayloadError as exc:
+        except Exception as exc:
+            if not body_cut_short(exc):
+                raise
             where = self.spec.redacted()
             raise request_error(exc, where, f"cannot read {name} of {where}",
                                 "check the connection to the server and try again") from exc

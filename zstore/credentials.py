@@ -72,6 +72,13 @@ def damaged_in_transfer(exc: BaseException) -> bool:
     return (type(exc).__module__.split(".")[0], type(exc).__name__) in _DAMAGED
 
 
+def body_cut_short(exc: BaseException) -> bool:
+    """Whether ``exc`` says a response body ended before its ``Content-Length`` (a dropped
+    connection; a server rewriting the object in place): aiohttp's ``ClientPayloadError``."""
+    return (type(exc).__module__.split(".")[0], type(exc).__name__) == ("aiohttp",
+                                                                       "ClientPayloadError")
+
+
 def failed_request(exc: BaseException) -> bool:
     """Whether ``exc``, raised by a remote read, is its request's failure (a server error
     after the client's retries, a connection cut mid-body), not bad data: an ``OSError``
