@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import pickle
+import uuid
 
 import numpy as np
 import pytest
@@ -249,7 +250,7 @@ def test_recording_refuses_what_cannot_be_reopened(tmp_path):
         zstore.StorageEnsemble(committed, zstore.ListStorage(3), scratch_dir=url)
     with pytest.raises(ValueError, match="member 1 .* temporary store"):
         zstore.StorageEnsemble(committed, zstore.LazyMemmapStorage(3), scratch_dir=url)
-    in_memory = filled(zstore.LazyMemmapStorage(10, scratch_dir=f"memory://ens-{id(tmp_path)}/m"), 0, 2)
+    in_memory = filled(zstore.LazyMemmapStorage(10, scratch_dir=f"memory://ens-{uuid.uuid4().hex}/m"), 0, 2)
     with pytest.raises(ValueError, match=r"member 1 .* this process's memory"):  # (recorded,
         zstore.StorageEnsemble(committed, in_memory, scratch_dir=url)  # it failed every reopen)
     empty = zstore.LazyMemmapStorage(3, scratch_dir=str(tmp_path / "empty"))

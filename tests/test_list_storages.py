@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import uuid
 
 import numpy as np
 import pytest
@@ -66,7 +67,7 @@ def test_a_refused_write_of_several_items_writes_none(cls, where, cursor, items,
     "the storage size is 3" (TorchRL's list storages do the same); zstore promises that a
     refused write changes nothing (docs/reliability.md): every position, and the number of
     items, is checked before the first is written."""
-    url = {"in RAM": None, "memory": f"memory://zstore-tests/refused-{id(tmp_path)}",
+    url = {"in RAM": None, "memory": f"memory://zstore-tests/refused-{uuid.uuid4().hex}",
            "local": str(tmp_path / "cls")}[where]
     storage = cls(4) if url is None else cls(4, scratch_dir=url)
     storage.set(0, item(0))

@@ -120,7 +120,7 @@ def test_buffer_setitem_with_a_bool_mask_as_torchrl():
 def test_uint8_none_and_bool_indices_read_as_torchrl(where, tmp_path):
     """A uint8 index read rows 0 and 1 over and over (torch, and TorchRL, take it as a mask),
     ``rb[None]`` dropped the new leading dim and ``rb[True]`` raised IndexError."""
-    url = "memory://zstore-tests/u8-{}".format(id(tmp_path)) if where == "memory" else str(tmp_path / "rb")
+    url = f"memory://zstore-tests/u8-{uuid.uuid4().hex}" if where == "memory" else str(tmp_path / "rb")
     data = TensorDict(obs=torch.arange(6) * 10, batch_size=[6])
     ours = T.TensorDictReplayBuffer(storage=zt.LazyMemmapStorage(6, scratch_dir=url))
     theirs = T.TensorDictReplayBuffer(storage=T.LazyMemmapStorage(6))  # full: its mask's length
