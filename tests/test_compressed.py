@@ -523,8 +523,6 @@ def test_a_collected_temporary_s3_store_is_deleted_whichever_thread_collects(s3_
 
     import fsspec.asyn
 
-    from zstore.storages import lifecycle
-
     url = f"s3://{s3_bucket}/collected-{uuid.uuid4().hex[:8]}"
     storage = LazyMemmapStorage(10, scratch_dir=url, storage_options=s3_options, auto_cleanup=True)
     storage.set(torch.arange(3), TensorDict(a=torch.ones(3), batch_size=[3]))
@@ -539,5 +537,9 @@ def test_a_collected_temporary_s3_store_is_deleted_whichever_thread_collects(s3_
         collected = concurrent.futures.Future()
         fsspec.asyn.get_loop().call_soon_threadsafe(lambda: collected.set_result(gc.collect()))
         collected.result(timeout=60)
-    lifecycle.finish_deletions()
-    assert not spec.exists()
+    assert not zstore.StoreSpec.parse(url, s3_options).exists()  # (a parse waits for its deletion)
+    again = LazyMemmapStorage(10, scratch_dir=url, storage_options=s3_options, auto_cleanup=True)
+    again.set(torch.arange(2), TensorDict(a=torch.zeros(2), batch_size=[2]))  # (was refused:
+    again.flush()  # "already exists", or its objects deleted by the old store's deletion)
+    assert zstore.open(url, s3_options, mode="r")[:]["a"].tolist() == [0.0, 0.0]
+    again.cleanup()

@@ -813,3 +813,17 @@ def test_a_failed_request_of_a_reader_that_fetches_nothing_again_names_it():
     assert request_error(OSError(5, "503"), "s3://b/rb", "chunk 3", "", refetched=True) is not None
     for local in (PermissionError(13, "Permission denied", "/ck/x"), OSError(5, "I/O error")):
         assert request_error(local, "/ck", "cannot read x of /ck", "", remote=False) is None
+
+
+def test_a_read_timeout_rebuilt_for_the_message_names_the_store():
+    """botocore's ``ReadTimeoutError`` (a server that takes connections and never answers) is
+    an ``OSError`` whose constructor formats keyword arguments: rebuilding it with a message
+    raised a bare ``KeyError: 'endpoint_url'`` in place of the error naming the store."""
+    from botocore.exceptions import ReadTimeoutError
+
+    from zstore.group import store_io_error
+
+    error = store_io_error("cannot read", ReadTimeoutError(endpoint_url="http://127.0.0.1:9/b"),
+                           "s3://b/rb")
+    assert isinstance(error, OSError) and str(error).startswith(
+        "cannot read s3://b/rb: ReadTimeoutError: Read timeout on endpoint URL")

@@ -515,6 +515,38 @@ def test_missing_credentials_name_the_store_and_the_fix(s3_server, s3_bucket, tr
 
 
 @pytest.mark.parametrize("transport", BOTH)
+def test_half_a_key_pair_names_the_store_and_the_fix(s3_server, s3_bucket, transport,
+                                                      monkeypatch, tmp_path):
+    """A key without its secret raised obstore's bare ``GenericError`` ("Missing
+    SecretAccessKey", then its Rust debug dump, naming no store) where s3fs names both."""
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    options = {"endpoint_url": s3_server, "skip_instance_cache": True, "transport": transport,
+               "key": "only-the-key"}
+    url = f"s3://{s3_bucket}/half-a-pair-{transport}"
+    with pytest.raises(zstore.NoCredentialsError, match="key= and secret=") as info:
+        zstore.open(url, options, mode="r")
+    assert url in str(info.value) and "Debug" not in str(info.value)
+
+
+@pytest.mark.parametrize("transport", BOTH)
+def test_an_endpoint_given_in_the_environment_is_used_as_given(s3_options, s3_bucket, transport,
+                                                               monkeypatch):
+    """``AWS_ENDPOINT_URL=http://...`` (a local MinIO or moto) worked through s3fs; obstore
+    read it too but refused plain HTTP ("HTTP error: builder error")."""
+    options = {k: v for k, v in s3_options.items() if k != "endpoint_url"}
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_options["endpoint_url"])
+    url = f"s3://{s3_bucket}/endpoint-env-{transport}-{uuid.uuid4().hex[:8]}"
+    writer = zstore.LazyMemmapStorage(10, scratch_dir=url,
+                                      storage_options={**options, "transport": transport})
+    writer.set(torch.arange(3), TensorDict(x=torch.arange(3), batch_size=[3]))
+    writer.close()
+    assert zstore.open(url, {**options, "transport": transport}, mode="r")[:]["x"].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("transport", BOTH)
 def test_the_callers_nested_options_are_left_alone(s3_options, s3_bucket, transport):
     """botocore changed a ``config_kwargs["retries"]`` dict it was given in place."""
     options = {**s3_options, "transport": transport,

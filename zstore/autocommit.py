@@ -40,7 +40,7 @@ def commit_interval(seconds: float) -> float:
     would never come due; ``math.inf``: no timed commit)."""
     try:
         interval = float(seconds) if not isinstance(seconds, bool) else math.nan
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         interval = math.nan
     if not interval >= 0:
         raise ValueError(f"autocommit_seconds must be a number of seconds >= 0 (math.inf: no "

@@ -147,7 +147,7 @@ def store_io_error(what: str, exc: Exception, where: str) -> OSError:
     why = str(exc).removeprefix(f"{where}: ")
     try:
         return kind(f"{what} {where}: {type(exc).__name__}: {why}")
-    except TypeError:  # an OSError subclass with another signature
+    except Exception:  # an OSError subclass with another signature (botocore's format one)
         return OSError(f"{what} {where}: {type(exc).__name__}: {why}")
 
 

@@ -27,15 +27,15 @@ BASE_DELAY = 0.05
 
 
 def with_retries(call: Callable[[], T],
-                 retry_on: tuple[type[BaseException], ...] | Callable[[Exception], bool],
+                 retry_on: type[Exception] | tuple[type[Exception], ...] | Callable[[Exception], bool],
                  attempts: int = READ_ATTEMPTS, base_delay: float = BASE_DELAY) -> T:
     """``call()``, repeated after ``base_delay * 2**i`` s while it raises ``retry_on`` (exception
     types, or a predicate of the exception).
 
     The last attempt's exception propagates unchanged (it names the object).
     """
-    wanted = retry_on if not isinstance(retry_on, tuple) else (
-        lambda exc: isinstance(exc, retry_on))
+    wanted = (lambda exc: isinstance(exc, retry_on)) if isinstance(retry_on, (tuple, type)) \
+        else retry_on
     for attempt in range(attempts):
         try:
             return call()

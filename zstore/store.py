@@ -170,6 +170,8 @@ class StoreSpec:
                                   f"write it as {scheme}://{first}/PATH")
         spec = cls(text.rstrip("/") or "/", dict(storage_options or {}), read_only)
         spec._refuse_ambiguous(text)
+        if _DELETIONS:  # (a location is used only once its deletion has ended)
+            wait_for_deletions(spec.url)
         return spec
 
     def _refuse_ambiguous(self, text: str) -> None:
@@ -706,7 +708,8 @@ def _obstore_s3(spec: StoreSpec) -> Store:
         config["skip_signature"] = True
     profile = options.pop("profile", None)
     botocore = dict(options.pop("config_kwargs", None) or {})
-    http: dict[str, Any] = {"allow_http": bool(endpoint and endpoint.startswith("http://"))}
+    named = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    http: dict[str, Any] = {"allow_http": bool(named and named.startswith("http://"))}
     for name in ("connect_timeout", "read_timeout"):
         if name in botocore:
             http[name] = f"{botocore.pop(name)}s"
@@ -797,8 +800,11 @@ def _s3_client(factory: Callable[..., Any], bucket: str, prefix: str | None,
             if "endpoint" in config:
                 config.setdefault("region", "us-east-1")
             _OBSTORE_PROCESS = os.getpid()
-            client = factory(bucket, prefix=prefix, config=config, client_options=http,
-                             retry_config=retry, credential_provider=provider)
+            try:
+                client = factory(bucket, prefix=prefix, config=config, client_options=http,
+                                 retry_config=retry, credential_provider=provider)
+            except Exception as exc:  # (its settings refused: "Missing SecretAccessKey" ...)
+                raise _obstore_error(exc, where) from None
         _S3_CLIENTS[key] = client
         while len(_S3_CLIENTS) > S3_CLIENTS_KEPT:
             _S3_CLIENTS.popitem(last=False)
@@ -822,6 +828,8 @@ def _obstore_error(exc: Exception, where: str) -> Exception:
     if any(path in first for path in _METADATA_PATHS):
         return no_credentials_error(
             where, f"the instance metadata service did not give any: {first}")
+    if "Missing SecretAccessKey" in first or "Missing AccessKeyId" in first:  # (half a pair)
+        return no_credentials_error(where, first)
     if type(exc).__name__ in ("PermissionDeniedError", "UnauthenticatedError") \
             or "403 Forbidden" in first:
         return PermissionError(f"{where}: {first}")
@@ -968,6 +976,43 @@ def defer_memory_work(action: Callable[[], None]) -> None:
     listing, a delete); changing the dict there breaks that iteration.
     """
     _DEFERRED.append(action)
+
+
+#: Deletions running on threads of their own (:func:`delete_in_background`): the URL of each.
+_DELETIONS: dict[threading.Thread, str] = {}
+_DELETIONS_LOCK = threading.Lock()
+
+
+def delete_in_background(spec: StoreSpec, delete: Callable[[], None]) -> None:
+    """Run ``delete`` (of the store at ``spec``) on a thread of its own; until it ends, a
+    parse of that location, or of one inside it or around it, waits for it
+    (:func:`wait_for_deletions`): a new storage there never meets the old one's objects,
+    nor loses its own to the deletion."""
+    def run() -> None:
+        try:
+            delete()
+        finally:
+            with _DELETIONS_LOCK:
+                _DELETIONS.pop(threading.current_thread(), None)
+
+    deleting = threading.Thread(target=run, daemon=True, name="zstore-delete-temporary")
+    with _DELETIONS_LOCK:
+        _DELETIONS[deleting] = spec.url
+    deleting.start()
+
+
+def wait_for_deletions(url: str | None = None) -> None:
+    """Wait for the background deletions of ``url``, of a location inside it and of one it
+    lies in (``None``: of every location)."""
+    def related(other: str) -> bool:
+        return url is None or any(a == b or a.startswith(b.rstrip("/") + "/")
+                                  for a, b in ((url, other), (other, url)))
+
+    with _DELETIONS_LOCK:
+        running = [deleting for deleting, where in _DELETIONS.items() if related(where)]
+    for deleting in running:
+        if deleting is not threading.current_thread():
+            deleting.join()
 
 
 def run_deferred() -> None:

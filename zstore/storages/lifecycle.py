@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import threading
 import weakref
 from typing import Any
 
 from .._pools import at_exit_while_pools_work
-from ..store import StoreSpec, defer_memory_work
+from ..store import StoreSpec, defer_memory_work, delete_in_background, wait_for_deletions
 
 _LIVE: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # -> its process
 
@@ -69,9 +68,6 @@ def delete_store(spec: StoreSpec) -> None:
         pass
 
 
-#: Deletions of collected remote stores still running (:func:`collect_store`).
-_DELETING: set[threading.Thread] = set()
-_DELETING_LOCK = threading.Lock()
 _exiting = False
 
 
@@ -79,35 +75,16 @@ def collect_store(spec: StoreSpec) -> None:
     """A finalizer's :func:`delete_store`. A collection runs on whatever thread allocates,
     in the middle of anything: a ``memory://`` store is deleted at the next safe point
     (:func:`zstore.store.defer_memory_work`: it may be mid-iteration), a remote one on a
-    thread of its own (on the thread of fsspec's event loop its requests could never run,
-    and on a server's own thread, an in-process test server's, they waited for it for
-    good), a local folder at once. At exit every deletion ends before the process does."""
+    thread of its own (:func:`zstore.store.delete_in_background`: on the thread of fsspec's
+    event loop its requests could never run, and on a server's own thread, an in-process
+    test server's, they waited for it for good), a local folder at once. At exit every
+    deletion ends before the process does."""
     if spec.is_memory:
         defer_memory_work(lambda: delete_store(spec))
     elif spec.is_local or _exiting:
         delete_store(spec)
     else:
-        deleting = threading.Thread(target=_delete_then_forget, args=(spec,), daemon=True,
-                                    name="zstore-delete-temporary")
-        with _DELETING_LOCK:
-            _DELETING.add(deleting)
-        deleting.start()
-
-
-def _delete_then_forget(spec: StoreSpec) -> None:
-    try:
-        delete_store(spec)
-    finally:
-        with _DELETING_LOCK:
-            _DELETING.discard(threading.current_thread())
-
-
-def finish_deletions() -> None:
-    """Wait for the deletions of collected remote stores started so far."""
-    with _DELETING_LOCK:
-        running = list(_DELETING)
-    for deleting in running:
-        deleting.join()
+        delete_in_background(spec, lambda: delete_store(spec))
 
 
 def _finish_deletions_at_exit() -> None:
@@ -115,7 +92,7 @@ def _finish_deletions_at_exit() -> None:
     now would not be waited for)."""
     global _exiting
     _exiting = True
-    finish_deletions()
+    wait_for_deletions()
 
 
 at_exit_while_pools_work(_finish_deletions_at_exit)
