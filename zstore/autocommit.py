@@ -225,8 +225,10 @@ def _commit(storage: Committable) -> None:
     except Exception as exc:  # noqa: BLE001 - reported to the writer by its next flush()
         with _wake:
             _forget(storage)
-        _log.warning("zstore: background commit of %s failed (%s: %s); the next write or "
-                     "flush() retries it", storage.spec.redacted(), type(exc).__name__, exc)
+        _log.warning("zstore: background commit of %s failed (%s: %s); %s",
+                     storage.spec.redacted(), type(exc).__name__, exc,
+                     "its next write or flush() raises it" if type(exc).__name__ == "LeaseError"
+                     else "the next write or flush() retries it")
 
 
 def _commit_pending_at_exit() -> None:

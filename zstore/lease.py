@@ -164,6 +164,7 @@ class Lease:
                 self._token = self._metadata_token = None
                 self._lost = False
             if not self.held:
+                self._refuse_if_lost()  # (re-taking it would drop what was written since)
                 self._acquire()
                 return True
             if clock() - self._renewed > self.ttl / 2:
@@ -473,7 +474,7 @@ def writer_lease(spec: StoreSpec, ttl: float = DEFAULT_TTL) -> WriterLease:
     """A storage's handle on this process's lease of ``spec`` (created on first use)."""
     with _PROCESS_LOCK:
         lease = _PROCESS_LEASES.get(spec.url)
-        if lease is None or lease.spec != spec:
+        if lease is None or lease.spec != spec or lease._lost:  # (a reopen after a loss)
             lease = _PROCESS_LEASES[spec.url] = Lease(spec, ttl)
         elif not lease.held:
             lease.ttl = _checked_ttl(ttl)  # the next acquisition uses it
