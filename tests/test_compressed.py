@@ -543,3 +543,42 @@ def test_a_collected_temporary_s3_store_is_deleted_whichever_thread_collects(s3_
     again.flush()  # "already exists", or its objects deleted by the old store's deletion)
     assert zstore.open(url, s3_options, mode="r")[:]["a"].tolist() == [0.0, 0.0]
     again.cleanup()
+
+
+_APPEND_AND_CLOSE = r'''
+import json, sys, torch, zstore
+url, options = sys.argv[1], json.loads(sys.argv[2])
+storage = zstore.open(url, options)
+storage.set(list(range(10, 15)), [torch.full((3,), 300.0 + i) for i in range(5)])
+storage.close()
+'''
+
+
+def test_a_closed_compressed_storage_leaves_a_later_writer_s_items_alone_at_exit(s3_options,
+                                                                                s3_bucket,
+                                                                                monkeypatch):
+    """A process that closed its ``CompressedListStorage`` on S3 and ran on: at its exit its
+    inner tables, still open, folded their log segments from its stale cache and committed,
+    without its lease: the items another process appended meanwhile read as zeros."""
+    import json
+    import subprocess
+    import sys
+    import weakref
+
+    from zstore.storages import lifecycle
+
+    url = f"s3://{s3_bucket}/closed-then-exit-{uuid.uuid4().hex[:8]}"
+    storage = CompressedListStorage(20, scratch_dir=url, storage_options=s3_options)
+    storage.set(list(range(10)), [torch.full((3,), 100.0 + i) for i in range(10)])
+    storage.close()
+    done = subprocess.run([sys.executable, "-c", _APPEND_AND_CLOSE, url, json.dumps(s3_options)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ours = weakref.WeakKeyDictionary({live: pid for live, pid in lifecycle._LIVE.items()
+                                      if live.spec.url.startswith(url)})
+    assert len(ours) > 1  # (the storage and its inner tables)
+    monkeypatch.setattr(lifecycle, "_LIVE", ours)
+    lifecycle._close_live_storages()  # this process's exit, for this test's storages
+    reader = zstore.open(url, s3_options, mode="r")
+    assert [float(item[0]) for item in reader.get(list(range(15)))] == \
+        [100.0 + i for i in range(10)] + [300.0 + i for i in range(5)]

@@ -40,8 +40,9 @@ def _close_live_storages() -> None:
     if multiprocessing.parent_process() is not None:
         return
     for storage, owner in list(_LIVE.items()):
-        if owner != os.getpid():
-            continue
+        if owner != os.getpid() or getattr(storage, "_inner_table", False):
+            continue  # (an inner table is its container's to commit, under the container's
+            # lease: closed on its own once that was released, it wrote over later writers)
         try:
             storage.close()
         except Exception:  # noqa: BLE001 - exit must go on; nothing more can be done here
